@@ -6,10 +6,10 @@ Every failed job ends as ``{"error": <sentence>, "error_code": <CODE>, "retryabl
 
 from __future__ import annotations
 
-from enum import StrEnum
+from enum import Enum
 
 
-class Code(StrEnum):
+class Code(str, Enum):
     INVALID_INPUT = "INVALID_INPUT"
     INVALID_BASE64 = "INVALID_BASE64"
     INPUT_TOO_LARGE = "INPUT_TOO_LARGE"
