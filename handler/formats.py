@@ -16,20 +16,6 @@ FORMATS = ("text", "segments", "words", "srt", "vtt", "verbose_json")
 
 Segment = Mapping[str, Any]
 
-# The fields of one segment in OpenAI's verbose_json (openai-python TranscriptionSegment).
-_OPENAI_SEGMENT_KEYS = (
-    "id",
-    "seek",
-    "start",
-    "end",
-    "text",
-    "tokens",
-    "temperature",
-    "avg_logprob",
-    "compression_ratio",
-    "no_speech_prob",
-)
-
 # Whisper's own code -> name table (the 100 languages its multilingual checkpoints know,
 # "yue" added with large-v3). OpenAI's verbose_json reports these lowercase names.
 LANGUAGES: dict[str, str] = {
@@ -75,6 +61,10 @@ def _to_ms(seconds: float) -> int:
         raise ValueError(f"timestamp must be a finite number, got {seconds!r}")
     if seconds <= 0:
         return 0
+    scaled = seconds * 1000
+    if abs(scaled - math.floor(scaled) - 0.5) > 1e-4:
+        # Far from a tie: the float error cannot change the result, skip the slow path.
+        return math.floor(scaled + 0.5)
     return int(Decimal(repr(seconds)).scaleb(3).quantize(Decimal(1), rounding=ROUND_HALF_UP))
 
 

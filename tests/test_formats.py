@@ -333,6 +333,27 @@ def test_language_name():
     assert all(v == v.lower() for v in formats.LANGUAGES.values())
 
 
+def test_language_table_matches_faster_whisper():
+    # Guards the table against drift from the library's own list of language codes.
+    from faster_whisper.tokenizer import _LANGUAGE_CODES
+
+    assert set(formats.LANGUAGES) == set(_LANGUAGE_CODES)
+
+
+def test_numpy_scalars_become_plain_json_numbers():
+    # faster-whisper hands out numpy float64 segment times and word probabilities.
+    import numpy as np
+
+    s = seg(0, np.float64(1.001), np.float64(2.5), " x", [w(" x", np.float64(1.001),
+            np.float32(2.5), np.float32(0.75))])  # fmt: skip
+    out = render(list(FORMATS), [s], language="en", duration=np.float64(2.5), task="transcribe")
+    text = json.dumps(out)
+    assert "np." not in text
+    assert out["segments"][0]["start"] == 1.001 and type(out["segments"][0]["start"]) is float
+    assert out["words"][0] == {"word": " x", "start": 1.001, "end": 2.5, "probability": 0.75}
+    assert "00:00:01,001 --> 00:00:02,500" in out["srt"]
+
+
 # --- render -----------------------------------------------------------------------------
 
 
