@@ -42,7 +42,8 @@ class Settings(BaseModel):
     cpu_threads: int = Field(0, ge=0, le=256)
     """CPU threads per instance; 0 lets CTranslate2 choose."""
     max_concurrency: int | None = Field(None, ge=1, le=64)
-    """Jobs this worker takes at once. Unset: the number of model slots (instances x num_workers)."""
+    """Jobs this worker takes at once. Unset: the number of model slots
+    (devices x instances x num_workers)."""
     download_root: str | None = None
     """Hugging Face cache folder that holds baked models (the image sets it)."""
     manifest: str | None = None
@@ -89,6 +90,9 @@ class Settings(BaseModel):
     max_result_bytes: int = Field(9_000_000, ge=1)
     """Largest result returned inline (bytes of JSON); the platform refuses over 10 MB."""
 
+    log_level: Literal["DEBUG", "INFO", "WARNING", "ERROR"] = "INFO"
+    """Level of the worker's own log lines (transcripts are never logged at any level)."""
+
     stream: bool = False
     """Stream segments as they are decoded (the handler becomes an async generator)."""
     progress_interval_s: float = Field(5.0, gt=0)
@@ -131,12 +135,14 @@ class SettingsError(ValueError):
 def load_settings(env: Mapping[str, str] | None = None) -> Settings:
     """Build settings from ``env`` (default ``os.environ``), keeping only ``WHISPER_*`` keys."""
     env = os.environ if env is None else env
-    raw = {k[len(PREFIX):].lower(): v for k, v in env.items() if k.startswith(PREFIX) and v != ""}
+    n = len(PREFIX)
+    raw = {k[n:].lower(): v for k, v in env.items() if k.startswith(PREFIX) and v != ""}
     try:
         return Settings(**raw)
     except ValidationError as exc:
         parts = [
-            f"{PREFIX}{'.'.join(str(x) for x in e['loc']).upper()}: {e['msg']}" for e in exc.errors()
+            f"{PREFIX}{'.'.join(str(x) for x in e['loc']).upper()}: {e['msg']}"
+            for e in exc.errors()
         ]
         raise SettingsError("invalid settings: " + "; ".join(parts)) from None
 

@@ -1,0 +1,60 @@
+"""``python -m handler``: load the model(s), then hand control to the RunPod worker loop.
+
+The model load starts in a thread before ``import runpod`` (which costs seconds on its
+own), so the two overlap. No job is taken before the model is loaded; a model that cannot
+be loaded exits the process with status 1 and one line saying what was tried.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import sys
+import threading
+import time
+
+from handler.startup import StartupTimes, configure_logging, load_worker
+
+
+def main() -> int:
+    times = StartupTimes()
+    configure_logging()
+    # The SDK logs whole results (transcripts) at DEBUG, its default.
+    os.environ.setdefault("RUNPOD_LOG_LEVEL", "INFO")
+
+    box: dict = {}
+    loader = threading.Thread(target=lambda: box.update(load_worker(times)), daemon=True)
+    loader.start()
+
+    t = time.perf_counter()
+    import runpod  # noqa: F401  (slow: a CPU probe and aiohttp; overlaps the model load)
+
+    times.runpod_import = time.perf_counter() - t
+    configure_logging()  # `import runpod` calls logging.basicConfig(INFO) on the root logger
+    loader.join()
+    if "error" in box:
+        print(f"whisper-worker: {box['error']}", file=sys.stderr)
+        return 1
+    worker = box["worker"]
+    times.ready = time.perf_counter()
+    times.log()
+
+    from handler.worker import make_handlers
+
+    handler, stream_handler = make_handlers(worker)
+    # The SDK's local test mode does not iterate generators: stream only in the real loop.
+    streaming = worker.settings.stream and bool(os.environ.get("RUNPOD_WEBHOOK_GET_JOB"))
+    concurrency = worker.settings.concurrency
+    runpod.serverless.start(
+        {
+            "handler": stream_handler if streaming else handler,
+            "concurrency_modifier": lambda _current: concurrency,
+            "return_aggregate_stream": True,
+        }
+    )
+    return 0
+
+
+if __name__ == "__main__":
+    logging.captureWarnings(True)
+    sys.exit(main())

@@ -1,0 +1,139 @@
+"""``whisper-worker``: the command line for people.
+
+- ``transcribe FILE``: print text, JSON, SRT or VTT for a local audio file;
+- ``job FILE|-``: run a job JSON exactly as the platform delivers it (``{"input": {...}}``)
+  and print the output object; exit 0 on success, 1 on a job error;
+- ``submit``, ``emulate``, ``bench``: the client, the local platform emulator and the
+  benchmark (see their own modules).
+
+transcribe and job run in-process through the same ``run_job`` as the worker.
+"""
+
+from __future__ import annotations
+
+import argparse
+import base64
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+from handler.startup import StartupTimes, configure_logging, load_worker
+
+
+def _load(args: argparse.Namespace):
+    configure_logging("DEBUG" if args.verbose else "WARNING")
+    box = load_worker(StartupTimes())
+    if "error" in box:
+        print(f"whisper-worker: {box['error']}", file=sys.stderr)
+        sys.exit(2)
+    return box["worker"]
+
+
+def _run(worker, job_input: Any) -> dict:
+    from handler.job import run_job
+
+    return run_job(job_input, worker, job_id="cli")
+
+
+def cmd_transcribe(args: argparse.Namespace) -> int:
+    path = Path(args.file)
+    if not path.is_file():
+        print(f"whisper-worker: no such file: {path}", file=sys.stderr)
+        return 2
+    data = path.read_bytes()
+    worker = _load(args)
+    # The inline cap protects the platform's request size; a local file is the user's own.
+    worker.settings = worker.settings.model_copy(
+        update={"max_inline_bytes": max(worker.settings.max_inline_bytes, len(data))}
+    )
+    fmt = args.format
+    job: dict[str, Any] = {
+        "audio_base64": base64.b64encode(data).decode(),
+        "output": ["text"] if fmt == "text" else ["text", "segments"] if fmt == "json" else [fmt],
+    }
+    for name in ("language", "task", "beam_size", "batch_size", "model", "initial_prompt"):
+        value = getattr(args, name)
+        if value is not None:
+            job[name] = value
+    if args.word_timestamps:
+        job["word_timestamps"] = True
+        if fmt == "json":
+            job["output"].append("words")
+    if args.no_vad:
+        job["vad_filter"] = False
+    result = _run(worker, job)
+    if "error" in result:
+        print(f"whisper-worker: {result['error_code']}: {result['error']}", file=sys.stderr)
+        return 1
+    if fmt == "json":
+        print(json.dumps(result, indent=2, ensure_ascii=False))
+    else:
+        out = result[fmt]
+        print(out, end="" if out.endswith("\n") else "\n")
+    return 0
+
+
+def cmd_job(args: argparse.Namespace) -> int:
+    raw = sys.stdin.read() if args.file == "-" else Path(args.file).read_text()
+    try:
+        job = json.loads(raw)
+    except ValueError as exc:
+        print(f"whisper-worker: the job file is not JSON: {exc}", file=sys.stderr)
+        return 2
+    if not isinstance(job, dict) or "input" not in job:
+        print('whisper-worker: a job is {"input": {...}}', file=sys.stderr)
+        return 2
+    worker = _load(args)
+    result = _run(worker, job["input"])
+    print(json.dumps(result, ensure_ascii=False))
+    return 1 if "error" in result else 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="whisper-worker", description=__doc__.split("\n")[0])
+    parser.add_argument("-v", "--verbose", action="store_true", help="log at DEBUG")
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    t = sub.add_parser("transcribe", help="transcribe a local audio file")
+    t.add_argument("file")
+    t.add_argument("-f", "--format", choices=["text", "json", "srt", "vtt"], default="text")
+    t.add_argument("--model")
+    t.add_argument("--language")
+    t.add_argument("--task", choices=["transcribe", "translate"])
+    t.add_argument("--beam-size", type=int)
+    t.add_argument("--batch-size", type=int)
+    t.add_argument("--initial-prompt")
+    t.add_argument("--word-timestamps", action="store_true")
+    t.add_argument("--no-vad", action="store_true")
+    t.set_defaults(func=cmd_transcribe)
+
+    j = sub.add_parser("job", help="run a job JSON ({'input': {...}}) from a file or '-'")
+    j.add_argument("file")
+    j.set_defaults(func=cmd_job)
+
+    for name, module, text in (
+        ("submit", "handler.client", "send audio to an endpoint (/run or /runsync)"),
+        ("emulate", "bench.emulator", "run the local platform emulator"),
+        ("bench", "bench", "run a benchmark scenario"),
+    ):
+        p = sub.add_parser(name, help=text, add_help=False)
+        p.add_argument("rest", nargs=argparse.REMAINDER)
+        p.set_defaults(func=lambda a, m=module: _delegate(m, a.rest))
+    return parser
+
+
+def _delegate(module: str, argv: list[str]) -> int:
+    import importlib
+
+    mod = importlib.import_module(module if module != "bench" else "bench.__main__")
+    return int(mod.main(argv) or 0)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    return args.func(args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,244 @@
+"""One job from input to result: validate, fetch, decode, transcribe, format, time it all.
+
+This is the single code path behind the RunPod handler, the CLI and the tests. It is
+synchronous (the async handler runs it in a thread) and never raises: every job ends in
+exactly one result or one ``{"error", "error_code", "retryable"}`` body.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import tempfile
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from handler import formats, transcribe
+from handler.decode import decode_audio
+from handler.errors import Code, WorkerError
+from handler.models import ModelPool
+from handler.schema import JobInput, parse_job_input
+from handler.settings import Settings
+from handler.sources import decode_base64, fetch_to_file
+
+log = logging.getLogger(__name__)
+
+MIN_AUDIO_SECONDS = 0.1
+ProgressCallback = Callable[[float], None]
+
+
+@dataclass
+class Worker:
+    """Everything a job needs, built once at start-up."""
+
+    settings: Settings
+    pool: ModelPool
+    jobs_done: int = 0
+    refresh_wanted: bool = False
+    """Set when the worker should be replaced (GPU OOM, job or memory budget reached)."""
+    _lock: threading.Lock = field(default_factory=threading.Lock)
+
+    def job_finished(self) -> None:
+        with self._lock:
+            self.jobs_done += 1
+            limit = self.settings.refresh_after_jobs
+            if limit and self.jobs_done >= limit:
+                self.refresh_wanted = True
+            if self.settings.max_rss_mb and rss_mb() > self.settings.max_rss_mb:
+                self.refresh_wanted = True
+
+
+def rss_mb() -> float:
+    try:
+        with open("/proc/self/statm") as f:
+            pages = int(f.read().split()[1])
+        import os
+
+        return pages * os.sysconf("SC_PAGE_SIZE") / 2**20
+    except (OSError, ValueError, IndexError):
+        return 0.0
+
+
+def run_job(
+    raw_input: Any,
+    worker: Worker,
+    *,
+    job_id: str = "-",
+    cancel: threading.Event | None = None,
+    on_segment: transcribe.SegmentCallback | None = None,
+    on_progress: ProgressCallback | None = None,
+) -> dict[str, Any]:
+    """Run one job; returns the output dict or an error dict, never raises."""
+    start = time.perf_counter()
+    try:
+        result = _run(raw_input, worker, job_id, cancel, on_segment, on_progress, start)
+    except WorkerError as exc:
+        if exc.code is Code.GPU_OOM:
+            worker.refresh_wanted = True
+        log.info("job %s failed: %s (%.2fs)", job_id, exc.code.value, time.perf_counter() - start)
+        result = exc.to_result()
+    except Exception:
+        log.exception("job %s failed with an unexpected error", job_id)
+        result = WorkerError(Code.INTERNAL, "internal error while processing the job").to_result()
+    worker.job_finished()
+    return result
+
+
+def _run(
+    raw_input: Any,
+    worker: Worker,
+    job_id: str,
+    cancel: threading.Event | None,
+    on_segment: transcribe.SegmentCallback | None,
+    on_progress: ProgressCallback | None,
+    start: float,
+) -> dict[str, Any]:
+    settings = worker.settings
+    job = parse_job_input(raw_input)
+    model = worker.pool.get(job.model)
+    kwargs = job.transcribe_kwargs(vad_default=settings.vad_default)
+    transcribe.check_request(model, kwargs)
+    timings: dict[str, float] = {}
+
+    with tempfile.TemporaryDirectory(prefix="whisper-job-") as tmp:
+        src = Path(tmp) / "audio"
+        t = time.perf_counter()
+        if job.audio_base64 is not None:
+            src.write_bytes(decode_base64(job.audio_base64, settings.max_inline_bytes))
+        else:
+            fetch_to_file(job.audio_url, src, settings, cancel=cancel)
+        timings["fetch"] = time.perf_counter() - t
+
+        t = time.perf_counter()
+        audio = decode_audio(src, settings, cancel=cancel)
+        timings["decode"] = time.perf_counter() - t
+
+    warnings = list(audio.warnings)
+    duration = audio.duration
+    default_batch = 16 if worker.pool.device == "cuda" else 1
+    batch_size = job.batch_size or settings.batch_size or default_batch
+
+    if duration < MIN_AUDIO_SECONDS:
+        warnings.append(f"audio is shorter than {MIN_AUDIO_SECONDS} s; nothing was transcribed")
+        timings["queue_model"] = 0.0
+        timings["transcribe"] = 0.0
+        tr = transcribe.Transcript([], job.language or "", 0.0, 0.0)
+    else:
+        progress = _progress_reporter(duration, settings.progress_interval_s, on_progress)
+
+        def each_segment(seg: dict[str, Any]) -> None:
+            if on_segment is not None:
+                on_segment(seg)
+            if progress is not None:
+                progress(seg["end"])
+
+        with worker.pool.acquire(model, cancel) as (instance, waited):
+            timings["queue_model"] = waited
+            tr = transcribe.run(
+                instance,
+                audio.samples,
+                kwargs,
+                batch_size=batch_size,
+                cancel=cancel,
+                on_segment=each_segment,
+            )
+            timings["transcribe"] = tr.seconds
+    del audio
+
+    t = time.perf_counter()
+    output = _shape(job, tr, duration, model.spec.name, worker.pool.device, warnings)
+    timings["format"] = time.perf_counter() - t
+    timings["total"] = time.perf_counter() - start
+    output["timings"] = {k: round(v, 4) for k, v in timings.items()}
+    _check_size(output, settings)
+    log.info(
+        "job %s done: %.1fs audio in %.2fs (transcribe %.2fs, RTF %.3f, model %s, batch %d)",
+        job_id, duration, timings["total"], timings["transcribe"],
+        timings["transcribe"] / duration if duration else 0.0, model.spec.name, batch_size,
+    )
+    return output
+
+
+def _progress_reporter(
+    duration: float, interval: float, on_progress: ProgressCallback | None
+) -> Callable[[float], None] | None:
+    if on_progress is None:
+        return None
+    last = [time.monotonic()]
+
+    def report(position: float) -> None:
+        now = time.monotonic()
+        if now - last[0] >= interval:
+            last[0] = now
+            on_progress(round(min(100.0, 100.0 * position / duration), 1))
+
+    return report
+
+
+def _shape(
+    job: JobInput,
+    tr: transcribe.Transcript,
+    duration: float,
+    model_name: str,
+    device: str,
+    warnings: list[str],
+) -> dict[str, Any]:
+    task = job.effective_task
+    rendered = formats.render(
+        list(job.output), tr.segments, language=tr.language, duration=duration, task=task
+    )
+    out: dict[str, Any] = {
+        "text": formats.to_text(tr.segments),
+        "language": tr.language or None,
+        "language_probability": round(tr.language_probability, 4),
+        "duration": round(duration, 3),
+        **rendered,
+        "model": model_name,
+        "device": device,
+    }
+    if warnings:
+        out["warnings"] = warnings
+    if job.legacy:
+        out.update(_legacy_keys(job, tr.segments, tr.language))
+    return out
+
+
+def _legacy_format(kind: str, segments: list[dict[str, Any]]) -> str:
+    if kind == "srt":
+        return formats.to_srt(segments)
+    if kind == "vtt":
+        return formats.to_vtt(segments)
+    sep = "\n" if kind == "formatted_text" else " "
+    return sep.join(s["text"].strip() for s in segments)
+
+
+def _legacy_keys(job: JobInput, segments: list[dict[str, Any]], language: str) -> dict[str, Any]:
+    """The official worker's output keys, so its clients keep working unchanged."""
+    keys: dict[str, Any] = {
+        "transcription": _legacy_format(job.transcription or "plain_text", segments),
+        "detected_language": language or None,
+        "segments": formats.segments_public(segments, include_words=False),
+    }
+    if job.translate:
+        # One translate pass: its text is the translation (the official worker ran two).
+        keys["translation"] = _legacy_format(job.translation or "plain_text", segments)
+    if job.word_timestamps:
+        keys["word_timestamps"] = [
+            {"word": w["word"], "start": w["start"], "end": w["end"]}
+            for w in formats.words(segments)
+        ]
+    return keys
+
+
+def _check_size(output: dict[str, Any], settings: Settings) -> None:
+    size = len(json.dumps(output, ensure_ascii=False).encode())
+    if size > settings.max_result_bytes:
+        raise WorkerError(
+            Code.RESULT_TOO_LARGE,
+            f"the result is {size} bytes, over the {settings.max_result_bytes}-byte limit; "
+            "ask for fewer output formats",
+        )

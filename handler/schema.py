@@ -1,0 +1,226 @@
+"""The job input: one pydantic model that is the single list of parameters a job may set.
+
+Accepted shapes (``job["input"]``):
+
+- ours: ``{"audio_base64" | "audio_url": ..., "output": [...], <faster-whisper options>}``
+- RunPod's official worker: ``{"audio": <url> | "audio_base64": ..., "transcription":
+  "plain_text"|"formatted_text"|"srt"|"vtt", "translate": bool, "translation": ...,
+  "enable_vad", "logprob_threshold", "temperature_increment_on_fallback", ...}``; the old
+  names are aliases, and such a job also gets the old output keys (see ``legacy``).
+
+Decoding options carry faster-whisper's own names. An option left unset is not passed on,
+so the library's defaults apply and are not restated here.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    PrivateAttr,
+    ValidationError,
+    model_validator,
+)
+
+from handler.errors import Code, WorkerError
+
+OutputFormat = Literal["text", "segments", "words", "srt", "vtt", "verbose_json"]
+LegacyFormat = Literal["plain_text", "formatted_text", "srt", "vtt"]
+
+DEFAULT_OUTPUT: tuple[str, ...] = ("text", "segments")
+
+# Names the official worker uses, mapped to ours.
+ALIASES = {
+    "audio": "audio_url",
+    "enable_vad": "vad_filter",
+    "logprob_threshold": "log_prob_threshold",
+}
+# Keys whose presence marks a job written for the official worker.
+LEGACY_KEYS = frozenset(
+    {"audio", "transcription", "translate", "translation", "enable_vad", "logprob_threshold",
+     "temperature_increment_on_fallback"}
+)
+
+
+class VadParameters(BaseModel):
+    """faster_whisper.vad.VadOptions, checked field by field."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    threshold: float | None = Field(None, ge=0, le=1)
+    neg_threshold: float | None = Field(None, ge=0, le=1)
+    min_speech_duration_ms: int | None = Field(None, ge=0, le=60_000)
+    max_speech_duration_s: float | None = Field(None, gt=0)
+    min_silence_duration_ms: int | None = Field(None, ge=0, le=60_000)
+    speech_pad_ms: int | None = Field(None, ge=0, le=10_000)
+
+
+class JobInput(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    _raw_keys: set[str] = PrivateAttr(default_factory=set)
+
+    # --- audio (exactly one) -------------------------------------------------------------
+    audio_base64: str | None = Field(None, min_length=1)
+    """Audio bytes as base64, raw or a data: URI."""
+    audio_url: str | None = Field(None, min_length=1, max_length=8192)
+    """http(s) URL (SSRF-guarded) or s3://bucket/key (allowlisted buckets). Alias: audio."""
+
+    # --- what to run and return ------------------------------------------------------------
+    model: str | None = Field(None, max_length=200)
+    """One of the models this worker loaded; unset: the default one."""
+    output: list[OutputFormat] = Field(default_factory=lambda: list(DEFAULT_OUTPUT), min_length=1)
+    batch_size: int | None = Field(None, ge=1, le=128)
+    """> 1 runs faster-whisper's BatchedInferencePipeline. Unset: the worker's default."""
+
+    # --- faster-whisper options (names as in WhisperModel.transcribe) ---------------------
+    language: str | None = Field(None, min_length=2, max_length=8, pattern=r"^[a-zA-Z_-]+$")
+    task: Literal["transcribe", "translate"] | None = None
+    beam_size: int | None = Field(None, ge=1, le=20)
+    best_of: int | None = Field(None, ge=1, le=20)
+    patience: float | None = Field(None, gt=0, le=10)
+    length_penalty: float | None = Field(None, ge=0, le=10)
+    repetition_penalty: float | None = Field(None, gt=0, le=10)
+    no_repeat_ngram_size: int | None = Field(None, ge=0, le=20)
+    temperature: float | list[float] | None = None
+    compression_ratio_threshold: float | None = Field(None, gt=0)
+    log_prob_threshold: float | None = None
+    no_speech_threshold: float | None = Field(None, ge=0, le=1)
+    condition_on_previous_text: bool | None = None
+    prompt_reset_on_temperature: float | None = Field(None, ge=0, le=1)
+    initial_prompt: str | None = Field(None, max_length=2000)
+    prefix: str | None = Field(None, max_length=500)
+    suppress_blank: bool | None = None
+    suppress_tokens: list[int] | None = Field(None, max_length=2000)
+    without_timestamps: bool | None = None
+    max_initial_timestamp: float | None = Field(None, ge=0, le=30)
+    word_timestamps: bool | None = None
+    prepend_punctuations: str | None = Field(None, max_length=100)
+    append_punctuations: str | None = Field(None, max_length=100)
+    multilingual: bool | None = None
+    vad_filter: bool | None = None
+    """Unset: the worker's default (on). Alias: enable_vad."""
+    vad_parameters: VadParameters | None = None
+    max_new_tokens: int | None = Field(None, ge=1, le=448)
+    chunk_length: int | None = Field(None, ge=1, le=30)
+    clip_timestamps: str | list[float] | None = None
+    hallucination_silence_threshold: float | None = Field(None, gt=0)
+    hotwords: str | None = Field(None, max_length=1000)
+    language_detection_threshold: float | None = Field(None, ge=0, le=1)
+    language_detection_segments: int | None = Field(None, ge=1, le=100)
+
+    # --- the official worker's options ---------------------------------------------------
+    transcription: LegacyFormat | None = None
+    translate: bool | None = None
+    translation: LegacyFormat | None = None
+    temperature_increment_on_fallback: float | None = Field(None, gt=0, le=1)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _aliases(cls, data: Any) -> Any:
+        if not isinstance(data, dict):
+            raise ValueError("input must be a JSON object")
+        data = dict(data)
+        for old, new in ALIASES.items():
+            if old in data:
+                if new in data:
+                    raise ValueError(f"give either '{old}' or '{new}', not both")
+                data[new] = data.pop(old)
+        # The official worker takes suppress_tokens as a string such as "-1" or "1,2".
+        st = data.get("suppress_tokens")
+        if isinstance(st, str):
+            try:
+                data["suppress_tokens"] = [int(t) for t in st.split(",") if t.strip()]
+            except ValueError:
+                raise ValueError("suppress_tokens must be integers") from None
+        return data
+
+    @model_validator(mode="after")
+    def _rules(self) -> JobInput:
+        if (self.audio_base64 is None) == (self.audio_url is None):
+            raise ValueError("give exactly one of audio_base64 or audio_url (alias audio)")
+        if self.translate is not None and self.task is not None:
+            if (self.task == "translate") != self.translate:
+                raise ValueError("task and translate disagree")
+        temps = self.temperature if isinstance(self.temperature, list) else [self.temperature]
+        if any(t is not None and not 0 <= t <= 1.5 for t in temps):
+            raise ValueError("temperature must be between 0 and 1.5")
+        if isinstance(self.temperature, list) and not 1 <= len(self.temperature) <= 20:
+            raise ValueError("temperature list must have 1 to 20 values")
+        if self.temperature_increment_on_fallback is not None and isinstance(
+            self.temperature, list
+        ):
+            raise ValueError("temperature_increment_on_fallback needs a single temperature")
+        return self
+
+    @property
+    def legacy(self) -> bool:
+        """True for a job in the official worker's shape: it also gets that worker's keys."""
+        return bool(LEGACY_KEYS & self._given)
+
+    @property
+    def _given(self) -> set[str]:
+        return set(self.model_fields_set) | self._raw_keys
+
+    @property
+    def effective_task(self) -> str:
+        if self.translate:
+            return "translate"
+        return self.task or "transcribe"
+
+    def transcribe_kwargs(self, *, vad_default: bool) -> dict[str, Any]:
+        """Keyword arguments for ``WhisperModel.transcribe``: only options the job set."""
+        kwargs = {
+            name: getattr(self, name)
+            for name in self.model_fields_set
+            if name in DECODING_OPTIONS
+        }
+        if "vad_parameters" in kwargs and kwargs["vad_parameters"] is not None:
+            kwargs["vad_parameters"] = self.vad_parameters.model_dump(exclude_none=True)
+        if self.effective_task != "transcribe" or "task" in kwargs:
+            kwargs["task"] = self.effective_task
+        if self.vad_filter is None:
+            kwargs["vad_filter"] = vad_default
+        if self.temperature_increment_on_fallback is not None:
+            start = self.temperature if self.temperature is not None else 0.0
+            step = self.temperature_increment_on_fallback
+            n = int(round((1.0 - start) / step)) if start < 1.0 else 0
+            kwargs["temperature"] = [round(start + i * step, 6) for i in range(n + 1)]
+        return kwargs
+
+
+# Options passed straight to WhisperModel.transcribe (tests check each is a real parameter).
+DECODING_OPTIONS: frozenset[str] = frozenset(
+    name
+    for name in JobInput.model_fields
+    if name
+    not in {
+        "audio_base64", "audio_url", "model", "output", "batch_size",
+        "transcription", "translate", "translation", "temperature_increment_on_fallback",
+    }
+)
+
+
+def parse_job_input(data: Any) -> JobInput:
+    """Validate ``job["input"]``; any problem becomes INVALID_INPUT naming field and rule."""
+    try:
+        job = JobInput.model_validate(data)
+    except ValidationError as exc:
+        raise WorkerError(Code.INVALID_INPUT, _describe(exc)) from None
+    if isinstance(data, dict):
+        job._raw_keys = set(data)
+    return job
+
+
+def _describe(exc: ValidationError) -> str:
+    parts = []
+    for err in exc.errors(include_url=False, include_input=False)[:5]:
+        loc = ".".join(str(x) for x in err["loc"]) or "input"
+        msg = err["msg"].removeprefix("Value error, ")
+        if err["type"] == "extra_forbidden":
+            msg = "unknown field"
+        parts.append(f"{loc}: {msg}")
+    return "invalid input: " + "; ".join(parts)

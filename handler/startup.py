@@ -1,0 +1,114 @@
+"""Start-up shared by the worker entry and the CLI: logging, settings, model load, warm-up.
+
+Start-up phases are timed and logged as one JSON line (``startup {...}``) with epoch
+timestamps, so the benchmark can split a cold start into imports, load and warm-up.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import sys
+import time
+from dataclasses import asdict, dataclass, field
+
+from handler.settings import SettingsError, load_settings
+
+log = logging.getLogger("handler.startup")
+
+LOG_FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"
+
+
+def configure_logging(level: str | None = None) -> None:
+    level = (level or os.environ.get("WHISPER_LOG_LEVEL") or "INFO").upper()
+    root = logging.getLogger()
+    for h in list(root.handlers):
+        root.removeHandler(h)
+    handler = logging.StreamHandler(sys.stderr)
+    handler.setFormatter(logging.Formatter(LOG_FORMAT))
+    root.addHandler(handler)
+    root.setLevel(level)
+    # Libraries that log request URLs (query strings, presigned credentials) at INFO/DEBUG.
+    for name in ("urllib3", "botocore", "boto3", "s3transfer", "faster_whisper"):
+        logging.getLogger(name).setLevel(logging.WARNING)
+
+
+def process_start_epoch() -> float:
+    try:
+        import psutil
+
+        return psutil.Process().create_time()
+    except Exception:
+        return time.time()
+
+
+@dataclass
+class StartupTimes:
+    """Seconds and epoch marks of each start-up phase."""
+
+    process_start: float = field(default_factory=process_start_epoch)
+    main_start: float = field(default_factory=time.time)
+    imports: float = 0.0
+    model_load: float = 0.0
+    warmup: float = 0.0
+    runpod_import: float = 0.0
+    ready: float = 0.0
+    marks: dict[str, float] = field(default_factory=dict)
+
+    def mark(self, name: str) -> None:
+        self.marks[name] = time.time()
+
+    def log(self) -> None:
+        self.mark("ready")
+        data = asdict(self)
+        data["ready"] = data["marks"]["ready"] - self.process_start
+        log.info("startup %s", json.dumps(data, sort_keys=True))
+
+
+def warm_up(pool) -> float:
+    """One tiny transcription per instance (with VAD, which loads its own model)."""
+    import numpy as np
+
+    start = time.perf_counter()
+    rng = np.random.default_rng(0)
+    audio = (rng.standard_normal(16000) * 0.01).astype(np.float32)
+    for model in pool.models.values():
+        for inst in model.instances:
+            for vad in (True, False):
+                segments, _ = inst.transcribe(
+                    audio, beam_size=1, vad_filter=vad, language="en", without_timestamps=True
+                )
+                for _ in segments:
+                    pass
+    return time.perf_counter() - start
+
+
+def load_worker(times: StartupTimes) -> dict:
+    """Returns {"worker": Worker} or {"error": one line}; never raises."""
+    try:
+        settings = load_settings()
+    except SettingsError as exc:
+        return {"error": str(exc)}
+    t = time.perf_counter()
+    import faster_whisper  # noqa: F401
+
+    from handler.job import Worker
+    from handler.models import ModelLoadError, load_pool
+
+    times.imports = time.perf_counter() - t
+    times.mark("imports_done")
+    t = time.perf_counter()
+    try:
+        pool = load_pool(settings)
+    except ModelLoadError as exc:
+        return {"error": str(exc)}
+    times.model_load = time.perf_counter() - t
+    times.mark("model_loaded")
+    if settings.warmup:
+        try:
+            times.warmup = warm_up(pool)
+        except Exception as exc:  # a model that cannot run one second of audio is unusable
+            return {"error": f"warm-up transcription failed: {type(exc).__name__}: {exc}"}
+    times.mark("warmup_done")
+    return {"worker": Worker(settings=settings, pool=pool)}

@@ -1,0 +1,122 @@
+"""Run faster-whisper on decoded audio and consume the whole segment generator.
+
+``WhisperModel.transcribe`` returns a lazy generator: nothing is decoded until it is
+iterated, so the caller times this function, not the call that builds the generator.
+Segments are turned into plain dicts here (the only module besides models.py that touches
+faster-whisper types), checked for cancellation one by one, and handed to an optional
+callback for streaming and progress.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from handler.errors import Code, WorkerError
+from handler.models import LoadedModel
+
+log = logging.getLogger(__name__)
+
+SegmentCallback = Callable[[dict[str, Any]], None]
+
+
+@dataclass
+class Transcript:
+    segments: list[dict[str, Any]]
+    language: str
+    language_probability: float
+    seconds: float
+
+
+def check_request(model: LoadedModel, kwargs: dict[str, Any]) -> None:
+    """Refuse what this model cannot do before any audio is fetched."""
+    if kwargs.get("task") == "translate" and not model.can_translate:
+        raise WorkerError(
+            Code.UNSUPPORTED_FOR_MODEL,
+            f"model '{model.spec.name}' cannot translate; use a multilingual model such as "
+            "large-v3 or medium",
+        )
+    lang = kwargs.get("language")
+    if lang is not None:
+        if lang not in model.languages:
+            raise WorkerError(
+                Code.INVALID_INPUT if model.multilingual else Code.UNSUPPORTED_FOR_MODEL,
+                f"language '{lang}' is not supported by model '{model.spec.name}'",
+            )
+
+
+def segment_dict(seg: Any) -> dict[str, Any]:
+    words = None
+    if seg.words is not None:
+        words = [
+            {"start": w.start, "end": w.end, "word": w.word, "probability": w.probability}
+            for w in seg.words
+        ]
+    return {
+        "id": seg.id,
+        "seek": seg.seek,
+        "start": seg.start,
+        "end": seg.end,
+        "text": seg.text,
+        "tokens": list(seg.tokens),
+        "temperature": seg.temperature,
+        "avg_logprob": seg.avg_logprob,
+        "compression_ratio": seg.compression_ratio,
+        "no_speech_prob": seg.no_speech_prob,
+        "words": words,
+    }
+
+
+def is_oom(exc: BaseException) -> bool:
+    text = str(exc).lower()
+    return "out of memory" in text or "cuda_error_out_of_memory" in text
+
+
+def run(
+    instance: Any,
+    audio: np.ndarray,
+    kwargs: dict[str, Any],
+    *,
+    batch_size: int,
+    cancel: threading.Event | None = None,
+    on_segment: SegmentCallback | None = None,
+) -> Transcript:
+    """Transcribe ``audio`` (float32, 16 kHz mono) and return every segment."""
+    start = time.perf_counter()
+    try:
+        if batch_size > 1:
+            from faster_whisper import BatchedInferencePipeline
+
+            pipeline = BatchedInferencePipeline(instance)
+            generator, info = pipeline.transcribe(audio, batch_size=batch_size, **kwargs)
+        else:
+            generator, info = instance.transcribe(audio, **kwargs)
+        segments = []
+        for seg in generator:
+            item = segment_dict(seg)
+            segments.append(item)
+            if on_segment is not None:
+                on_segment(item)
+            if cancel is not None and cancel.is_set():
+                generator.close()
+                raise WorkerError(Code.CANCELLED, "job was cancelled")
+    except WorkerError:
+        raise
+    except RuntimeError as exc:
+        if is_oom(exc):
+            raise WorkerError(
+                Code.GPU_OOM, "the GPU ran out of memory; the job can be retried"
+            ) from None
+        raise
+    return Transcript(
+        segments=segments,
+        language=info.language,
+        language_probability=float(info.language_probability),
+        seconds=time.perf_counter() - start,
+    )

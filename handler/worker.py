@@ -1,0 +1,109 @@
+"""The RunPod handlers: async, inference in threads, optional streaming and progress.
+
+A sync handler would block the SDK's event loop (no job-take, no stop polls, no
+concurrency), so jobs run in a thread pool sized to the worker's concurrency. When the SDK
+cancels a job (``job-stop``) the asyncio task is cancelled; we set the job's cancel event
+so the thread stops at the next segment, frees its model slot and deletes its files.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import threading
+from collections.abc import AsyncIterator, Callable
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any
+
+from handler.job import Worker, run_job
+
+log = logging.getLogger(__name__)
+
+# Streamed items stay far below the platform's per-item limits: one segment's text and times.
+STREAM_TEXT_LIMIT = 4000
+
+
+def _progress_sender(job: dict[str, Any]) -> Callable[[float], None] | None:
+    if job.get("id") in (None, "local_test"):
+        return None
+    from runpod.serverless import progress_update
+
+    return lambda percent: progress_update(job, {"progress": percent})
+
+
+def _finish(worker: Worker, result: dict[str, Any]) -> dict[str, Any]:
+    if worker.refresh_wanted:
+        # The SDK pops this key and asks the platform for a fresh worker after this job.
+        result["refresh_worker"] = True
+    return result
+
+
+def make_handlers(worker: Worker) -> tuple[Callable, Callable]:
+    """(plain async handler, streaming async-generator handler) sharing one thread pool."""
+    executor = ThreadPoolExecutor(
+        max_workers=worker.settings.concurrency, thread_name_prefix="job"
+    )
+
+    async def handler(job: dict[str, Any]) -> dict[str, Any]:
+        cancel = threading.Event()
+        loop = asyncio.get_running_loop()
+        future = loop.run_in_executor(
+            executor,
+            lambda: run_job(
+                job.get("input"),
+                worker,
+                job_id=str(job.get("id", "-")),
+                cancel=cancel,
+                on_progress=_progress_sender(job),
+            ),
+        )
+        try:
+            result = await asyncio.shield(future)
+        except asyncio.CancelledError:
+            cancel.set()
+            log.info("job %s cancelled", job.get("id"))
+            raise
+        return _finish(worker, result)
+
+    async def stream_handler(job: dict[str, Any]) -> AsyncIterator[dict[str, Any]]:
+        cancel = threading.Event()
+        loop = asyncio.get_running_loop()
+        items: asyncio.Queue = asyncio.Queue()
+
+        def on_segment(seg: dict[str, Any]) -> None:
+            item = {
+                "segment": {
+                    "id": seg["id"],
+                    "start": round(seg["start"], 3),
+                    "end": round(seg["end"], 3),
+                    "text": seg["text"][:STREAM_TEXT_LIMIT],
+                }
+            }
+            loop.call_soon_threadsafe(items.put_nowait, item)
+
+        future = loop.run_in_executor(
+            executor,
+            lambda: run_job(
+                job.get("input"),
+                worker,
+                job_id=str(job.get("id", "-")),
+                cancel=cancel,
+                on_segment=on_segment,
+                on_progress=_progress_sender(job),
+            ),
+        )
+        future.add_done_callback(lambda _f: loop.call_soon_threadsafe(items.put_nowait, None))
+        try:
+            while (item := await items.get()) is not None:
+                yield item
+            result = future.result()
+        except (asyncio.CancelledError, GeneratorExit):
+            cancel.set()
+            raise
+        if "error" in result:
+            # The SDK keeps only str(error) of a streamed error: carry the code inside it.
+            yield {"error": f"{result['error_code']}: {result['error']}"}
+            return
+        yield _finish(worker, result)
+
+    return handler, stream_handler
