@@ -1,0 +1,327 @@
+"""Bounded decoding of untrusted audio files into 16 kHz mono float32 samples.
+
+Why PyAV: it bundles FFmpeg (no system install, the same decoders faster-whisper uses, so
+samples match ``faster_whisper.decode_audio``), and it exposes the controls this module
+needs and the library's own decoder does not use: a demuxer allowlist
+(``format_whitelist``), a protocol allowlist (``protocol_whitelist=file``: a playlist or
+manifest can never open a connection or another file), the container's declared
+duration before any decoding, and packet-by-packet decoding so that samples, wall-clock
+time, cancellation and corrupt packets are checked as we go.
+
+Defaults come from :class:`handler.settings.Settings`: ``allowed_formats`` (common audio
+containers; no playlists, manifests, images or concat), ``max_audio_seconds`` (4 h, checked
+on the declared duration first, then on the samples counted while decoding, so memory
+stays under ``max_audio_seconds * 16000 * 4`` bytes) and ``decode_timeout_s`` (300 s).
+Messages never carry the file path or FFmpeg's own error text (which names the file and,
+for playlists, URLs).
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import os
+import pathlib
+import stat
+import tempfile
+import threading
+import time
+from dataclasses import dataclass, field
+
+import av
+import numpy as np
+
+from handler.errors import Code, WorkerError
+from handler.settings import Settings
+
+log = logging.getLogger(__name__)
+
+SAMPLE_RATE = 16000
+
+# Decoded audio shorter than its declared length by more than this (seconds, or fraction of
+# the declared length, whichever is larger) gets a warning: a truncated or damaged file must
+# not pass as a complete recording.
+_SHORTFALL_S = 0.5
+_SHORTFALL_FRACTION = 0.05
+# Demuxer read errors tolerated (each one resumes reading after the bad spot) before we
+# stop and keep what was decoded.
+_MAX_DEMUX_ERRORS = 100
+# First allocation when the container declares no duration (seconds of 16 kHz audio).
+_INITIAL_SECONDS = 60.0
+_GENERIC = "The file could not be read as audio (unsupported format or corrupt data)."
+
+
+@dataclass
+class DecodedAudio:
+    samples: np.ndarray
+    """float32, mono, 16 kHz, values in [-1, 1] (as ``faster_whisper.decode_audio`` returns)."""
+    duration: float
+    """Seconds of decoded audio: ``len(samples) / SAMPLE_RATE``."""
+    declared_duration: float | None
+    """Length the container declares (or FFmpeg estimates from its size), if any."""
+    format_name: str
+    """FFmpeg demuxer name, e.g. ``wav`` or ``mov,mp4,m4a,3gp,3g2,mj2``."""
+    warnings: list[str] = field(default_factory=list)
+    """Sentences for the client: skipped corrupt packets, decoded shorter than declared."""
+
+
+def demuxer_whitelist(allowed_formats: list[str]) -> str:
+    """Flatten setting entries (some are groups such as ``mov,mp4,m4a``) into FFmpeg's list."""
+    names: list[str] = []
+    for entry in allowed_formats:
+        for name in entry.split(","):
+            name = name.strip()
+            if name and name not in names:
+                names.append(name)
+    return ",".join(names)
+
+
+def decode_bytes(
+    data: bytes, settings: Settings, *, cancel: threading.Event | None = None
+) -> DecodedAudio:
+    """Decode in-memory audio through a temporary file, deleted afterwards.
+
+    A real file (rather than a Python file object) keeps one code path, lets FFmpeg seek
+    without calling back into Python, and keeps ``protocol_whitelist`` meaningful.
+    """
+    fd, name = tempfile.mkstemp(prefix="whisper-in-", suffix=".bin")
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
+        return decode_audio(pathlib.Path(name), settings, cancel=cancel)
+    finally:
+        try:
+            os.unlink(name)
+        except FileNotFoundError:
+            pass
+
+
+def decode_audio(
+    path: pathlib.Path, settings: Settings, *, cancel: threading.Event | None = None
+) -> DecodedAudio:
+    """Decode the first audio stream of ``path``, enforcing the limits in ``settings``.
+
+    Raises :class:`WorkerError` with UNSUPPORTED_OR_CORRUPT_MEDIA, NO_AUDIO_STREAM,
+    EMPTY_AUDIO, CORRUPT_MEDIA, AUDIO_TOO_LONG, DECODE_TIMEOUT or CANCELLED.
+    """
+    started = time.monotonic()
+    deadline = started + settings.decode_timeout_s
+    _require_regular_file(path)
+    try:
+        container = av.open(
+            str(path),
+            mode="r",
+            container_options={
+                "format_whitelist": demuxer_whitelist(settings.allowed_formats),
+                # Only the one local file: no http, tcp, data, concat or subfile.
+                "protocol_whitelist": "file",
+            },
+            metadata_errors="ignore",
+            # FFmpeg's interrupt callback bounds one blocking open or read.
+            timeout=settings.decode_timeout_s,
+        )
+    except av.error.ExitError:
+        raise WorkerError(Code.DECODE_TIMEOUT, _timeout_message(settings)) from None
+    except (av.FFmpegError, ValueError, UnicodeError, OSError) as exc:
+        # Not allowlisted, not a known container, or unreadable; FFmpeg's text names the file.
+        log.info("open refused: %s", type(exc).__name__)
+        raise WorkerError(Code.UNSUPPORTED_OR_CORRUPT_MEDIA, _GENERIC) from None
+
+    try:
+        with container:
+            result = _decode_container(container, settings, deadline, cancel)
+    except WorkerError:
+        raise
+    except av.error.ExitError:
+        raise WorkerError(Code.DECODE_TIMEOUT, _timeout_message(settings)) from None
+    except (av.FFmpegError, ValueError, IndexError, UnicodeError, OverflowError) as exc:
+        log.warning("decode failed: %s", type(exc).__name__)
+        raise WorkerError(Code.UNSUPPORTED_OR_CORRUPT_MEDIA, _GENERIC) from None
+
+    log.info(
+        "decoded %.2fs of audio (%s) in %.3fs, %d warning(s)",
+        result.duration, result.format_name, time.monotonic() - started, len(result.warnings),
+    )
+    return result
+
+
+def _require_regular_file(path: pathlib.Path) -> None:
+    # A FIFO or device would block in read() where FFmpeg's timeout cannot reach.
+    try:
+        mode = os.stat(path).st_mode
+    except OSError:
+        raise WorkerError(Code.UNSUPPORTED_OR_CORRUPT_MEDIA, _GENERIC) from None
+    if not stat.S_ISREG(mode):
+        raise WorkerError(Code.UNSUPPORTED_OR_CORRUPT_MEDIA, _GENERIC)
+
+
+def _timeout_message(settings: Settings) -> str:
+    return f"Decoding the audio took longer than {settings.decode_timeout_s:g} s."
+
+
+def _too_long_message(settings: Settings, declared: float | None) -> str:
+    limit = f"{settings.max_audio_seconds:g} s"
+    if declared is not None:
+        return f"The audio declares {declared:.1f} s, longer than the limit of {limit}."
+    return f"The audio is longer than the limit of {limit}."
+
+
+def _declared_duration(
+    container: av.container.InputContainer, stream: av.AudioStream
+) -> float | None:
+    if stream.duration is not None and stream.time_base is not None and stream.duration > 0:
+        return float(stream.duration * stream.time_base)
+    if container.duration is not None and container.duration > 0:
+        return container.duration / av.time_base
+    return None
+
+
+def _decode_container(
+    container: av.container.InputContainer,
+    settings: Settings,
+    deadline: float,
+    cancel: threading.Event | None,
+) -> DecodedAudio:
+    format_name = container.format.name
+    if not container.streams.audio:
+        raise WorkerError(Code.NO_AUDIO_STREAM, "The file has no audio stream.")
+    stream = container.streams.audio[0]
+    declared = _declared_duration(container, stream)
+    # Refuse on the declared length before decoding a single packet: a few KB of FLAC can
+    # declare (and really contain) hours of silence.
+    if declared is not None and declared > settings.max_audio_seconds:
+        raise WorkerError(Code.AUDIO_TOO_LONG, _too_long_message(settings, declared))
+
+    max_samples = math.ceil(settings.max_audio_seconds * SAMPLE_RATE)
+    expected = declared if declared is not None else _INITIAL_SECONDS
+    buffer = _SampleBuffer(math.ceil(expected * SAMPLE_RATE) + SAMPLE_RATE, max_samples)
+    resampler: av.AudioResampler | None = None
+    resampler_key: tuple | None = None
+    seconds_in = 0.0
+    good_packets = bad_packets = corrupt_frames = demux_errors = 0
+
+    def check() -> None:
+        if cancel is not None and cancel.is_set():
+            raise WorkerError(Code.CANCELLED, "The job was cancelled.")
+        if time.monotonic() > deadline:
+            raise WorkerError(Code.DECODE_TIMEOUT, _timeout_message(settings))
+
+    def emit(frames: list[av.AudioFrame]) -> None:
+        for out in frames:
+            if not buffer.append(out.to_ndarray()[0]):
+                raise WorkerError(Code.AUDIO_TOO_LONG, _too_long_message(settings, None))
+
+    finished = False
+    while not finished:
+        packets = container.demux(stream)
+        while True:
+            check()
+            try:
+                packet = next(packets)
+            except StopIteration:
+                finished = True
+                break
+            except av.error.ExitError:
+                raise
+            except av.FFmpegError:
+                # The generator is spent; a fresh demux() resumes after the bad data.
+                demux_errors += 1
+                finished = demux_errors >= _MAX_DEMUX_ERRORS
+                break
+            try:
+                frames = packet.decode()
+            except av.error.ExitError:
+                raise
+            except av.FFmpegError:
+                bad_packets += 1
+                continue
+            if packet.size:
+                good_packets += 1
+            for frame in frames:
+                if frame.is_corrupt:
+                    corrupt_frames += 1
+                # Count input seconds before resampling: one frame at a tiny declared sample
+                # rate would otherwise expand to a huge buffer inside the resampler.
+                seconds_in += frame.samples / frame.sample_rate
+                if seconds_in > settings.max_audio_seconds + 0.01:
+                    raise WorkerError(Code.AUDIO_TOO_LONG, _too_long_message(settings, None))
+                key = (frame.format.name, frame.layout.name, frame.sample_rate)
+                if key != resampler_key:
+                    # A mid-stream change of rate or layout (concatenated MP3s, damaged
+                    # headers) needs a new resampler; flush the old one first.
+                    if resampler is not None:
+                        emit(resampler.resample(None))
+                    resampler = av.AudioResampler(format="flt", layout="mono", rate=SAMPLE_RATE)
+                    resampler_key = key
+                # Timestamps of damaged streams jump; the samples are all we need.
+                frame.pts = None
+                emit(resampler.resample(frame))
+    if resampler is not None:
+        emit(resampler.resample(None))
+
+    samples = buffer.finish()
+    np.clip(samples, -1.0, 1.0, out=samples)
+    duration = len(samples) / SAMPLE_RATE
+    skipped = bad_packets + demux_errors
+    if len(samples) == 0:
+        if skipped or corrupt_frames:
+            raise WorkerError(Code.CORRUPT_MEDIA, "The audio stream is corrupt: nothing decoded.")
+        raise WorkerError(Code.EMPTY_AUDIO, "The file contains no audio samples.")
+    if skipped > good_packets:
+        raise WorkerError(
+            Code.CORRUPT_MEDIA,
+            f"The audio stream is corrupt: {skipped} of {skipped + good_packets} packets "
+            "could not be decoded.",
+        )
+
+    warnings: list[str] = []
+    if skipped:
+        warnings.append(f"Skipped {skipped} corrupt or undecodable packet(s) of the audio stream.")
+    if corrupt_frames:
+        warnings.append(f"{corrupt_frames} decoded frame(s) were flagged as corrupt.")
+    if declared is not None and declared - duration > max(
+        _SHORTFALL_S, _SHORTFALL_FRACTION * declared
+    ):
+        warnings.append(
+            f"Decoded {duration:.1f} s of a declared {declared:.1f} s: "
+            "the file may be truncated or damaged."
+        )
+    return DecodedAudio(
+        samples=samples,
+        duration=duration,
+        declared_duration=declared,
+        format_name=format_name,
+        warnings=warnings,
+    )
+
+
+class _SampleBuffer:
+    """A float32 buffer that grows by doubling up to a hard limit.
+
+    ``ndarray.resize`` reallocates in place (large blocks are moved with mremap, not
+    copied), so growing does not hold two copies; nothing like a list of frames builds up.
+    """
+
+    def __init__(self, initial: int, limit: int) -> None:
+        # A little slack over the cap for the resampler's flush and rounding.
+        self._hard_limit = limit + SAMPLE_RATE // 10
+        self._buf = np.empty(max(1, min(initial, self._hard_limit)), dtype=np.float32)
+        self._n = 0
+
+    def append(self, chunk: np.ndarray) -> bool:
+        """Append ``chunk``; False (nothing appended) when it would pass the limit."""
+        end = self._n + len(chunk)
+        if end > self._hard_limit:
+            return False
+        if end > len(self._buf):
+            size = min(self._hard_limit, max(end, 2 * len(self._buf)))
+            self._buf.resize(size, refcheck=False)
+        self._buf[self._n:end] = chunk
+        self._n = end
+        return True
+
+    def finish(self) -> np.ndarray:
+        """The samples, with the unused tail given back."""
+        if self._n < len(self._buf):
+            self._buf.resize(max(1, self._n), refcheck=False)
+        return self._buf[: self._n]
