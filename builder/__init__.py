@@ -1,0 +1,1 @@
+"""Build-time scripts: fetch the model(s) baked into the image. Nothing here runs per job."""
