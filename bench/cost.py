@@ -143,6 +143,14 @@ class Rates:
         if self.flex_per_s < 0 or self.active_per_s < 0:
             raise ValueError("rates must not be negative")
 
+    @classmethod
+    def from_dict(cls, d: Mapping[str, Any]) -> Rates:
+        """From a small config mapping; unknown keys are an error (a typo is not a price)."""
+        unknown = set(d) - {"flex_per_s", "active_per_s", "currency"}
+        if unknown:
+            raise ValueError(f"unknown rate keys: {sorted(unknown)}")
+        return cls(float(d["flex_per_s"]), float(d["active_per_s"]), str(d.get("currency", "USD")))
+
     def per_s(self, kind: WorkerKind) -> float:
         return self.flex_per_s if kind == "flex" else self.active_per_s
 

@@ -239,6 +239,10 @@ def test_contract_is_strict_about_kind_and_rates():
         Worker.from_dict({"id": "w", "started_at": 0.0, "ready_at": 1.0, "stopped_at": 2.0})
     with pytest.raises(ValueError):
         _Rates(flex_per_s=-1.0, active_per_s=0.0)
+    assert _Rates.from_dict({"flex_per_s": "0.01", "active_per_s": 0.006, "currency": "XXX"}) \
+        == PLACEHOLDER
+    with pytest.raises(ValueError, match="flex_per_sec"):
+        _Rates.from_dict({"flex_per_sec": 0.01, "active_per_s": 0.006})
     rec = Record.from_dict(MIXED)
     assert rec.workers[0].jobs[0].submitted_at == 1.0
     assert len(rec.jobs) == 3

@@ -179,3 +179,33 @@ def test_production_record_keeps_everything_and_leaks_nothing():
 def test_redact_is_recursive_and_leaves_plain_values():
     assert redact({"a": [{"api_key": "k"}, "s3://b/k?x=1"], "n": 3, "none": None}) == {
         "a": [{"api_key": "<redacted>"}, "s3://b/k"], "n": 3, "none": None}
+
+
+PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
+
+
+def test_plots_write_png_files(tmp_path):
+    pytest.importorskip("matplotlib")
+    from bench.plots import plot_billed_split, plot_cost_vs_load, plot_latency
+
+    cr = summarize(RECORD, PLACEHOLDER)
+    # a second, busier run of the same shape gives the cost plot two measured loads
+    busier = summarize({**RECORD, "window": {"start": 0.0, "end": 14.0}}, PLACEHOLDER,
+                       active_workers=1)
+    paths = [
+        plot_latency(RECORD, tmp_path / "latency.png"),
+        plot_billed_split(cr, tmp_path / "billed.png"),
+        plot_cost_vs_load([cr, busier], tmp_path / "sub" / "cost.png"),
+    ]
+    for p in paths:
+        data = p.read_bytes()
+        assert data[:8] == PNG_SIGNATURE, p
+        assert len(data) > 5_000, p
+
+
+def test_cost_plot_without_any_successful_job(tmp_path):
+    pytest.importorskip("matplotlib")
+    from bench.plots import plot_cost_vs_load
+
+    empty = summarize({"workers": [], "window": {"start": 0.0, "end": 1.0}}, PLACEHOLDER)
+    assert plot_cost_vs_load(empty, tmp_path / "c.png").read_bytes()[:8] == PNG_SIGNATURE
