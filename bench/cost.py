@@ -177,8 +177,13 @@ class Split:
         return Split(self.cold + other.cold, self.working + other.working, self.idle + other.idle)
 
 
-def billed_seconds(worker: Worker) -> int:
+def as_worker(worker: Worker | Mapping[str, Any]) -> Worker:
+    return worker if isinstance(worker, Worker) else Worker.from_dict(worker)
+
+
+def billed_seconds(worker: Worker | Mapping[str, Any]) -> int:
     """Whole seconds billed: ceil(stopped_at - started_at), idle before scale-down included."""
+    worker = as_worker(worker)
     lifetime = max(0.0, worker.stopped_at - worker.started_at)
     return max(0, math.ceil(lifetime - _ROUNDING_SLACK_S))
 
@@ -200,13 +205,14 @@ def union_length(intervals: Iterable[tuple[float, float]]) -> float:
     return total
 
 
-def time_split(worker: Worker) -> Split:
+def time_split(worker: Worker | Mapping[str, Any]) -> Split:
     """Split the billed seconds into cold (started -> ready), working and idle.
 
     Working is the union of the worker's job intervals (taken -> finished), clipped to
     the time after it was ready, so concurrent jobs are not counted twice. Idle is the
     rest of the *billed* time, so it includes the rounding up to a whole second.
     """
+    worker = as_worker(worker)
     billed = float(billed_seconds(worker))
     lifetime = max(0.0, worker.stopped_at - worker.started_at)
     if worker.ready_at is None:

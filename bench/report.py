@@ -107,12 +107,14 @@ def overall_rtf(record: Record | Mapping[str, Any]) -> float | None:
     return sum(j.timings["transcribe"] for j in jobs if j.timings) / audio
 
 
-def check_phase_sum(job: Job) -> float:
+def check_phase_sum(job: Job | Mapping[str, Any]) -> float:
     """Residual of the phase timings against the worker's measured total (seconds).
 
     total - (sum of every other timing key). Positive: time no phase accounts for;
     negative: phases overlap or were counted twice. The harness asserts it is small.
     """
+    if not isinstance(job, Job):
+        job = Job.from_dict(job)
     if not job.timings or "total" not in job.timings:
         raise ValueError(f"job {job.id!r} has no timings with a total")
     parts = sum(v for k, v in job.timings.items() if k != "total")

@@ -72,6 +72,9 @@ def test_single_worker_worked_example():
     assert shares["working"] == pytest.approx(0.2)
     assert shares["idle"] == pytest.approx(0.5727273)
     assert sum(shares.values()) == pytest.approx(1.0)
+    # the JSON dict is accepted as well
+    d = worker("w1", 0.0, 2.5, 10.1, jobs=[job("j1", 3.0, 5.2)])
+    assert billed_seconds(d) == 11 and time_split(d) == s
 
 
 def test_same_example_at_epoch_times():

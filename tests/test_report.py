@@ -92,6 +92,7 @@ def test_phase_sum_residual():
     j = Job.from_dict(RECORD["workers"][0]["jobs"][0])
     # 1.55 - (0.1 + 0.2 + 0.05 + 1.1 + 0.05) = 1.55 - 1.5 = 0.05 unaccounted
     assert check_phase_sum(j) == pytest.approx(0.05)
+    assert check_phase_sum(RECORD["workers"][0]["jobs"][0]) == pytest.approx(0.05)  # a dict
     exact = Job.from_dict({**RECORD["workers"][0]["jobs"][0],
                            "timings": {**TIMINGS, "total": 1.5}})
     assert check_phase_sum(exact) == pytest.approx(0.0, abs=1e-12)
