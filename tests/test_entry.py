@@ -1,0 +1,85 @@
+"""`python -m handler` (the SDK's local test mode) and the `whisper-worker` CLI, as processes."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import DATA, JFK_TEXT, b64, wer
+
+pytestmark = pytest.mark.model
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def run(args: list[str], *, stdin: str | None = None, env: dict | None = None, cwd=ROOT):
+    full_env = {k: v for k, v in os.environ.items() if not k.startswith(("WHISPER_", "RUNPOD_"))}
+    full_env.update({"HF_HUB_OFFLINE": "1", **(env or {})})
+    return subprocess.run(
+        [sys.executable, *args], input=stdin, capture_output=True, text=True, env=full_env,
+        cwd=cwd, timeout=120,
+    )
+
+
+def test_worker_runs_test_input_and_exits_zero():
+    proc = run(["-m", "handler"])
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    out = proc.stdout + proc.stderr
+    assert "completed successfully" in out
+    assert "ask not what your country can do for you" in out
+    startup = [line for line in proc.stderr.splitlines() if "handler.startup: startup" in line]
+    times = json.loads(startup[0].split("startup ", 1)[1])
+    assert times["model_load"] > 0 and times["runpod_import"] > 0
+    assert times["marks"]["model_loaded"] >= times["marks"]["imports_done"]
+
+
+def test_worker_local_job_error_exits_one(tmp_path):
+    (tmp_path / "test_input.json").write_text(json.dumps({"input": {"audio_base64": "!!"}}))
+    proc = run(["-m", "handler"], cwd=tmp_path, env={"PYTHONPATH": str(ROOT)})
+    assert proc.returncode == 1
+    assert "Traceback" not in proc.stdout + proc.stderr
+
+
+@pytest.mark.parametrize(
+    ("env", "needle"),
+    [
+        ({"WHISPER_MODEL": "no-such-model"}, "unknown model 'no-such-model'"),
+        ({"WHISPER_MODEL": "large-v3"}, "cannot load model 'large-v3'"),
+        ({"WHISPER_DEVICE": "tpu"}, "WHISPER_DEVICE"),
+        ({"WHISPER_MODLE": "tiny"}, "WHISPER_MODLE"),
+    ],
+)
+def test_unloadable_model_or_bad_setting_exits_one_with_one_line(env, needle):
+    proc = run(["-m", "handler"], env=env)
+    assert proc.returncode == 1
+    last = proc.stderr.strip().splitlines()[-1]
+    assert last.startswith("whisper-worker: ") and needle in last, proc.stderr[-2000:]
+    assert "Traceback" not in proc.stderr
+    assert "Starting Serverless Worker" not in proc.stdout + proc.stderr
+
+
+def test_cli_job_from_stdin():
+    job = {"input": {"audio_base64": b64(DATA / "jfk.mp3"), "output": ["text", "srt"]}}
+    proc = run(["-m", "handler.cli", "job", "-"], stdin=json.dumps(job))
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    result = json.loads(proc.stdout)
+    assert wer(JFK_TEXT, result["text"]) <= 0.05 and result["srt"].startswith("1\n")
+
+
+def test_cli_job_error_exits_one(tmp_path):
+    path = tmp_path / "job.json"
+    path.write_text(json.dumps({"input": {"audio_url": "ftp://example.com/a.wav"}}))
+    proc = run(["-m", "handler.cli", "job", str(path)])
+    assert proc.returncode == 1
+    assert json.loads(proc.stdout)["error_code"] == "URL_NOT_ALLOWED"
+
+
+def test_cli_transcribe_prints_vtt():
+    proc = run(["-m", "handler.cli", "transcribe", str(DATA / "jfk.wav"), "-f", "vtt"])
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert proc.stdout.startswith("WEBVTT")
+    assert "ask not what your country" in proc.stdout

@@ -1,0 +1,289 @@
+"""The job pipeline on the real tiny.en model and real speech (model tier)."""
+
+from __future__ import annotations
+
+import base64
+import inspect
+import io
+import logging
+import wave
+from pathlib import Path
+
+import numpy as np
+import pytest
+import srt
+import webvtt
+
+from handler.errors import Code
+from handler.job import Worker, run_job
+from handler.schema import DECODING_OPTIONS
+from tests.conftest import DATA, JFK_TEXT, b64, make_settings, wer
+
+pytestmark = pytest.mark.model
+
+LIBRIVOX = sorted((DATA / "librivox").glob("*.wav"))
+
+
+def wav_bytes(samples: np.ndarray, rate: int = 16000) -> bytes:
+    buf = io.BytesIO()
+    with wave.open(buf, "wb") as w:
+        w.setnchannels(1)
+        w.setsampwidth(2)
+        w.setframerate(rate)
+        w.writeframes((np.clip(samples, -1, 1) * 32767).astype("<i2").tobytes())
+    return buf.getvalue()
+
+
+def read_wav(path: Path) -> np.ndarray:
+    with wave.open(str(path)) as w:
+        assert w.getframerate() == 16000 and w.getnchannels() == 1
+        return np.frombuffer(w.readframes(w.getnframes()), "<i2").astype(np.float32) / 32768
+
+
+def long_speech() -> tuple[bytes, str]:
+    """About 40 s: five LibriVox clips and JFK, one second of silence between them."""
+    gap = np.zeros(16000, np.float32)
+    parts, texts = [], []
+    for path in LIBRIVOX:
+        parts += [read_wav(path), gap]
+        texts.append(path.with_suffix(".txt").read_text())
+    parts.append(read_wav(DATA / "jfk.wav"))
+    texts.append(JFK_TEXT)
+    return wav_bytes(np.concatenate(parts)), " ".join(texts)
+
+
+def test_jfk_word_by_word(worker, no_leaks):
+    result = run_job({"audio_base64": b64(DATA / "jfk.wav")}, worker)
+    assert "error" not in result, result
+    assert wer(JFK_TEXT, result["text"]) <= 0.05, result["text"]
+    assert result["language"] == "en"
+    assert result["duration"] == pytest.approx(11.0, abs=0.01)
+    assert result["model"] == "tiny.en" and result["device"] == "cpu"
+    t = result["timings"]
+    assert set(t) == {"fetch", "decode", "queue_model", "transcribe", "format", "total"}
+    assert t["transcribe"] > 0 and t["total"] >= t["transcribe"] + t["decode"]
+    assert result["segments"][0]["start"] == pytest.approx(0.0, abs=0.5)
+
+
+def test_mp3_and_every_format_parse(worker, no_leaks):
+    result = run_job(
+        {
+            "audio_base64": b64(DATA / "jfk.mp3"),
+            "output": ["text", "segments", "words", "srt", "vtt", "verbose_json"],
+            "word_timestamps": True,
+        },
+        worker,
+    )
+    assert "error" not in result, result
+    cues = list(srt.parse(result["srt"]))
+    assert wer(JFK_TEXT, " ".join(c.content for c in cues)) <= 0.05
+    assert result["vtt"].startswith("WEBVTT")
+    vtt = webvtt.from_buffer(io.StringIO(result["vtt"]))
+    assert len(vtt.captions) == len(cues)
+    assert result["words"] and all(w["end"] >= w["start"] for w in result["words"])
+    vj = result["verbose_json"]
+    assert vj["language"] == "english" and vj["task"] == "transcribe"
+    assert set(vj["segments"][0]) == {
+        "id", "seek", "start", "end", "text", "tokens", "temperature",
+        "avg_logprob", "compression_ratio", "no_speech_prob",
+    }
+
+
+def test_generator_consumed_completely(worker):
+    audio, reference = long_speech()
+    result = run_job({"audio_base64": base64.b64encode(audio).decode()}, worker)
+    assert "error" not in result, result
+    assert len(result["segments"]) >= 6
+    assert result["segments"][-1]["end"] > result["duration"] - 3
+    assert result["text"].rstrip(".").endswith("do for your country")
+    assert wer(reference, result["text"]) < 0.25
+
+
+def test_batched_pipeline_matches_sequential(worker):
+    job = {"audio_base64": b64(DATA / "jfk.wav")}
+    seq = run_job(job, worker)
+    batched = run_job({**job, "batch_size": 4}, worker)
+    assert "error" not in batched, batched
+    assert wer(seq["text"], batched["text"]) <= 0.1
+
+
+def test_model_constructed_once_for_many_jobs(monkeypatch):
+    import faster_whisper
+
+    from handler.models import load_pool
+
+    calls = []
+    real_init = faster_whisper.WhisperModel.__init__
+
+    def counting_init(self, *args, **kwargs):  # a spy: the real constructor still runs
+        calls.append(args[0] if args else kwargs.get("model_size_or_path"))
+        real_init(self, *args, **kwargs)
+
+    monkeypatch.setattr(faster_whisper.WhisperModel, "__init__", counting_init)
+    settings = make_settings(device="cpu")
+    w = Worker(settings=settings, pool=load_pool(settings))
+    for _ in range(3):
+        assert "error" not in run_job({"audio_base64": b64(DATA / "jfk.mp3")}, w)
+    assert len(calls) == 1
+
+
+def test_silence_comes_back_empty_with_vad(worker):
+    silence = wav_bytes(np.zeros(16000 * 30, np.float32))
+    result = run_job({"audio_base64": base64.b64encode(silence).decode()}, worker)
+    assert "error" not in result, result
+    assert result["text"] == ""
+    assert result["segments"] == []
+    assert 0.0 <= result["language_probability"] <= 1.0
+
+
+@pytest.mark.parametrize("samples", [1, 160, 1500])
+def test_tiny_audio_is_an_empty_flagged_result(worker, samples):
+    audio = wav_bytes(np.full(samples, 0.1, np.float32))
+    result = run_job(
+        {"audio_base64": base64.b64encode(audio).decode(), "word_timestamps": True},
+        worker,
+    )
+    assert "error" not in result, result
+    assert result["text"] == "" and result["warnings"]
+
+
+def test_translate_on_english_only_model_is_refused(worker):
+    result = run_job({"audio_base64": b64(DATA / "jfk.wav"), "task": "translate"}, worker)
+    assert result["error_code"] == Code.UNSUPPORTED_FOR_MODEL
+    result = run_job({"audio_base64": b64(DATA / "jfk.wav"), "translate": True}, worker)
+    assert result["error_code"] == Code.UNSUPPORTED_FOR_MODEL
+
+
+def test_unknown_model_lists_available(worker):
+    result = run_job({"audio_base64": b64(DATA / "jfk.wav"), "model": "large-v3"}, worker)
+    assert result["error_code"] == Code.INVALID_INPUT and "tiny.en" in result["error"]
+    assert isinstance(result["error"], str) and result["retryable"] is False
+
+
+def test_official_worker_shape_keeps_its_output_keys(worker):
+    result = run_job(
+        {
+            "audio_base64": b64(DATA / "jfk.wav"),
+            "transcription": "srt",
+            "enable_vad": True,
+            "word_timestamps": True,
+            "temperature": 0,
+            "temperature_increment_on_fallback": 0.2,
+            "logprob_threshold": -1.0,
+            "suppress_tokens": "-1",
+        },
+        worker,
+    )
+    assert "error" not in result, result
+    assert list(srt.parse(result["transcription"]))
+    assert result["detected_language"] == "en"
+    assert result["segments"] and "tokens" in result["segments"][0]
+    assert result["word_timestamps"] and set(result["word_timestamps"][0]) == {
+        "word", "start", "end",
+    }
+    assert "translation" not in result
+
+
+def test_every_decoding_option_is_a_faster_whisper_parameter():
+    from faster_whisper import BatchedInferencePipeline, WhisperModel
+
+    for fn in (WhisperModel.transcribe, BatchedInferencePipeline.transcribe):
+        params = set(inspect.signature(fn).parameters)
+        missing = DECODING_OPTIONS - params
+        assert not missing, f"{fn.__qualname__} has no parameter(s) {missing}"
+
+
+def test_every_option_runs(worker):
+    """Each option set together reaches faster-whisper and the job still succeeds."""
+    result = run_job(
+        {
+            "audio_base64": b64(DATA / "jfk.wav"),
+            "language": "en",
+            "beam_size": 2,
+            "best_of": 2,
+            "patience": 1.0,
+            "length_penalty": 1.0,
+            "repetition_penalty": 1.0,
+            "no_repeat_ngram_size": 0,
+            "temperature": [0.0, 0.4],
+            "compression_ratio_threshold": 2.4,
+            "log_prob_threshold": -1.0,
+            "no_speech_threshold": 0.6,
+            "condition_on_previous_text": False,
+            "prompt_reset_on_temperature": 0.5,
+            "initial_prompt": "Kennedy inaugural address.",
+            "suppress_blank": True,
+            "suppress_tokens": [-1],
+            "max_initial_timestamp": 1.0,
+            "word_timestamps": True,
+            "vad_filter": True,
+            "vad_parameters": {"min_silence_duration_ms": 500, "speech_pad_ms": 200},
+            "max_new_tokens": 100,
+            "chunk_length": 30,
+            "hallucination_silence_threshold": 2.0,
+            "hotwords": "Americans",
+            "language_detection_threshold": 0.5,
+            "language_detection_segments": 1,
+        },
+        worker,
+    )
+    assert "error" not in result, result
+    assert wer(JFK_TEXT, result["text"]) <= 0.1
+
+
+def test_logs_hold_no_transcript_or_payload(worker, caplog):
+    caplog.set_level(logging.DEBUG)
+    payload = b64(DATA / "jfk.wav")
+    result = run_job({"audio_base64": payload}, worker, job_id="j1")
+    assert "error" not in result
+    logged = caplog.text.lower()
+    assert "fellow americans" not in logged and "your country" not in logged
+    assert payload[:40].lower() not in logged
+    assert "j1" in logged  # the job was logged, just not its content
+
+
+def test_unexpected_exception_is_internal_without_traceback(worker, monkeypatch, caplog):
+    import handler.job as job_module
+
+    def boom(*_a, **_k):
+        raise ZeroDivisionError("secret detail")
+
+    monkeypatch.setattr(job_module, "decode_audio", boom)
+    result = run_job({"audio_base64": b64(DATA / "jfk.wav")}, worker)
+    assert result == {
+        "error": "internal error while processing the job",
+        "error_code": "INTERNAL",
+        "retryable": True,
+    }
+    assert "ZeroDivisionError" in caplog.text  # the log has the traceback
+
+
+@pytest.mark.parametrize(
+    ("job", "code"),
+    [
+        ({}, Code.INVALID_INPUT),
+        ({"audio_base64": "AAAA", "audio_url": "http://127.0.0.1/x"}, Code.INVALID_INPUT),
+        ({"audio_base64": "AAAA", "colour": "red"}, Code.INVALID_INPUT),
+        ({"audio_base64": "AAAA", "beam_size": "five"}, Code.INVALID_INPUT),
+        ({"audio_base64": "AAAA", "beam_size": 99}, Code.INVALID_INPUT),
+        ({"audio_base64": "AAAA", "output": ["pdf"]}, Code.INVALID_INPUT),
+        ({"audio_base64": "this is not base64!"}, Code.INVALID_BASE64),
+        ({"audio_base64": ""}, Code.INVALID_INPUT),
+        ({"audio_base64": "AAAAAAAA"}, Code.UNSUPPORTED_OR_CORRUPT_MEDIA),
+        ({"audio_url": "file:///etc/passwd"}, Code.URL_NOT_ALLOWED),
+        ({"audio_url": "gopher://127.0.0.1/"}, Code.URL_NOT_ALLOWED),
+        ({"audio_base64": "AAAA", "language": "xx"}, Code.UNSUPPORTED_FOR_MODEL),
+    ],
+)
+def test_bad_input_codes_through_the_pipeline(worker, no_leaks, job, code):
+    result = run_job(job, worker)
+    assert result["error_code"] == code, result
+    assert isinstance(result["error"], str) and "Traceback" not in result["error"]
+    assert set(result) == {"error", "error_code", "retryable"}
+
+
+def test_inline_cap(tiny_pool):
+    w = Worker(settings=make_settings(device="cpu", max_inline_bytes=1000), pool=tiny_pool)
+    result = run_job({"audio_base64": b64(DATA / "jfk.mp3")}, w)
+    assert result["error_code"] == Code.INPUT_TOO_LARGE
+    assert "url" in result["error"].lower()
