@@ -1,0 +1,1 @@
+"""Tiny runpod SDK workers used only to test the emulator itself."""
