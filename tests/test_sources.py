@@ -12,6 +12,7 @@ import gzip
 import logging
 import pathlib
 import socket
+import ssl
 import sys
 import threading
 import time
@@ -625,3 +626,73 @@ def test_s3_malformed(s3, dest) -> None:
     s = settings(s3_allowed_buckets="audio-in")
     for url in ("s3://audio-in", "s3://audio-in/", "s3:///key"):
         fails(Code.INVALID_INPUT, fetch_s3, url, dest, s)
+
+
+# --------------------------------------------------------------------------- https
+
+
+@pytest.fixture
+def tls_srv(tmp_path, monkeypatch):
+    """An HTTPS LocalServer whose certificate (from a throwaway CA) names only 'localhost'."""
+    x509 = pytest.importorskip("cryptography.x509")
+    import datetime
+
+    from cryptography.hazmat.primitives import hashes, serialization
+    from cryptography.hazmat.primitives.asymmetric import ec
+    from cryptography.x509.oid import NameOID
+
+    def name(cn: str):
+        return x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, cn)])
+
+    now = datetime.datetime.now(datetime.timezone.utc)
+    ca_key, key = ec.generate_private_key(ec.SECP256R1()), ec.generate_private_key(ec.SECP256R1())
+    ca = (
+        x509.CertificateBuilder()
+        .subject_name(name("test CA"))
+        .issuer_name(name("test CA"))
+        .public_key(ca_key.public_key())
+        .serial_number(1)
+        .not_valid_before(now - datetime.timedelta(hours=1))
+        .not_valid_after(now + datetime.timedelta(hours=1))
+        .add_extension(x509.BasicConstraints(ca=True, path_length=None), critical=True)
+        .sign(ca_key, hashes.SHA256())
+    )
+    leaf = (
+        x509.CertificateBuilder()
+        .subject_name(name("localhost"))
+        .issuer_name(ca.subject)
+        .public_key(key.public_key())
+        .serial_number(2)
+        .not_valid_before(now - datetime.timedelta(hours=1))
+        .not_valid_after(now + datetime.timedelta(hours=1))
+        .add_extension(x509.SubjectAlternativeName([x509.DNSName("localhost")]), critical=False)
+        .sign(ca_key, hashes.SHA256())
+    )
+    pem = serialization.Encoding.PEM
+    (tmp_path / "ca.pem").write_bytes(ca.public_bytes(pem))
+    (tmp_path / "leaf.pem").write_bytes(
+        leaf.public_bytes(pem)
+        + key.private_bytes(pem, serialization.PrivateFormat.PKCS8, serialization.NoEncryption())
+    )
+    monkeypatch.delenv("REQUESTS_CA_BUNDLE", raising=False)
+    monkeypatch.setenv("SSL_CERT_FILE", str(tmp_path / "ca.pem"))
+    ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+    ctx.load_cert_chain(tmp_path / "leaf.pem")
+    s = LocalServer(tls=ctx).start()
+    s.route("/ok", lambda h: respond(h, 200, JFK))
+    yield s
+    s.stop()
+
+
+def test_https_pinned_with_sni_and_verification(tls_srv, net_events, dest) -> None:
+    assert fetch_url(tls_srv.url("/ok", "localhost"), dest, settings()) == len(JFK)
+    assert dest.read_bytes() == JFK
+    assert tls_srv.headers_for("/ok")[0]["Host"] == f"localhost:{tls_srv.port}"
+    assert all(addr[0] in ("127.0.0.1", "::1") for addr in connects(net_events))
+
+
+def test_https_certificate_for_another_name_refused(tls_srv, dest) -> None:
+    # Same server, same certificate, but the URL names 127.0.0.1, which the cert does not.
+    err = fails(Code.SOURCE_UNREACHABLE, fetch_url, tls_srv.url("/ok"), dest, settings())
+    assert "certificate" in err.message and not dest.exists()
+    assert tls_srv.hits["/ok"] == 0
