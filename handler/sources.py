@@ -88,8 +88,9 @@ def decode_base64(data: str, max_bytes: int) -> bytes:
     """Decode raw base64 or a ``data:<mime>;base64,`` URI, strictly, capped at ``max_bytes``.
 
     Tolerated: surrounding/line-break whitespace, the URL-safe alphabet and missing padding.
-    Whitespace inside the payload must look like line wrapping (equal-length lines of at
-    least 16 characters), so that plain text ("hello world") is not read as base64.
+    Whitespace inside the payload must look like line wrapping (lines of at least 16
+    characters, the inner ones of equal length; the first may be shorter when a ``data:``
+    prefix shared its line), so that plain text ("hello world") is not read as base64.
     """
     if not isinstance(data, str):
         raise WorkerError(Code.INVALID_BASE64, "audio_base64 must be a string")
@@ -103,8 +104,8 @@ def decode_base64(data: str, max_bytes: int) -> bytes:
             raise WorkerError(Code.INVALID_BASE64, "audio_base64 data: URI is not ';base64,'")
     tokens = text.split()
     if len(tokens) > 1:
-        width = len(tokens[0])
-        if width < 16 or any(len(t) != width for t in tokens[1:-1]) or len(tokens[-1]) > width:
+        inner = {len(t) for t in tokens[1:-1]}
+        if min(len(t) for t in tokens[:-1]) < 16 or len(inner) > 1:
             raise WorkerError(
                 Code.INVALID_BASE64, "audio_base64 is not base64 (whitespace inside the data)"
             )
@@ -322,7 +323,19 @@ def _resolve(t: _Target, settings: Settings, wd: _Watchdog) -> list[tuple[int, t
     except ValueError:
         literal = False
     if literal:
-        infos = socket.getaddrinfo(t.host, t.port, 0, socket.SOCK_STREAM, 0, socket.AI_NUMERICHOST)
+        # Judge the literal itself first: getaddrinfo could reject it (an unknown zone id)
+        # and the error must still be the policy one.
+        reason = blocked_reason(t.host, settings.allow_private_urls)
+        if reason is not None:
+            raise WorkerError(
+                Code.URL_NOT_ALLOWED, f"URL not allowed: a {reason} address: {t.redacted}"
+            )
+        try:
+            infos = socket.getaddrinfo(
+                t.host, t.port, 0, socket.SOCK_STREAM, 0, socket.AI_NUMERICHOST
+            )
+        except OSError:
+            raise WorkerError(Code.INVALID_INPUT, f"unusable address: {t.redacted}") from None
     else:
         # getaddrinfo has no timeout of its own: wait for it in a pool, bounded.
         fut = _DNS_POOL.submit(socket.getaddrinfo, t.host, t.port, 0, socket.SOCK_STREAM)

@@ -186,6 +186,10 @@ def _b64(data: bytes) -> str:
     return base64.b64encode(data).decode()
 
 
+def _wrap(text: str, width: int, sep: str = "\n") -> str:
+    return sep.join(text[i : i + width] for i in range(0, len(text), width))
+
+
 @pytest.mark.parametrize(
     "variant",
     [
@@ -196,6 +200,7 @@ def _b64(data: bytes) -> str:
         "crlf_lines_and_padding_space",
         "url_safe_no_padding",
         "no_padding",
+        "data_uri_wrapped_at_76",
     ],
 )
 def test_base64_variants_accepted(variant: str) -> None:
@@ -204,12 +209,13 @@ def test_base64_variants_accepted(variant: str) -> None:
         "raw": raw,
         "data_uri": "data:audio/wav;base64," + raw,
         "data_uri_upper": "DATA:audio/x-wav;BASE64," + raw,
-        "mime_lines": "\n".join(raw[i : i + 76] for i in range(0, len(raw), 76)),
+        "mime_lines": _wrap(raw, 76),
         "crlf_lines_and_padding_space": "  \r\n"
         + "\r\n".join(raw[i : i + 64] for i in range(0, len(raw), 64))
         + "\r\n ",
         "url_safe_no_padding": base64.urlsafe_b64encode(JFK + b"x").decode().rstrip("="),
         "no_padding": raw.rstrip("="),
+        "data_uri_wrapped_at_76": _wrap("data:audio/wav;base64," + raw, 76),
     }[variant]
     expected = JFK + b"x" if variant == "url_safe_no_padding" else JFK
     assert raw.endswith("==") and len(JFK + b"x") % 3 == 2  # so both variants really drop "="
@@ -243,6 +249,8 @@ def test_base64_garbage_refused(text: str) -> None:
 def test_base64_whitespace_must_look_like_line_wrapping() -> None:
     raw = _b64(JFK[:300])
     fails(Code.INVALID_BASE64, decode_base64, raw[:10] + " " + raw[10:], 10**6)
+    uneven = " ".join([raw[:40], raw[40:60], raw[60:100], raw[100:]])  # inner lines 20 and 40
+    fails(Code.INVALID_BASE64, decode_base64, uneven, 10**6)
     wrapped = "\n".join(raw[i : i + 40] for i in range(0, len(raw), 40))
     assert decode_base64(wrapped, 10**6) == JFK[:300]
 
@@ -334,6 +342,7 @@ ALWAYS_BLOCKED_HOSTS = [
     "0.0.0.0",
     "[::]",
     "[fe80::1]",
+    "[fe80::1%25nosuchif0]",
     "0xa9fea9fe",  # 169.254.169.254 in hex, resolved by getaddrinfo
 ]
 PRIVATE_HOSTS = ["100.64.0.1", "10.0.0.1", "172.16.5.4", "192.168.1.1", "[fd12::1]"]
