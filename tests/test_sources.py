@@ -705,3 +705,10 @@ def test_https_certificate_for_another_name_refused(tls_srv, dest) -> None:
     err = fails(Code.SOURCE_UNREACHABLE, fetch_url, tls_srv.url("/ok"), dest, settings())
     assert "certificate" in err.message and not dest.exists()
     assert tls_srv.hits["/ok"] == 0
+
+
+def test_cancel_already_set_connects_nowhere(srv, net_events, dest) -> None:
+    cancel = threading.Event()
+    cancel.set()
+    fails(Code.CANCELLED, fetch_url, srv.url("/ok"), dest, settings(), cancel=cancel)
+    assert connects(net_events) == [] and srv.connections == 0 and not dest.exists()
