@@ -7,7 +7,6 @@ exactly one result or one ``{"error", "error_code", "retryable"}`` body.
 
 from __future__ import annotations
 
-import json
 import logging
 import tempfile
 import threading
@@ -24,6 +23,7 @@ from handler.models import ModelPool
 from handler.schema import JobInput, parse_job_input
 from handler.settings import Settings
 from handler.sources import decode_base64, fetch_to_file
+from handler.storage import deliver
 
 log = logging.getLogger(__name__)
 
@@ -154,11 +154,16 @@ def _run(
     timings["format"] = time.perf_counter() - t
     timings["total"] = time.perf_counter() - start
     output["timings"] = {k: round(v, 4) for k, v in timings.items()}
-    _check_size(output, settings)
+    output = deliver(output, settings, job_id)
     log.info(
         "job %s done: %.1fs audio in %.2fs (transcribe %.2fs, RTF %.3f, model %s, batch %d)",
-        job_id, duration, timings["total"], timings["transcribe"],
-        timings["transcribe"] / duration if duration else 0.0, model.spec.name, batch_size,
+        job_id,
+        duration,
+        timings["total"],
+        timings["transcribe"],
+        timings["transcribe"] / duration if duration else 0.0,
+        model.spec.name,
+        batch_size,
     )
     return output
 
@@ -232,13 +237,3 @@ def _legacy_keys(job: JobInput, segments: list[dict[str, Any]], language: str) -
             for w in formats.words(segments)
         ]
     return keys
-
-
-def _check_size(output: dict[str, Any], settings: Settings) -> None:
-    size = len(json.dumps(output, ensure_ascii=False).encode())
-    if size > settings.max_result_bytes:
-        raise WorkerError(
-            Code.RESULT_TOO_LARGE,
-            f"the result is {size} bytes, over the {settings.max_result_bytes}-byte limit; "
-            "ask for fewer output formats",
-        )

@@ -17,8 +17,15 @@ PREFIX = "WHISPER_"
 
 Device = Literal["auto", "cuda", "cpu"]
 ComputeType = Literal[
-    "auto", "default", "int8", "int8_float16", "int8_float32", "int8_bfloat16",
-    "float16", "bfloat16", "float32",
+    "auto",
+    "default",
+    "int8",
+    "int8_float16",
+    "int8_float32",
+    "int8_bfloat16",
+    "float16",
+    "bfloat16",
+    "float32",
 ]
 
 
@@ -75,8 +82,23 @@ class Settings(BaseModel):
     """Wall-clock budget for decoding one file (seconds)."""
     allowed_formats: list[str] = Field(
         default_factory=lambda: [
-            "wav", "mp3", "flac", "ogg", "mov,mp4,m4a,3gp,3g2,mj2", "matroska,webm",
-            "aac", "asf", "aiff", "caf", "amr", "w64", "au", "mpeg", "ape", "wv", "tta",
+            "wav",
+            "mp3",
+            "flac",
+            "ogg",
+            "mov,mp4,m4a,3gp,3g2,mj2",
+            "matroska,webm",
+            "aac",
+            "asf",
+            "aiff",
+            "caf",
+            "amr",
+            "w64",
+            "au",
+            "mpeg",
+            "ape",
+            "wv",
+            "tta",
         ]
     )
     """FFmpeg demuxers audio may be read with; manifests and playlists are never on it."""
@@ -87,6 +109,8 @@ class Settings(BaseModel):
     """S3-compatible endpoint (R2, MinIO, ...); unset: AWS."""
     result_bucket: str | None = None
     """Bucket for results over the platform's size limit; unset: such results fail."""
+    result_url_ttl_s: int = Field(86_400, ge=60, le=604_800)
+    """Lifetime of the presigned URL of an uploaded result (seconds)."""
     max_result_bytes: int = Field(9_000_000, ge=1)
     """Largest result returned inline (bytes of JSON); the platform refuses over 10 MB."""
 
