@@ -35,7 +35,13 @@ class Code(str, Enum):
 
 # Codes a client may simply resubmit: the fault was transient or on our side.
 RETRYABLE: frozenset[Code] = frozenset(
-    {Code.SOURCE_HTTP_5XX, Code.SOURCE_TIMEOUT, Code.SOURCE_UNREACHABLE, Code.GPU_OOM, Code.INTERNAL}
+    {
+        Code.SOURCE_HTTP_5XX,
+        Code.SOURCE_TIMEOUT,
+        Code.SOURCE_UNREACHABLE,
+        Code.GPU_OOM,
+        Code.INTERNAL,
+    }
 )
 
 

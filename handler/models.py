@@ -96,9 +96,7 @@ def _resolve_default(settings: Settings, device: str) -> ModelSpec:
     if manifest:
         try:
             data = json.loads(Path(manifest).read_text())
-            return ModelSpec(
-                name=data["model"], source=data["path"], tried=f"manifest {manifest}"
-            )
+            return ModelSpec(name=data["model"], source=data["path"], tried=f"manifest {manifest}")
         except (OSError, ValueError, KeyError) as exc:
             raise ModelLoadError(f"cannot read model manifest {manifest}: {exc}") from None
     if device == "cpu":
@@ -174,7 +172,11 @@ def load_one(spec: ModelSpec, settings: Settings, device: str, compute: str) -> 
             loaded.slots.put(inst)
     log.info(
         "loaded model %s on %s/%s: %d instance(s) in %.2fs",
-        spec.name, device, compute, len(instances), loaded.load_seconds,
+        spec.name,
+        device,
+        compute,
+        len(instances),
+        loaded.load_seconds,
     )
     return loaded
 

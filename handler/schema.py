@@ -40,8 +40,15 @@ ALIASES = {
 }
 # Keys whose presence marks a job written for the official worker.
 LEGACY_KEYS = frozenset(
-    {"audio", "transcription", "translate", "translation", "enable_vad", "logprob_threshold",
-     "temperature_increment_on_fallback"}
+    {
+        "audio",
+        "transcription",
+        "translate",
+        "translation",
+        "enable_vad",
+        "logprob_threshold",
+        "temperature_increment_on_fallback",
+    }
 )
 
 
@@ -174,9 +181,7 @@ class JobInput(BaseModel):
     def transcribe_kwargs(self, *, vad_default: bool) -> dict[str, Any]:
         """Keyword arguments for ``WhisperModel.transcribe``: only options the job set."""
         kwargs = {
-            name: getattr(self, name)
-            for name in self.model_fields_set
-            if name in DECODING_OPTIONS
+            name: getattr(self, name) for name in self.model_fields_set if name in DECODING_OPTIONS
         }
         if "vad_parameters" in kwargs and kwargs["vad_parameters"] is not None:
             kwargs["vad_parameters"] = self.vad_parameters.model_dump(exclude_none=True)
@@ -198,8 +203,15 @@ DECODING_OPTIONS: frozenset[str] = frozenset(
     for name in JobInput.model_fields
     if name
     not in {
-        "audio_base64", "audio_url", "model", "output", "batch_size",
-        "transcription", "translate", "translation", "temperature_increment_on_fallback",
+        "audio_base64",
+        "audio_url",
+        "model",
+        "output",
+        "batch_size",
+        "transcription",
+        "translate",
+        "translation",
+        "temperature_increment_on_fallback",
     }
 )
 

@@ -40,9 +40,7 @@ def _finish(worker: Worker, result: dict[str, Any]) -> dict[str, Any]:
 
 def make_handlers(worker: Worker) -> tuple[Callable, Callable]:
     """(plain async handler, streaming async-generator handler) sharing one thread pool."""
-    executor = ThreadPoolExecutor(
-        max_workers=worker.settings.concurrency, thread_name_prefix="job"
-    )
+    executor = ThreadPoolExecutor(max_workers=worker.settings.concurrency, thread_name_prefix="job")
 
     async def handler(job: dict[str, Any]) -> dict[str, Any]:
         cancel = threading.Event()

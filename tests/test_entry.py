@@ -20,8 +20,13 @@ def run(args: list[str], *, stdin: str | None = None, env: dict | None = None, c
     full_env = {k: v for k, v in os.environ.items() if not k.startswith(("WHISPER_", "RUNPOD_"))}
     full_env.update({"HF_HUB_OFFLINE": "1", **(env or {})})
     return subprocess.run(
-        [sys.executable, *args], input=stdin, capture_output=True, text=True, env=full_env,
-        cwd=cwd, timeout=120,
+        [sys.executable, *args],
+        input=stdin,
+        capture_output=True,
+        text=True,
+        env=full_env,
+        cwd=cwd,
+        timeout=120,
     )
 
 

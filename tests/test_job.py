@@ -84,8 +84,16 @@ def test_mp3_and_every_format_parse(worker, no_leaks):
     vj = result["verbose_json"]
     assert vj["language"] == "english" and vj["task"] == "transcribe"
     assert set(vj["segments"][0]) == {
-        "id", "seek", "start", "end", "text", "tokens", "temperature",
-        "avg_logprob", "compression_ratio", "no_speech_prob",
+        "id",
+        "seek",
+        "start",
+        "end",
+        "text",
+        "tokens",
+        "temperature",
+        "avg_logprob",
+        "compression_ratio",
+        "no_speech_prob",
     }
 
 
@@ -179,7 +187,9 @@ def test_official_worker_shape_keeps_its_output_keys(worker):
     assert result["detected_language"] == "en"
     assert result["segments"] and "tokens" in result["segments"][0]
     assert result["word_timestamps"] and set(result["word_timestamps"][0]) == {
-        "word", "start", "end",
+        "word",
+        "start",
+        "end",
     }
     assert "translation" not in result
 
