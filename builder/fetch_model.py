@@ -186,7 +186,7 @@ def write_manifest(dest: Path, main: dict, extras: Sequence[dict]) -> Path:
     return target
 
 
-def plan(source: Source, dest: Path) -> dict:
+def plan(source: Source, dest: Path, revision: str | None = None) -> dict:
     """What a fetch would do, for --dry-run (no network, no writes)."""
     if source.kind == "local":
         assert source.local_path is not None
@@ -200,6 +200,7 @@ def plan(source: Source, dest: Path) -> dict:
         "repo_id": source.repo_id,
         "from": str(source.local_path) if source.local_path else f"huggingface.co/{source.repo_id}",
         "into": where,
+        "revision": revision,
     }
 
 
@@ -244,7 +245,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         sources = [resolve(m) for m in requests]
         if args.dry_run:
-            print(json.dumps([plan(s, dest) for s in sources], indent=2))
+            revisions = [args.revision] + [None] * (len(sources) - 1)
+            plans = [plan(s, dest, r) for s, r in zip(sources, revisions, strict=True)]
+            print(json.dumps(plans, indent=2))
             return 0
         dest.mkdir(parents=True, exist_ok=True)
         entries = []
