@@ -119,8 +119,7 @@ def _run(
 
     warnings = list(audio.warnings)
     duration = audio.duration
-    default_batch = 16 if worker.pool.device == "cuda" else 1
-    batch_size = job.batch_size or settings.batch_size or default_batch
+    batch_size = job.batch_size or settings.batch_size
 
     if duration < MIN_AUDIO_SECONDS:
         warnings.append(f"audio is shorter than {MIN_AUDIO_SECONDS} s; nothing was transcribed")
@@ -147,6 +146,7 @@ def _run(
                 on_segment=each_segment,
             )
             timings["transcribe"] = tr.seconds
+        warnings += tr.warnings
     del audio
 
     t = time.perf_counter()

@@ -13,7 +13,7 @@ import logging
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
@@ -32,6 +32,7 @@ class Transcript:
     language: str
     language_probability: float
     seconds: float
+    warnings: list[str] = field(default_factory=list)
 
 
 def check_request(model: LoadedModel, kwargs: dict[str, Any]) -> None:
@@ -73,6 +74,28 @@ def segment_dict(seg: Any) -> dict[str, Any]:
     }
 
 
+# Options the batched pipeline accepts but ignores, or reads in another format.
+NOT_BATCHABLE = frozenset(
+    {
+        "clip_timestamps",
+        "condition_on_previous_text",
+        "prompt_reset_on_temperature",
+        "hallucination_silence_threshold",
+    }
+)
+
+
+def batch_blocker(kwargs: dict[str, Any], audio_seconds: float) -> str | None:
+    """Why this job cannot use the batched pipeline, or None."""
+    given = sorted(NOT_BATCHABLE & kwargs.keys())
+    if given:
+        return f"option(s) {', '.join(given)} need sequential decoding"
+    if not kwargs.get("vad_filter", True) and audio_seconds >= 30:
+        # The batched pipeline splits long audio with VAD only; without it it raises.
+        return "batching audio of 30 s or more needs vad_filter"
+    return None
+
+
 def is_oom(exc: BaseException) -> bool:
     text = str(exc).lower()
     return "out of memory" in text or "cuda_error_out_of_memory" in text
@@ -89,6 +112,10 @@ def run(
 ) -> Transcript:
     """Transcribe ``audio`` (float32, 16 kHz mono) and return every segment."""
     start = time.perf_counter()
+    warnings = []
+    if batch_size > 1 and (why := batch_blocker(kwargs, len(audio) / 16000)):
+        warnings.append(f"ran sequentially instead of batched: {why}")
+        batch_size = 1
     try:
         if batch_size > 1:
             from faster_whisper import BatchedInferencePipeline
@@ -119,4 +146,5 @@ def run(
         language=info.language,
         language_probability=float(info.language_probability),
         seconds=time.perf_counter() - start,
+        warnings=warnings,
     )
