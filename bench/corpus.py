@@ -73,3 +73,19 @@ def long_clip(min_seconds: float, gap_seconds: float = 1.0) -> Clip:
             if total >= min_seconds:
                 break
     return Clip(f"speech-{int(total)}s", np.concatenate(parts[:-1]), " ".join(texts))
+
+
+def words(text: str) -> list[str]:
+    keep = "".join(c.lower() if c.isalnum() or c.isspace() else " " for c in text)
+    return keep.split()
+
+
+def wer(reference: str, hypothesis: str) -> float:
+    """Word error rate by edit distance over lower-cased words without punctuation."""
+    ref, hyp = words(reference), words(hypothesis)
+    row = list(range(len(hyp) + 1))
+    for i, r in enumerate(ref, 1):
+        prev, row[0] = row[0], i
+        for j, h in enumerate(hyp, 1):
+            prev, row[j] = row[j], min(row[j] + 1, row[j - 1] + 1, prev + (r != h))
+    return row[-1] / max(1, len(ref))

@@ -20,7 +20,7 @@ import sys
 import time
 from pathlib import Path
 
-from bench.corpus import Clip, clips, long_clip
+from bench.corpus import Clip, clips, long_clip, wer
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -65,8 +65,6 @@ def startup_split(repeat: int = 3) -> dict:
 
 def transcribe_rtf(model, clip: Clip, batch: int, repeat: int) -> dict:
     from faster_whisper import BatchedInferencePipeline
-
-    from tests.conftest import wer
 
     runner = BatchedInferencePipeline(model) if batch > 1 else model
     kwargs = {"batch_size": batch} if batch > 1 else {}

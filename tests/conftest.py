@@ -10,34 +10,15 @@ from pathlib import Path
 
 import pytest
 
+from bench.corpus import JFK_TEXT, wer, words  # noqa: F401  (re-exported for tests)
 from handler.settings import load_settings
 
 DATA = Path(__file__).parent / "data"
-JFK_TEXT = (
-    "And so my fellow Americans, ask not what your country can do for you, "
-    "ask what you can do for your country."
-)
 BASE_SHA256 = "905e5bf8336bcc625ba4e33498d675a4b935504118c594d868c36e91a60c1a57"
 
 
 def b64(path: Path) -> str:
     return base64.b64encode(Path(path).read_bytes()).decode()
-
-
-def words(text: str) -> list[str]:
-    keep = "".join(c.lower() if c.isalnum() or c.isspace() else " " for c in text)
-    return keep.split()
-
-
-def wer(reference: str, hypothesis: str) -> float:
-    """Word error rate by edit distance over lower-cased words without punctuation."""
-    ref, hyp = words(reference), words(hypothesis)
-    row = list(range(len(hyp) + 1))
-    for i, r in enumerate(ref, 1):
-        prev, row[0] = row[0], i
-        for j, h in enumerate(hyp, 1):
-            prev, row[j] = row[j], min(row[j] + 1, row[j - 1] + 1, prev + (r != h))
-    return row[-1] / max(1, len(ref))
 
 
 def make_settings(**overrides):
