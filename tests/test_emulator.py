@@ -104,8 +104,10 @@ def worker_log(em: Emulator, worker_id: str) -> str:
 
 @pytest.fixture(scope="module")
 def endpoints(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Emulator, Emulator]]:
-    """An echo endpoint and a generator endpoint, one worker each, started together."""
-    echo = _emulator(tmp_path_factory.mktemp("echo")).start()
+    """An echo endpoint (its worker holds up to 2 jobs) and a generator endpoint, one
+    worker each, started together."""
+    echo = _emulator(tmp_path_factory.mktemp("echo"), worker_env={"FAKE_CONCURRENCY": "2"})
+    echo.start()
     gen = _emulator(tmp_path_factory.mktemp("gen"), worker_env={"FAKE_MODE": "gen"}).start()
     try:
         echo_worker = echo.start_worker()
@@ -206,6 +208,15 @@ def test_stream_items_handed_out_once_and_aggregated(endpoints: tuple[Emulator, 
     assert chunk == {"id": answer["id"], "status": "COMPLETED", "stream": []}
     final = gen.wait_job(answer["id"], JOB_S)
     assert final["output"] == [{"i": k} for k in range(5)]  # return_aggregate_stream
+
+
+def test_one_worker_runs_two_jobs_at_once_via_batch_take(echo: Emulator) -> None:
+    ids = [echo.submit({"sleep": 1.5, "k": k}) for k in range(2)]
+    finals = [echo.wait_job(job_id, JOB_S) for job_id in ids]
+    assert [f["output"]["echo"]["k"] for f in finals] == [0, 1]
+    first, second = (job_record(echo, job_id) for job_id in ids)
+    assert second["taken_at"] < first["finished_at"]  # they overlapped
+    assert echo.records()["workers"][_only_worker(echo)]["takes"]["batch"] > 0
 
 
 def test_cancel_running_job_delivers_stop_and_no_result(echo: Emulator) -> None:

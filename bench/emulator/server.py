@@ -140,7 +140,7 @@ class _Handler(BaseHTTPRequestHandler):
                 time.sleep(self.server.take_delay_s)
             batch = action == "job-take-batch"
             size = _int(query.get("batch_size"), 1) if batch else 1
-            jobs = state.take(worker_id, max(1, size), config.take_poll_s)
+            jobs = state.take(worker_id, max(1, size), config.take_poll_s, batch=batch)
             if not jobs:
                 self._send(204)
             else:

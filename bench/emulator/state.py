@@ -14,7 +14,6 @@ import time
 import uuid
 from collections import deque
 from collections.abc import Callable
-from dataclasses import dataclass, field
 from typing import Any
 
 from .config import (
@@ -27,129 +26,11 @@ from .config import (
     TIMED_OUT,
     EmulatorConfig,
 )
+from .model import NO_OUTPUT, Job, Worker, ms_between
 
 log = logging.getLogger(__name__)
 
 Event = dict[str, Any]
-_NO_OUTPUT = object()
-
-
-@dataclass
-class Job:
-    id: str
-    input: Any
-    kind: str  # "run" or "runsync": decides the result size limit and retention
-    submitted_at: float
-    input_bytes: int
-    webhook: str | None = None
-    execution_timeout_s: float | None = None
-    ttl_s: float | None = None
-    status: str = IN_QUEUE
-    queued_at: float = 0.0
-    worker_id: str | None = None
-    taken_at: float | None = None
-    finished_at: float | None = None
-    output: Any = _NO_OUTPUT
-    error: str | None = None
-    progress: Any = _NO_OUTPUT
-    stream: list[Any] = field(default_factory=list)
-    stream_cursor: int = 0
-    attempts: list[dict[str, Any]] = field(default_factory=list)
-    requeues: int = 0
-    retries: int = 0
-    done_posts: int = 0
-    progress_posts: int = 0
-    late_posts: int = 0
-    result_bytes: int | None = None
-    note: str | None = None
-    stop_signalled_at: float | None = None
-    stop_delivered_at: float | None = None
-    expired: bool = False
-    webhook_attempts: list[dict[str, Any]] = field(default_factory=list)
-
-    def record(self) -> dict[str, Any]:
-        """Timings and counters only: inputs and outputs may be large or private."""
-        delay = _ms(self.taken_at, self.submitted_at)
-        return {
-            "id": self.id,
-            "kind": self.kind,
-            "status": self.status,
-            "worker_id": self.worker_id,
-            "submitted_at": self.submitted_at,
-            "taken_at": self.taken_at,
-            "finished_at": self.finished_at,
-            "delay_ms": delay,
-            "execution_ms": _ms(self.finished_at, self.taken_at),
-            "attempts": [dict(a) for a in self.attempts],
-            "requeues": self.requeues,
-            "retries": self.retries,
-            "input_bytes": self.input_bytes,
-            "result_bytes": self.result_bytes,
-            "has_output": self.output is not _NO_OUTPUT,
-            "error": self.error[:500] if self.error else None,
-            "stream_items": len(self.stream),
-            "done_posts": self.done_posts,
-            "progress_posts": self.progress_posts,
-            "late_posts": self.late_posts,
-            "note": self.note,
-            "stop_signalled_at": self.stop_signalled_at,
-            "stop_delivered_at": self.stop_delivered_at,
-            "webhook_attempts": [dict(a) for a in self.webhook_attempts],
-        }
-
-
-@dataclass
-class Worker:
-    id: str
-    spawned: bool
-    started_at: float | None
-    last_seen: float | None = None
-    ready_at: float | None = None
-    stop_requested_at: float | None = None
-    stopped_at: float | None = None
-    exit_code: int | None = None
-    held: set[str] = field(default_factory=set)
-    pending_stops: list[str] = field(default_factory=list)
-    jobs: list[str] = field(default_factory=list)
-    heartbeats: list[dict[str, Any]] = field(default_factory=list)
-    pid: int | None = None
-    log_path: str | None = None
-    stop_pod: bool = False
-
-    @property
-    def state(self) -> str:
-        if self.stopped_at is not None:
-            return "stopped"
-        if self.stop_requested_at is not None:
-            return "stopping"
-        if self.held:
-            return "busy"
-        if self.ready_at is None:
-            return "starting"
-        return "idle"
-
-    def record(self) -> dict[str, Any]:
-        return {
-            "id": self.id,
-            "spawned": self.spawned,
-            "state": self.state,
-            "pid": self.pid,
-            "log_path": self.log_path,
-            "started_at": self.started_at,
-            "ready_at": self.ready_at,
-            "stop_requested_at": self.stop_requested_at,
-            "stopped_at": self.stopped_at,
-            "exit_code": self.exit_code,
-            "jobs": list(self.jobs),
-            "heartbeats": [dict(h) for h in self.heartbeats],
-            "stop_pod": self.stop_pod,
-        }
-
-
-def _ms(end: float | None, start: float | None) -> int | None:
-    if end is None or start is None:
-        return None
-    return max(0, round((end - start) * 1000))
 
 
 class EndpointState:
@@ -308,11 +189,14 @@ class EndpointState:
             }
 
     # ------------------------------------------------------------ worker side
-    def take(self, worker_id: str, max_jobs: int, hold_s: float) -> list[dict[str, Any]]:
+    def take(
+        self, worker_id: str, max_jobs: int, hold_s: float, *, batch: bool = False
+    ) -> list[dict[str, Any]]:
         """Long-poll for up to `max_jobs` jobs; [] after `hold_s` without one."""
         deadline = time.time() + hold_s
         with self.cond:
             worker = self._seen(worker_id)
+            worker.takes["batch" if batch else "single"] += 1
             if worker.ready_at is None:
                 worker.ready_at = worker.last_seen
                 self._emit({"type": "worker_ready", "t": worker.ready_at, "worker_id": worker_id})
@@ -400,7 +284,7 @@ class EndpointState:
                 self._finish(job, FAILED, now)
             else:
                 if error:  # a dict or list error: the platform shows no output
-                    job.output = _NO_OUTPUT
+                    job.output = NO_OUTPUT
                     job.note = "non-string error"
                 self._finish(job, COMPLETED, now)
             return 200, {}
@@ -530,7 +414,7 @@ class EndpointState:
         job.status = IN_PROGRESS
         job.worker_id = worker.id
         job.taken_at = now
-        job.progress = _NO_OUTPUT
+        job.progress = NO_OUTPUT
         job.attempts.append({"worker_id": worker.id, "taken_at": now, "ended_at": None,
                              "end": None})
         worker.held.add(job.id)
@@ -545,7 +429,7 @@ class EndpointState:
         job.worker_id = None
         job.taken_at = None
         job.finished_at = None
-        job.output = _NO_OUTPUT
+        job.output = NO_OUTPUT
         job.error = None
         if front:
             self.queue.appendleft(job.id)
@@ -592,13 +476,13 @@ class EndpointState:
     def _status_obj(self, job: Job) -> dict[str, Any]:
         obj: dict[str, Any] = {"id": job.id, "status": job.status}
         if job.taken_at is not None:
-            obj["delayTime"] = _ms(job.taken_at, job.submitted_at)
+            obj["delayTime"] = ms_between(job.taken_at, job.submitted_at)
             obj["workerId"] = job.worker_id
         if job.status in TERMINAL and job.taken_at is not None and job.finished_at is not None:
-            obj["executionTime"] = _ms(job.finished_at, job.taken_at)
-        if job.status == IN_PROGRESS and job.progress is not _NO_OUTPUT:
+            obj["executionTime"] = ms_between(job.finished_at, job.taken_at)
+        if job.status == IN_PROGRESS and job.progress is not NO_OUTPUT:
             obj["output"] = job.progress
-        if job.status in (COMPLETED, FAILED) and job.output is not _NO_OUTPUT:
+        if job.status in (COMPLETED, FAILED) and job.output is not NO_OUTPUT:
             obj["output"] = job.output
         if job.error is not None:
             obj["error"] = job.error

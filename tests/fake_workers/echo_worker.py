@@ -5,7 +5,8 @@ FAKE_MODE=async (default): an async handler whose job input picks the behaviour:
 returns an error result, {"raise": "msg"} raises, {"big": n} returns n bytes of text;
 anything else is echoed back as {"echo": input}.
 FAKE_MODE=gen: an async generator yielding {"i": k} for k < input["items"], with
-return_aggregate_stream on.
+return_aggregate_stream on. FAKE_CONCURRENCY=n: hold up to n jobs at once (the SDK
+then asks with job-take-batch).
 """
 
 from __future__ import annotations
@@ -43,4 +44,7 @@ if __name__ == "__main__":
     if os.environ.get("FAKE_MODE") == "gen":
         runpod.serverless.start({"handler": generator_handler, "return_aggregate_stream": True})
     else:
-        runpod.serverless.start({"handler": handler})
+        concurrency = int(os.environ.get("FAKE_CONCURRENCY", "1"))
+        runpod.serverless.start(
+            {"handler": handler, "concurrency_modifier": lambda current: concurrency}
+        )
