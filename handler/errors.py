@@ -38,6 +38,7 @@ RETRYABLE: frozenset[Code] = frozenset(
     {
         Code.SOURCE_HTTP_5XX,
         Code.SOURCE_TIMEOUT,
+        Code.SOURCE_TRUNCATED,
         Code.SOURCE_UNREACHABLE,
         Code.GPU_OOM,
         Code.INTERNAL,
