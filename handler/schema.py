@@ -136,6 +136,10 @@ class JobInput(BaseModel):
                 if new in data:
                     raise ValueError(f"give either '{old}' or '{new}', not both")
                 data[new] = data.pop(old)
+        # The official worker's own Hub test sends "plain text"; it meant plain_text.
+        for key in ("transcription", "translation"):
+            if isinstance(data.get(key), str):
+                data[key] = data[key].strip().lower().replace(" ", "_")
         # The official worker takes suppress_tokens as a string such as "-1" or "1,2".
         st = data.get("suppress_tokens")
         if isinstance(st, str):

@@ -629,14 +629,17 @@ def test_hub_test_inputs_validate_against_the_job_schema(hub_tests):
     assert config["gpuCount"] >= 1 and config["gpuTypeId"].startswith("NVIDIA ")
 
 
-def test_schema_control_rejects_what_the_official_tests_json_sent():
+def test_schema_control_rejects_an_unknown_format():
     """Control: the schema check can fail. The official worker's own tests.json says
-    "plain text" (with a space), which that worker silently rendered as WebVTT."""
+    "plain text" (with a space), which that worker silently rendered as WebVTT; we read it
+    as plain_text, but a format that means nothing is refused."""
     from handler.errors import Code, WorkerError
     from handler.schema import parse_job_input
 
+    job = parse_job_input({"audio": "https://example.com/a.wav", "transcription": "plain text"})
+    assert job.transcription == "plain_text"
     with pytest.raises(WorkerError) as err:
-        parse_job_input({"audio": "https://example.com/a.wav", "transcription": "plain text"})
+        parse_job_input({"audio": "https://example.com/a.wav", "transcription": "pdf"})
     assert err.value.code is Code.INVALID_INPUT
 
 
