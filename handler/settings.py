@@ -76,6 +76,7 @@ class Settings(BaseModel):
     connect_timeout_s: float = Field(10.0, gt=0)
     """Deadline for one TCP connect / TLS handshake (seconds)."""
     max_redirects: int = Field(5, ge=0, le=20)
+    """Redirects followed for one audio URL; each hop is checked like the first URL."""
     allow_private_urls: bool = False
     """Allow URLs that resolve to loopback/private addresses (tests only)."""
     max_audio_seconds: float = Field(4 * 3600.0, gt=0)
