@@ -132,7 +132,11 @@ def _delegate(module: str, argv: list[str]) -> int:
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    return args.func(args)
+    try:
+        return args.func(args)
+    except BrokenPipeError:  # `whisper-worker job x | head`: the reader left, not an error
+        sys.stderr.close()
+        return 0
 
 
 if __name__ == "__main__":
