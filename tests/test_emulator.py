@@ -381,7 +381,8 @@ def test_lost_job_past_max_requeues_gets_final_status() -> None:
 
 
 def test_sigterm_during_job_drains_and_exits_zero(tmp_path: Path) -> None:
-    with _emulator(tmp_path, ttl_s=3600) as em:
+    events: list[dict] = []
+    with _emulator(tmp_path, on_event=events.append) as em:
         worker_id = em.start_worker()
         em.wait_worker(worker_id, "idle", READY_S)
         job_id = em.submit({"sleep": 2})
@@ -401,6 +402,42 @@ def test_sigterm_during_job_drains_and_exits_zero(tmp_path: Path) -> None:
         code, answer = call(em, "POST", "purge-queue")
         assert code == 200 and answer == {"removed": 1, "status": "completed"}
         assert em.queue_length() == 0
+    lifecycle = [e["type"] for e in events if e.get("worker_id") == worker_id and "job_id" not in e]
+    assert lifecycle == ["worker_started", "worker_ready", "worker_stopping", "worker_stopped"]
+    job_events = [e["type"] for e in events if e.get("job_id") == job_id]
+    assert job_events == ["job_queued", "job_taken", "job_finished"]
+
+
+def test_worker_protocol_raw(tmp_path: Path) -> None:
+    """The worker URLs driven by hand: holds, batch take, stop channel, slow take."""
+    with _emulator(tmp_path, take_poll_s=0.3, stop_poll_s=0.3) as em:
+        started = time.time()
+        assert call(em, "GET", "job-take/w9?gpu=x&job_in_progress=0", auth="worker") == (204, None)
+        assert time.time() - started >= 0.25  # held, not answered at once
+        assert call(em, "GET", "job-stop/w9?gpu=x", auth="worker") == (204, None)
+        ids = [em.submit({"k": k}) for k in range(3)]
+        time.sleep(0.05)
+        assert em.queue_delay() > 0
+        code, jobs = call(em, "GET", "job-take-batch/w9?gpu=x&batch_size=2", auth="worker")
+        assert code == 200 and [j["id"] for j in jobs] == ids[:2]
+        assert jobs[0]["input"] == {"k": 0} and em.worker_state("w9") == "busy"
+        em.set_take_delay(0.4)
+        started = time.time()
+        code, job = call(em, "GET", "job-take/w9?gpu=x&job_in_progress=1", auth="worker")
+        assert code == 200 and job["id"] == ids[2] and time.time() - started >= 0.35
+        em.set_take_delay(0)
+        em.cancel(ids[0])
+        code, stop = call(em, "GET", "job-stop/w9?gpu=x", auth="worker")
+        assert code == 200 and stop == {"jobsToStop": [ids[0]]}
+        done = f"job-done/w9/{ids[1]}?gpu=x&isStream=false"
+        assert call(em, "POST", done, raw=b"not json", auth="worker")[0] == 400
+        assert call(em, "POST", done, {"error": {"code": 1}}, auth="worker")[0] == 200
+        assert em.status(ids[1])["status"] == "COMPLETED" and "output" not in em.status(ids[1])
+        assert call(em, "POST", "job-done/w9/nope?isStream=false", {}, auth="worker")[0] == 404
+        stream = f"job-stream/w9/{ids[2]}?gpu=x&isStream=false"
+        assert call(em, "POST", stream, {"output": "a"}, auth="worker")[0] == 200
+        assert call(em, "GET", f"stream/{ids[2]}")[1]["stream"] == [{"output": "a"}]
+        assert em.worker_states() == {"w9": "busy"}
 
 
 def test_cli_prints_urls_and_stops_on_sigterm() -> None:

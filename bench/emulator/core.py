@@ -225,6 +225,15 @@ class Emulator:
         with self.state.cond:
             return len(self.state.queue)
 
+    def queue_delay(self) -> float:
+        """Seconds the oldest queued job has waited (0 when the queue is empty): the
+        signal of RunPod's queue-delay scaler."""
+        with self.state.cond:
+            if not self.state.queue:
+                return 0.0
+            oldest = min(self.state.jobs[j].queued_at for j in self.state.queue)
+            return max(0.0, time.time() - oldest)
+
     def jobs_in_progress(self) -> int:
         with self.state.cond:
             return sum(len(w.held) for w in self.state.workers.values())
