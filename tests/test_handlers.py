@@ -69,9 +69,9 @@ def test_cancel_stops_decoding_and_frees_the_model(tiny_pool, no_leaks, caplog):
         task.cancel()
         with pytest.raises(asyncio.CancelledError):
             await task
-        # the thread notices at the next segment; wait for it to give the slot back
-        for _ in range(100):
-            if model.slots.qsize() == slots_before:
+        # the thread notices at the next segment; wait for it to end the job
+        for _ in range(150):
+            if w.jobs_done:
                 break
             await asyncio.sleep(0.1)
 
