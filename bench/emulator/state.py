@@ -51,6 +51,8 @@ class EndpointState:
         self.done_failures_left = 0
         self.done_failure_status = 503
         self.closed = False
+        # Jobs not yet expired: the only ones the periodic rules need to look at.
+        self._live: set[str] = set()
         self._emit = emit
         self._on_terminal = on_terminal
 
@@ -80,6 +82,7 @@ class EndpointState:
         )
         with self.cond:
             self.jobs[job.id] = job
+            self._live.add(job.id)
             self.queue.append(job.id)
             self._emit({"type": "job_queued", "t": now, "job_id": job.id})
             self.cond.notify_all()
@@ -368,7 +371,7 @@ class EndpointState:
                     job.note = "ttl expired"
                     self._discard_queued(job_id)
                     self._finish(job, TIMED_OUT, now)
-            for job in self.jobs.values():
+            for job in [self.jobs[job_id] for job_id in self._live]:
                 if job.status == IN_PROGRESS and job.taken_at is not None:
                     limit = job.execution_timeout_s or self.config.execution_timeout_s
                     if now - job.taken_at > limit:
@@ -381,7 +384,9 @@ class EndpointState:
                         if job.kind == "runsync"
                         else self.config.run_result_keep_s
                     )
-                    job.expired = now - job.finished_at > keep
+                    if now - job.finished_at > keep:
+                        job.expired = True
+                        self._live.discard(job.id)
             for worker in self.workers.values():
                 if (
                     not worker.spawned
