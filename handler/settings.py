@@ -30,7 +30,7 @@ ComputeType = Literal[
 
 
 class Settings(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    model_config = ConfigDict(extra="forbid", frozen=True, use_attribute_docstrings=True)
 
     model: str | None = None
     """faster-whisper size name (tiny, base.en, large-v3, turbo, distil-large-v3, ...), a
@@ -49,8 +49,9 @@ class Settings(BaseModel):
     cpu_threads: int = Field(0, ge=0, le=256)
     """CPU threads per instance; 0 lets CTranslate2 choose."""
     max_concurrency: int | None = Field(None, ge=1, le=64)
-    """Jobs this worker takes at once. Unset: the number of model slots
-    (devices x instances x num_workers)."""
+    """Jobs this worker holds at once. Unset: model slots (devices x instances x num_workers)
+    + 1, so the next job downloads and decodes while the current one runs, and the SDK keeps
+    a job-take open (holding one job, it pauses 1 s after each take)."""
     download_root: str | None = None
     """Hugging Face cache folder that holds baked models (the image sets it)."""
     manifest: str | None = None
@@ -152,7 +153,7 @@ class Settings(BaseModel):
 
     @property
     def concurrency(self) -> int:
-        return self.max_concurrency or self.slots
+        return self.max_concurrency or self.slots + 1
 
 
 class SettingsError(ValueError):
@@ -177,3 +178,23 @@ def load_settings(env: Mapping[str, str] | None = None) -> Settings:
 def setting_names() -> list[str]:
     """Every environment variable name the worker reads."""
     return [PREFIX + name.upper() for name in Settings.model_fields]
+
+
+def settings_markdown() -> str:
+    """The README's settings table, generated from the field docstrings."""
+    rows = ["| variable | default | what it does |", "|---|---|---|"]
+    for name, f in Settings.model_fields.items():
+        value = f.get_default(call_default_factory=True)
+        if name == "allowed_formats":
+            shown = "wav, mp3, flac, ogg, mp4/m4a, webm/mkv, aac, ..."
+        elif isinstance(value, list):
+            shown = ",".join(map(str, value)) or "(empty)"
+        else:
+            shown = "(unset)" if value is None else str(value)
+        text = " ".join((f.description or "").split()).replace("|", "/")
+        rows.append(f"| `{PREFIX}{name.upper()}` | `{shown}` | {text} |")
+    return "\n".join(rows) + "\n"
+
+
+if __name__ == "__main__":
+    print(settings_markdown(), end="")

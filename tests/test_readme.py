@@ -28,3 +28,11 @@ def test_every_error_code_is_documented_with_its_retry_hint():
         )
         assert row is not None, code
         assert row.split("|")[2].strip() == ("yes" if code in RETRYABLE else "no"), row
+
+
+def test_settings_table_is_the_generated_one():
+    from handler.settings import settings_markdown
+
+    start = README.index("<!-- settings:start")
+    table = README[README.index("\n", start) + 1 : README.index("<!-- settings:end -->")]
+    assert table == settings_markdown(), "run: python -m handler.settings, paste into README"
