@@ -150,7 +150,8 @@ def test_runsync_wait_running_out_falls_back_to_polling(endpoints: Endpoints, au
             on_status=lambda s: states.append(s["status"]),
         )
     assert result["text"] == "hello there world"
-    assert states[0] == "IN_PROGRESS" and states[-1] == "COMPLETED"  # from /status polls
+    # on_status is only fed by wait()'s /status polls: the fallback ran.
+    assert states and states[-1] == "COMPLETED"
 
 
 def test_stream_partials_arrive_while_running_and_join_into_the_result(
@@ -336,6 +337,26 @@ def test_cli_prints_text_and_exits_zero(
     assert main([str(audio), *cli(endpoints.fake, "--sync", "--output", "json")]) == 0
     result = json.loads(capsys.readouterr().out)
     assert result["text"] == "hello there world" and result["segments"]
+
+
+def test_cli_draws_a_progress_bar_on_a_terminal(
+    endpoints: Endpoints, audio: Path, capsys: pytest.CaptureFixture, monkeypatch
+) -> None:
+    master, slave = os.openpty()
+    os.set_blocking(master, False)
+    terminal = os.fdopen(slave, "w")
+    monkeypatch.setenv("RUNPOD_API_KEY", endpoints.fake.api_key)
+    monkeypatch.setattr(sys, "stderr", terminal)
+    try:
+        options = ("--option", "fake_progress=[50]", "--option", "fake_gap=0.8")
+        assert main([str(audio), *cli(endpoints.fake, *options)]) == 0
+        terminal.flush()
+        drawn = os.read(master, 65536).decode()
+    finally:
+        terminal.close()
+        os.close(master)
+    assert "\x1b[K" in drawn and "[##########..........]  50%" in drawn
+    assert capsys.readouterr().out == "hello there world\n"
 
 
 def test_cli_stream_prints_partial_text_as_it_arrives(
