@@ -112,25 +112,30 @@ def build_parser() -> argparse.ArgumentParser:
     j.add_argument("file")
     j.set_defaults(func=cmd_job)
 
-    for name, module, text in (
-        ("submit", "handler.client", "send audio to an endpoint (/run or /runsync)"),
-        ("emulate", "bench.emulator", "run the local platform emulator"),
-        ("bench", "bench", "run a benchmark scenario"),
+    for name, text in (
+        ("submit", "send audio to an endpoint (/run or /runsync); see submit --help"),
+        ("emulate", "run the local platform emulator; see emulate --help"),
+        ("bench", "run a benchmark scenario; see bench --help"),
     ):
-        p = sub.add_parser(name, help=text, add_help=False)
-        p.add_argument("rest", nargs=argparse.REMAINDER)
-        p.set_defaults(func=lambda a, m=module: _delegate(m, a.rest))
+        sub.add_parser(name, help=text, add_help=False)  # listed in --help; main() delegates
     return parser
 
 
 def _delegate(module: str, argv: list[str]) -> int:
     import importlib
 
-    mod = importlib.import_module(module if module != "bench" else "bench.__main__")
+    mod = importlib.import_module(f"{module}.__main__" if module.startswith("bench") else module)
     return int(mod.main(argv) or 0)
 
 
+DELEGATED = {"submit": "handler.client", "emulate": "bench.emulator", "bench": "bench"}
+
+
 def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    if argv and argv[0] in DELEGATED:
+        # Hand the rest over before argparse sees it: REMAINDER cannot take options first.
+        return _delegate(DELEGATED[argv[0]], argv[1:])
     args = build_parser().parse_args(argv)
     try:
         return args.func(args)
