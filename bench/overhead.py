@@ -1,8 +1,8 @@
-"""Per-job overhead of the platform loop, and throughput of 1 vs 2 concurrent jobs.
+"""Per-job overhead of the platform loop, and throughput of 1 vs 2 (or more) concurrent jobs.
 
 Runs the same real job (JFK, tiny.en) three ways in one go, so the numbers compare as
 ratios on a noisy machine: in-process (``run_job``), through the real SDK worker loop
-against the local emulator with ``WHISPER_MAX_CONCURRENCY=1``, and with 2.
+against the local emulator with ``WHISPER_MAX_CONCURRENCY=1``, and with 2 (``--concurrency 1 2 3`` to try others).
 
     python -m bench.overhead [--jobs 12] [--out bench/out/overhead.json]
 """
@@ -86,6 +86,7 @@ def main(argv: list[str] | None = None) -> int:
         prog="python -m bench.overhead", description=__doc__.split("\n")[0]
     )
     parser.add_argument("--jobs", type=int, default=12)
+    parser.add_argument("--concurrency", type=int, nargs="+", default=[1, 2])
     parser.add_argument("--out", default=str(ROOT / "bench" / "out" / "overhead.json"))
     args = parser.parse_args(argv)
     job = {
@@ -94,7 +95,7 @@ def main(argv: list[str] | None = None) -> int:
     }
     report = {
         "in_process": in_process(job, args.jobs),
-        "loop": [through_loop(job, args.jobs, c) for c in (1, 2)],
+        "loop": [through_loop(job, args.jobs, c) for c in args.concurrency],
     }
     ip = report["in_process"]
     print(f"in-process: {ip['median_job_s']:.3f} s per job, {ip['jobs_per_s']:.2f} jobs/s")
