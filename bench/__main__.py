@@ -67,12 +67,14 @@ def build_parser() -> argparse.ArgumentParser:
     _scenario_args(local)
     g = local.add_argument_group("scaling (a RunPod flex endpoint's settings)")
     g.add_argument("--active-workers", type=int, default=0, help="always running (default 0)")
-    g.add_argument("--max-workers", type=int, default=3, help="default 3")
+    g.add_argument("--max-workers", type=int, default=2,
+                   help="default 2 here (RunPod's is 3): workers share this machine's CPUs")
     g.add_argument("--idle-timeout", type=float, default=5.0, help="seconds (default 5)")
     g.add_argument("--queue-delay", type=float, default=4.0,
                    help="scale up when a job has waited this long (default 4 s)")
     g.add_argument("--worker-env", action="append", default=[], metavar="KEY=VALUE",
-                   help="worker environment (default WHISPER_DEVICE=cpu), repeatable")
+                   help="worker environment, repeatable (default WHISPER_DEVICE=cpu and"
+                        " WHISPER_CPU_THREADS=1: one core per worker, as one GPU each)")
     g.add_argument("--worker-command", help="worker command line (default: python -m handler)")
     _output_args(local)
 
@@ -174,7 +176,8 @@ def cmd_local(args: argparse.Namespace) -> int:
     started = time.time()
     rates = rates_from(args)
     arrivals = _arrivals(args)
-    env = {"WHISPER_DEVICE": "cpu", **_pairs(args.worker_env, "--worker-env")}
+    env = {"WHISPER_DEVICE": "cpu", "WHISPER_CPU_THREADS": "1",
+           **_pairs(args.worker_env, "--worker-env")}
     scaler = ScalerConfig(
         active_workers=args.active_workers, max_workers=args.max_workers,
         idle_timeout_s=args.idle_timeout, queue_delay_s=args.queue_delay, env=env,
