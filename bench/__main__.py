@@ -21,7 +21,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from bench.cost import Rates, summarize
+from bench.cost import Rates
 
 ROOT = Path(__file__).resolve().parent.parent
 DEFAULT_OUT = ROOT / "bench" / "out"
@@ -226,11 +226,11 @@ def cmd_remote(args: argparse.Namespace) -> int:
 
 
 def cmd_report(args: argparse.Namespace) -> int:
-    from bench.results import draw, table_text
+    from bench.results import draw, price, table_text
 
     rates = rates_from(args)
     records = [json.loads(Path(p).read_text()) for p in args.runs]
-    costs = [summarize(r, rates or Rates(0.0, 0.0)) for r in records]
+    costs = [price(r, rates) for r in records]
     for path, record, cost in zip(args.runs, records, costs, strict=True):
         print(f"== {path} (load {cost.load:.3f} audio h per h)")
         print(table_text(record, cost, rates))

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from bench.cost import CostReport, Rates, summarize
+from bench.cost import CostReport, Rates, Worker, peak_concurrent_workers, summarize
 from bench.report import (
     check_phase_sum,
     cold_start_summary,
@@ -37,6 +37,21 @@ class Written:
     table: str
     paths: dict[str, Path]
     cost: CostReport
+
+
+def serving_peak(record: Mapping[str, Any]) -> int:
+    """Most workers serving at once: from start until asked to stop. A worker draining
+    after its idle timeout overlaps its successor's cold start, but an always-on
+    active worker would not need a second one for that."""
+    workers = [Worker.from_dict({**w, "jobs": [],
+                                 "stopped_at": w.get("stop_requested_at") or w["stopped_at"]})
+               for w in record["workers"]]
+    return max(1, peak_concurrent_workers(workers))
+
+
+def price(record: Mapping[str, Any], rates: Rates | None) -> CostReport:
+    """The cost report; without rates every price is 0 (the money lines are not shown)."""
+    return summarize(record, rates or Rates(0.0, 0.0), active_workers=serving_peak(record))
 
 
 def phase_residuals(record: Mapping[str, Any]) -> list[float]:
@@ -102,7 +117,7 @@ def write_outputs(
     sample: ``{"input", "expected", "actual"}``."""
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
-    cost = summarize(record, rates or Rates(0.0, 0.0))
+    cost = price(record, rates)
     record["rates"] = None if rates is None else to_jsonable(rates)
     record["summary"] = summary(record, cost, rates)
     table = table_text(record, cost, rates)
