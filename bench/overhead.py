@@ -2,7 +2,8 @@
 
 Runs the same real job (JFK, tiny.en) three ways in one go, so the numbers compare as
 ratios on a noisy machine: in-process (``run_job``), through the real SDK worker loop
-against the local emulator with ``WHISPER_MAX_CONCURRENCY=1``, and with 2 (``--concurrency 1 2 3`` to try others).
+against the local emulator with ``WHISPER_MAX_CONCURRENCY=1``, and with 2
+(``--concurrency 1 2 3`` tries others).
 
     python -m bench.overhead [--jobs 12] [--out bench/out/overhead.json]
 """

@@ -189,7 +189,6 @@ class ModelPool:
         self.default = models[0].spec.name
         self.device = device
         self.compute = compute
-        self._lock = threading.Lock()
 
     @property
     def names(self) -> list[str]:

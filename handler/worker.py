@@ -42,19 +42,22 @@ def make_handlers(worker: Worker) -> tuple[Callable, Callable]:
     """(plain async handler, streaming async-generator handler) sharing one thread pool."""
     executor = ThreadPoolExecutor(max_workers=worker.settings.concurrency, thread_name_prefix="job")
 
-    async def handler(job: dict[str, Any]) -> dict[str, Any]:
-        cancel = threading.Event()
-        loop = asyncio.get_running_loop()
-        future = loop.run_in_executor(
+    def submit(job: dict[str, Any], cancel: threading.Event, on_segment=None) -> asyncio.Future:
+        return asyncio.get_running_loop().run_in_executor(
             executor,
             lambda: run_job(
                 job.get("input"),
                 worker,
                 job_id=str(job.get("id", "-")),
                 cancel=cancel,
+                on_segment=on_segment,
                 on_progress=_progress_sender(job),
             ),
         )
+
+    async def handler(job: dict[str, Any]) -> dict[str, Any]:
+        cancel = threading.Event()
+        future = submit(job, cancel)
         try:
             result = await asyncio.shield(future)
         except asyncio.CancelledError:
@@ -79,17 +82,7 @@ def make_handlers(worker: Worker) -> tuple[Callable, Callable]:
             }
             loop.call_soon_threadsafe(items.put_nowait, item)
 
-        future = loop.run_in_executor(
-            executor,
-            lambda: run_job(
-                job.get("input"),
-                worker,
-                job_id=str(job.get("id", "-")),
-                cancel=cancel,
-                on_segment=on_segment,
-                on_progress=_progress_sender(job),
-            ),
-        )
+        future = submit(job, cancel, on_segment)
         future.add_done_callback(lambda _f: loop.call_soon_threadsafe(items.put_nowait, None))
         try:
             while (item := await items.get()) is not None:

@@ -6,7 +6,10 @@ import base64
 import hashlib
 import shutil
 import tempfile
+import time
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -71,3 +74,14 @@ def no_leaks(tmp_path, monkeypatch):
     yield folder
     left = list(folder.iterdir())
     assert left == [], f"temporary files left behind: {left}"
+
+
+def wait_for(predicate: Callable[[], Any], timeout: float, what: str) -> Any:
+    """Poll ``predicate`` until it returns something truthy; fail after ``timeout`` s."""
+    deadline = time.time() + timeout
+    while time.time() < deadline:
+        value = predicate()
+        if value:
+            return value
+        time.sleep(0.05)
+    raise AssertionError(f"timed out after {timeout}s waiting for {what}")

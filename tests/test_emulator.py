@@ -16,7 +16,7 @@ import threading
 import time
 import urllib.error
 import urllib.request
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
@@ -24,6 +24,7 @@ from typing import Any
 import pytest
 
 from bench.emulator import Emulator, EmulatorConfig, EndpointState
+from tests.conftest import wait_for
 
 pytestmark = pytest.mark.e2e
 
@@ -73,16 +74,6 @@ def call(
     except urllib.error.HTTPError as exc:
         text = exc.read()
         return exc.code, json.loads(text) if text else None
-
-
-def wait_for(predicate: Callable[[], Any], timeout: float, what: str) -> Any:
-    deadline = time.time() + timeout
-    while time.time() < deadline:
-        value = predicate()
-        if value:
-            return value
-        time.sleep(0.05)
-    raise AssertionError(f"timed out after {timeout}s waiting for {what}")
 
 
 def wait_status(em: Emulator, job_id: str, statuses: set[str], timeout: float = JOB_S) -> dict:

@@ -13,7 +13,7 @@ import os
 import signal
 import sys
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -22,23 +22,13 @@ import requests
 
 from bench.corpus import long_clip
 from bench.emulator import Emulator
-from tests.conftest import DATA, JFK_TEXT, b64, wer
+from tests.conftest import DATA, JFK_TEXT, b64, wait_for, wer
 
 pytestmark = pytest.mark.e2e
 
 ROOT = Path(__file__).resolve().parent.parent
 READY_S = 90.0
 JOB_S = 90.0
-
-
-def wait_for(predicate: Callable[[], Any], timeout: float, what: str) -> Any:
-    deadline = time.time() + timeout
-    while time.time() < deadline:
-        value = predicate()
-        if value:
-            return value
-        time.sleep(0.05)
-    raise AssertionError(f"timed out waiting for {what}")
 
 
 def start(em: Emulator, tmpdir: Path, **env: str) -> str:
