@@ -282,3 +282,22 @@ def test_batched_falls_back_to_sequential_when_it_cannot_batch(worker):
     assert "error" not in result, result
     assert any("sequentially" in w for w in result["warnings"])
     assert wer(audio.text, result["text"]) < 0.3
+
+
+def test_memory_stays_flat_over_many_jobs(worker):
+    from handler.job import rss_mb
+
+    jobs = [
+        {"audio_base64": b64(DATA / "jfk.mp3")},
+        {"audio_base64": "!!not base64!!"},
+        {"audio_base64": base64.b64encode(b"\x00" * 5000).decode()},
+        {"audio_base64": b64(DATA / "jfk.wav"), "output": ["srt", "vtt", "verbose_json"]},
+    ]
+    for job in jobs:  # warm every path once
+        run_job(job, worker)
+    before = rss_mb()
+    for _ in range(5):
+        for job in jobs:
+            run_job(job, worker)
+    growth = rss_mb() - before
+    assert growth < 40, f"resident memory grew {growth:.1f} MiB over 20 jobs"

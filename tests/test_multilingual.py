@@ -58,3 +58,16 @@ def test_translate_is_one_pass_into_english(base_worker):
 def test_language_not_supported_is_invalid_input(base_worker):
     result = run_job({"audio_base64": b64(DATA / "jfk.wav"), "language": "xx"}, base_worker)
     assert result["error_code"] == Code.INVALID_INPUT
+
+
+def test_a_second_allowed_model_is_chosen_per_job(base_model_dir):
+    from handler.models import load_pool
+
+    settings = make_settings(device="cpu", allowed_models=str(base_model_dir))
+    w = Worker(settings=settings, pool=load_pool(settings))
+    assert w.pool.names == ["tiny.en", base_model_dir.name]
+    name, _ = CLIPS["de"]
+    result = run_job({"audio_base64": b64(DATA / name), "model": base_model_dir.name}, w)
+    assert result["language"] == "de" and result["model"] == base_model_dir.name
+    default = run_job({"audio_base64": b64(DATA / "jfk.mp3")}, w)
+    assert default["model"] == "tiny.en"
