@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
+import signal
 import threading
 from collections.abc import AsyncIterator, Callable
 from concurrent.futures import ThreadPoolExecutor
@@ -91,10 +93,15 @@ def make_handlers(worker: Worker) -> tuple[Callable, Callable]:
         except (asyncio.CancelledError, GeneratorExit):
             cancel.set()
             raise
-        if "error" in result:
+        if "error" not in result:
+            yield result
+        else:
             # The SDK keeps only str(error) of a streamed error: carry the code inside it.
             yield {"error": f"{result['error_code']}: {result['error']}"}
-            return
-        yield _finish(worker, result)
+        if worker.refresh_wanted:
+            # The SDK reads refresh_worker only from plain results. Ask for the same thing
+            # the way the platform's own stop does: SIGTERM drains this job, then exits.
+            log.info("asking for a fresh worker: stopping after this job")
+            loop.call_soon(os.kill, os.getpid(), signal.SIGTERM)
 
     return handler, stream_handler

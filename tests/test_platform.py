@@ -241,3 +241,19 @@ def test_worker_killed_mid_job_leaves_no_job_stuck(tmp_path):
         assert em.exit_code(wid) == -signal.SIGKILL
     finally:
         em.stop()
+
+
+@pytest.mark.parametrize("stream", ["false", "true"])
+def test_refresh_after_jobs_replaces_the_worker(tmp_path, stream):
+    em = emulator(tmp_path)
+    try:
+        (tmp_path / "w").mkdir()
+        wid = start(em, tmp_path / "w", WHISPER_REFRESH_AFTER_JOBS="1", WHISPER_STREAM=stream)
+        job_id = em.submit({"audio_base64": b64(DATA / "jfk.mp3")})
+        assert em.wait_job(job_id, JOB_S)["status"] == "COMPLETED"
+        em.wait_worker(wid, "stopped", 60)  # the platform (here: the emulator) replaced it
+        assert em.exit_code(wid) == 0
+        if stream == "false":
+            assert em.records()["workers"][wid]["stop_pod"] is True
+    finally:
+        em.stop()

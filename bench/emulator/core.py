@@ -48,7 +48,9 @@ class Emulator:
         **overrides: Any,
     ) -> None:
         self.config = replace(config or EmulatorConfig(), **overrides)
-        self._listeners: list[Listener] = [on_event] if on_event else []
+        self._listeners: list[Listener] = [self._on_stop_pod]
+        if on_event:
+            self._listeners.append(on_event)
         self._events: queue.Queue[Event | None] = queue.Queue()
         self.state = EndpointState(self.config, self._events.put, self._schedule_webhook)
         self._procs: dict[str, WorkerProcess] = {}
@@ -333,6 +335,15 @@ class Emulator:
         proc.close()
         reason = "exited" if code >= 0 else f"signal {-code}"
         self.state.worker_gone(proc.worker_id, code, reason)
+
+    def _on_stop_pod(self, event: dict[str, Any]) -> None:
+        """A result with stopPod (the SDK's refresh_worker): stop that worker, as the
+        platform does; an autoscaler starts a fresh one when jobs wait."""
+        if event["type"] == "worker_stop_pod":
+            with self._procs_lock:
+                ours = event["worker_id"] in self._procs
+            if ours:
+                self.stop_worker(event["worker_id"], graceful=True)
 
     def _dispatch(self) -> None:
         while True:

@@ -268,7 +268,9 @@ class EndpointState:
                 job.late_posts += 1
                 return 200, {}
             if result.get("stopPod"):
+                # The platform replaces a worker that asks for it (refresh_worker).
                 self.workers[worker_id].stop_pod = True
+                self._emit({"type": "worker_stop_pod", "t": now, "worker_id": worker_id})
             job.result_bytes = len(body)
             limit = self._result_limit(job)
             if len(body) > limit:
