@@ -94,6 +94,9 @@ class Worker:
     jobs: list[str] = field(default_factory=list)
     heartbeats: list[dict[str, Any]] = field(default_factory=list)
     takes: dict[str, int] = field(default_factory=lambda: {"single": 0, "batch": 0})
+    stop_polls: list[float] = field(default_factory=list)
+    """When each job-stop long-poll arrived: a worker whose event loop is blocked stops
+    polling, so the gaps show it (bounded to the last 2000)."""
     pid: int | None = None
     log_path: str | None = None
     stop_pod: bool = False
@@ -125,6 +128,7 @@ class Worker:
             "jobs": list(self.jobs),
             "heartbeats": [dict(h) for h in self.heartbeats],
             "takes": dict(self.takes),
+            "stop_polls": list(self.stop_polls),
             "stop_pod": self.stop_pod,
         }
 

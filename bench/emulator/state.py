@@ -224,6 +224,8 @@ class EndpointState:
         deadline = time.time() + hold_s
         with self.cond:
             worker = self._seen(worker_id)
+            worker.stop_polls.append(time.time())
+            del worker.stop_polls[:-2000]
             while True:
                 if worker.pending_stops:
                     ids, worker.pending_stops = worker.pending_stops, []
@@ -356,8 +358,13 @@ class EndpointState:
                     self._finish(job, self.config.lost_job_status, now)
             worker.held.clear()
             self._emit(
-                {"type": "worker_stopped", "t": now, "worker_id": worker_id,
-                 "exit_code": exit_code, "reason": reason}
+                {
+                    "type": "worker_stopped",
+                    "t": now,
+                    "worker_id": worker_id,
+                    "exit_code": exit_code,
+                    "reason": reason,
+                }
             )
             self.cond.notify_all()
 
@@ -422,8 +429,9 @@ class EndpointState:
         job.worker_id = worker.id
         job.taken_at = now
         job.progress = NO_OUTPUT
-        job.attempts.append({"worker_id": worker.id, "taken_at": now, "ended_at": None,
-                             "end": None})
+        job.attempts.append(
+            {"worker_id": worker.id, "taken_at": now, "ended_at": None, "end": None}
+        )
         worker.held.add(job.id)
         worker.jobs.append(job.id)
         self._emit({"type": "job_taken", "t": now, "job_id": job.id, "worker_id": worker.id})
@@ -469,8 +477,15 @@ class EndpointState:
             self._end_attempt(job, now, status)
         job.status = status
         job.finished_at = now
-        self._emit({"type": "job_finished", "t": now, "job_id": job.id, "status": status,
-                    "worker_id": job.worker_id})
+        self._emit(
+            {
+                "type": "job_finished",
+                "t": now,
+                "job_id": job.id,
+                "status": status,
+                "worker_id": job.worker_id,
+            }
+        )
         if job.webhook and notify_webhook:
             self._on_terminal(job, self._status_obj(job))
         self.cond.notify_all()
