@@ -312,7 +312,12 @@ def test_webhook_delivered_once_and_retried_on_error(echo: Emulator) -> None:
         job_id = echo.submit({"hook": 2}, webhook=url)
         final = echo.wait_job(job_id, JOB_S)
         wait_for(lambda: len(_Receiver.bodies) == 2, 10, "webhook retry")
-        attempts = job_record(echo, job_id)["webhook_attempts"]
+        # the emulator records an attempt once it has read the answer: wait for that too
+        attempts = wait_for(
+            lambda: len(a := job_record(echo, job_id)["webhook_attempts"]) == 2 and a,
+            10,
+            "the second attempt to be recorded",
+        )
         assert [a["status"] for a in attempts] == [500, 200]
     finally:
         receiver.shutdown()
