@@ -1,8 +1,9 @@
 """``python -m handler``: load the model(s), then hand control to the RunPod worker loop.
 
-The model load starts in a thread before ``import runpod`` (which costs seconds on its
-own), so the two overlap. No job is taken before the model is loaded; a model that cannot
-be loaded exits the process with status 1 and one line saying what was tried.
+The model load and warm-up run in a thread while ``import runpod`` (seconds on its own)
+runs here, so the two overlap; the thread imports nothing (see startup.prepare). No job
+is taken before the model is loaded; a model that cannot be loaded exits the process
+with status 1 and one line saying what was tried.
 """
 
 from __future__ import annotations
@@ -13,7 +14,7 @@ import sys
 import threading
 import time
 
-from handler.startup import StartupTimes, configure_logging, load_worker
+from handler.startup import StartupTimes, configure_logging, load_models, prepare
 
 
 def main() -> int:
@@ -22,8 +23,12 @@ def main() -> int:
     # The SDK logs whole results (transcripts) at DEBUG, its default.
     os.environ.setdefault("RUNPOD_LOG_LEVEL", "INFO")
 
+    plan = prepare(times)  # settings, imports, resolution: all in this thread
+    if isinstance(plan, str):
+        print(f"whisper-worker: {plan}", file=sys.stderr)
+        return 1
     box: dict = {}
-    loader = threading.Thread(target=lambda: box.update(load_worker(times)), daemon=True)
+    loader = threading.Thread(target=lambda: box.update(load_models(plan, times)), daemon=True)
     loader.start()
 
     t = time.perf_counter()
@@ -31,15 +36,21 @@ def main() -> int:
 
     times.runpod_import = time.perf_counter() - t
     configure_logging()  # `import runpod` calls logging.basicConfig(INFO) on the root logger
+    from handler.job import Worker
+    from handler.worker import make_handlers
+
+    if plan.settings.s3_allowed_buckets or plan.settings.result_bucket:
+        # Jobs run in threads: import boto3 once here, not lazily in two jobs at a time.
+        import boto3  # noqa: F401
+        import botocore.config  # noqa: F401
+
     loader.join()
     if "error" in box:
         print(f"whisper-worker: {box['error']}", file=sys.stderr)
         return 1
-    worker = box["worker"]
+    worker = Worker(settings=plan.settings, pool=box["pool"])
     times.ready = time.perf_counter()
     times.log()
-
-    from handler.worker import make_handlers
 
     handler, stream_handler = make_handlers(worker)
     # The SDK's local test mode does not iterate generators: stream only in the real loop.

@@ -84,31 +84,84 @@ def warm_up(pool) -> float:
     return time.perf_counter() - start
 
 
-def load_worker(times: StartupTimes) -> dict:
-    """Returns {"worker": Worker} or {"error": one line}; never raises."""
+@dataclass
+class Plan:
+    """What to load, decided in the main thread before the loader thread starts."""
+
+    settings: object
+    specs: list
+    device: str
+    compute: str
+
+
+def prepare(times: StartupTimes) -> Plan | str:
+    """Settings, imports and model resolution; returns a Plan or the one-line error.
+
+    Every import the model load and the warm-up need happens here, in the calling thread.
+    Two threads importing at once can hand one of them a partially initialised module
+    (seen: ``requests.utils`` while ``import runpod`` ran), so the loader thread that
+    overlaps ``import runpod`` must import nothing.
+    """
     try:
         settings = load_settings()
     except SettingsError as exc:
-        return {"error": str(exc)}
+        return str(exc)
     t = time.perf_counter()
-    import faster_whisper  # noqa: F401
+    # What the load and warm-up would otherwise import lazily (tests/test_entry.py checks
+    # that the loader thread imports nothing): the VAD's runtime, the feature extractor's
+    # FFT, the warm-up's noise, and what onnxruntime's session pulls in.
+    import multiprocessing.synchronize  # noqa: F401
+    import secrets  # noqa: F401
 
-    from handler.job import Worker
-    from handler.models import ModelLoadError, load_pool
+    import faster_whisper  # noqa: F401
+    import numpy.fft  # noqa: F401
+    import numpy.random  # noqa: F401
+    import onnxruntime  # noqa: F401
+
+    from handler.models import ModelLoadError, device_and_compute, resolve
 
     times.imports = time.perf_counter() - t
     times.mark("imports_done")
+    try:
+        device, compute = device_and_compute(settings)
+        specs = resolve(settings, device)
+    except ModelLoadError as exc:
+        return str(exc)
+    return Plan(settings, specs, device, compute)
+
+
+def load_models(plan: Plan, times: StartupTimes) -> dict:
+    """Load and warm the planned models: {"pool": ModelPool} or {"error": one line}.
+
+    Safe to run in a thread beside other imports: it imports nothing new (tested).
+    """
+    from handler.models import ModelLoadError, ModelPool, load_one
+
     t = time.perf_counter()
     try:
-        pool = load_pool(settings)
+        models = [load_one(s, plan.settings, plan.device, plan.compute) for s in plan.specs]
     except ModelLoadError as exc:
         return {"error": str(exc)}
+    pool = ModelPool(models, plan.device, plan.compute)
     times.model_load = time.perf_counter() - t
     times.mark("model_loaded")
-    if settings.warmup:
+    if plan.settings.warmup:
         try:
             times.warmup = warm_up(pool)
         except Exception as exc:  # a model that cannot run one second of audio is unusable
             return {"error": f"warm-up transcription failed: {type(exc).__name__}: {exc}"}
     times.mark("warmup_done")
-    return {"worker": Worker(settings=settings, pool=pool)}
+    return {"pool": pool}
+
+
+def load_worker(times: StartupTimes) -> dict:
+    """Sequential start-up (the CLI): {"worker": Worker} or {"error": one line}."""
+    plan = prepare(times)
+    if isinstance(plan, str):
+        return {"error": plan}
+    loaded = load_models(plan, times)
+    if "error" in loaded:
+        return loaded
+    from handler.job import Worker
+
+    return {"worker": Worker(settings=plan.settings, pool=loaded["pool"])}

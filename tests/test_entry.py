@@ -88,3 +88,22 @@ def test_cli_transcribe_prints_vtt():
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert proc.stdout.startswith("WEBVTT")
     assert "ask not what your country" in proc.stdout
+
+
+def test_the_loader_thread_imports_nothing():
+    """The model load runs in a thread beside `import runpod`; two threads importing at
+    once can see a partially initialised module (it happened with requests.utils), so
+    everything the load and the warm-up need is imported before the thread starts."""
+    script = (
+        "import sys\n"
+        "from handler.startup import StartupTimes, prepare, load_models\n"
+        "times = StartupTimes()\n"
+        "plan = prepare(times)\n"
+        "before = set(sys.modules)\n"
+        "loaded = load_models(plan, times)\n"
+        "assert 'pool' in loaded, loaded\n"
+        "print(sorted(set(sys.modules) - before))\n"
+    )
+    proc = run(["-c", script], env={"WHISPER_DEVICE": "cpu", "WHISPER_WARMUP": "true"})
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert proc.stdout.strip() == "[]", proc.stdout
