@@ -383,28 +383,36 @@ def test_cli_job_error_and_bad_key_exit_one(
     assert "INPUT_NOT_FOUND" in capsys.readouterr().err
 
 
-def test_cli_ctrl_c_cancels_the_job_and_exits_130(endpoints: Endpoints, audio: Path) -> None:
+def test_cli_ctrl_c_cancels_the_job_and_exits_130(
+    endpoints: Endpoints, audio: Path, tmp_path: Path
+) -> None:
     em = endpoints.fake
     before = set(em.records()["jobs"])
     env = {**os.environ, "RUNPOD_API_KEY": em.api_key}
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "handler.cli", "submit", str(audio),
-         *cli(em, "--option", "fake_sleep=30")],
-        cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-    )
-    try:
-        def running_job() -> str | None:
-            jobs = em.records()["jobs"]
-            fresh = [j for j in jobs.values() if j["id"] not in before]
-            return fresh[0]["id"] if fresh and fresh[0]["status"] == "IN_PROGRESS" else None
+    err_path = tmp_path / "stderr.txt"
+    with open(err_path, "w") as err_file:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "handler.cli", "submit", str(audio),
+             *cli(em, "--option", "fake_sleep=30")],
+            cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=err_file, text=True,
+        )
+        try:
+            def running_job() -> str | None:
+                jobs = em.records()["jobs"]
+                fresh = [j for j in jobs.values() if j["id"] not in before]
+                return fresh[0]["id"] if fresh and fresh[0]["status"] == "IN_PROGRESS" else None
 
-        job_id = wait_for(running_job, JOB_S, "the CLI's job running")
-        proc.send_signal(signal.SIGINT)
-        out, err = proc.communicate(timeout=20)
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait()
+            job_id = wait_for(running_job, JOB_S, "the CLI's job running")
+            # The worker can take the job before the CLI has read /run's answer: wait until
+            # the CLI knows the id too, or Ctrl-C rightly reports "before ... a job id".
+            wait_for(lambda: "submitted" in err_path.read_text(), JOB_S, "the CLI to see the id")
+            proc.send_signal(signal.SIGINT)
+            out, _ = proc.communicate(timeout=20)
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
+    err = err_path.read_text()
     assert proc.returncode == 130, err
     assert f"error: CANCELLED: interrupted; job {job_id} cancelled" in err
     assert em.status(job_id)["status"] == "CANCELLED" and out == ""
