@@ -8,6 +8,7 @@ exactly one result or one ``{"error", "error_code", "retryable"}`` body.
 from __future__ import annotations
 
 import logging
+import os
 import tempfile
 import threading
 import time
@@ -56,8 +57,6 @@ def rss_mb() -> float:
     try:
         with open("/proc/self/statm") as f:
             pages = int(f.read().split()[1])
-        import os
-
         return pages * os.sysconf("SC_PAGE_SIZE") / 2**20
     except (OSError, ValueError, IndexError):
         return 0.0

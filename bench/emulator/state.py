@@ -248,13 +248,9 @@ class EndpointState:
             if self.done_failures_left > 0:
                 self.done_failures_left -= 1
                 return self.done_failure_status, {"error": "injected failure"}
-            job = self.jobs.get(job_id)
-            if job is None:
-                return 404, {"error": "job not found"}
-            try:
-                result = json.loads(body or b"{}")
-            except ValueError:
-                return 400, {"error": "body is not JSON"}
+            job, result, refusal = self._job_and_body(job_id, body)
+            if refusal is not None:
+                return refusal
             if not isinstance(result, dict):
                 return 400, {"error": "body is not a JSON object"}
             current = job.status == IN_PROGRESS and job.worker_id == worker_id
@@ -299,13 +295,9 @@ class EndpointState:
     def job_stream(self, worker_id: str, job_id: str, body: bytes) -> tuple[int, dict[str, Any]]:
         with self.cond:
             self._seen(worker_id)
-            job = self.jobs.get(job_id)
-            if job is None:
-                return 404, {"error": "job not found"}
-            try:
-                item = json.loads(body or b"{}")
-            except ValueError:
-                return 400, {"error": "body is not JSON"}
+            job, item, refusal = self._job_and_body(job_id, body)
+            if refusal is not None:
+                return refusal
             if job.status == IN_PROGRESS and job.worker_id == worker_id and isinstance(item, dict):
                 job.stream.append(item.get("output"))
                 self.cond.notify_all()
@@ -412,6 +404,18 @@ class EndpointState:
             self.cond.notify_all()
 
     # ------------------------------------------------------------- internals
+    def _job_and_body(
+        self, job_id: str, body: bytes
+    ) -> tuple[Any, Any, tuple[int, dict[str, Any]] | None]:
+        """The job a worker posts about and its parsed body, or the answer refusing it."""
+        job = self.jobs.get(job_id)
+        if job is None:
+            return None, None, (404, {"error": "job not found"})
+        try:
+            return job, json.loads(body or b"{}"), None
+        except ValueError:
+            return job, None, (400, {"error": "body is not JSON"})
+
     def _seen(self, worker_id: str) -> Worker:
         now = time.time()
         worker = self.workers.get(worker_id)
