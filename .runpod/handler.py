@@ -22,9 +22,10 @@ def use_repository_root() -> None:
     if str(ROOT) not in sys.path:
         sys.path.insert(0, str(ROOT))
     shim = sys.modules.get("handler")
-    if shim is not None and Path(getattr(shim, "__file__", "") or "").resolve() == Path(
-        __file__
-    ).resolve():
+    if (
+        shim is not None
+        and Path(getattr(shim, "__file__", "") or "").resolve() == Path(__file__).resolve()
+    ):
         del sys.modules["handler"]
 
 

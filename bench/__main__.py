@@ -30,21 +30,36 @@ DEFAULT_BASE_URL = "https://api.runpod.ai/v2"
 
 def _scenario_args(p: argparse.ArgumentParser) -> None:
     g = p.add_argument_group("scenario")
-    g.add_argument("--scenario", choices=["offline", "server", "trace"], default="server",
-                   help="offline: every job at once; server: Poisson arrivals at --rate;"
-                        " trace: replay --trace (default server)")
+    g.add_argument(
+        "--scenario",
+        choices=["offline", "server", "trace"],
+        default="server",
+        help="offline: every job at once; server: Poisson arrivals at --rate;"
+        " trace: replay --trace (default server)",
+    )
     g.add_argument("--jobs", type=int, default=30, help="number of queries (default 30)")
-    g.add_argument("--rate", type=float, default=0.5,
-                   help="server scenario: queries per second (default 0.5)")
+    g.add_argument(
+        "--rate", type=float, default=0.5, help="server scenario: queries per second (default 0.5)"
+    )
     g.add_argument("--seed", type=int, default=0, help="query order and arrival times")
     g.add_argument("--trace", help="file of 'timestamp,audio_file' lines")
-    g.add_argument("--long-seconds", type=float, default=0.0,
-                   help="add one query of this much concatenated real speech to the pool")
-    g.add_argument("--job-option", action="append", default=[], metavar="KEY=JSON",
-                   help="extra job input field, e.g. beam_size=1 (repeatable)")
+    g.add_argument(
+        "--long-seconds",
+        type=float,
+        default=0.0,
+        help="add one query of this much concatenated real speech to the pool",
+    )
+    g.add_argument(
+        "--job-option",
+        action="append",
+        default=[],
+        metavar="KEY=JSON",
+        help="extra job input field, e.g. beam_size=1 (repeatable)",
+    )
     g.add_argument("--job-timeout", type=float, default=600.0, help="seconds per job")
-    g.add_argument("--no-probe", action="store_true",
-                   help="skip the one bad-input job sent after the run")
+    g.add_argument(
+        "--no-probe", action="store_true", help="skip the one bad-input job sent after the run"
+    )
 
 
 def _output_args(p: argparse.ArgumentParser) -> None:
@@ -67,22 +82,39 @@ def build_parser() -> argparse.ArgumentParser:
     _scenario_args(local)
     g = local.add_argument_group("scaling (a RunPod flex endpoint's settings)")
     g.add_argument("--active-workers", type=int, default=0, help="always running (default 0)")
-    g.add_argument("--max-workers", type=int, default=2,
-                   help="default 2 here (RunPod's is 3): workers share this machine's CPUs")
+    g.add_argument(
+        "--max-workers",
+        type=int,
+        default=2,
+        help="default 2 here (RunPod's is 3): workers share this machine's CPUs",
+    )
     g.add_argument("--idle-timeout", type=float, default=5.0, help="seconds (default 5)")
-    g.add_argument("--queue-delay", type=float, default=4.0,
-                   help="scale up when a job has waited this long (default 4 s)")
-    g.add_argument("--worker-env", action="append", default=[], metavar="KEY=VALUE",
-                   help="worker environment, repeatable (default WHISPER_DEVICE=cpu and"
-                        " WHISPER_CPU_THREADS=1: one core per worker, as one GPU each)")
+    g.add_argument(
+        "--queue-delay",
+        type=float,
+        default=4.0,
+        help="scale up when a job has waited this long (default 4 s)",
+    )
+    g.add_argument(
+        "--worker-env",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="worker environment, repeatable (default WHISPER_DEVICE=cpu and"
+        " WHISPER_CPU_THREADS=1: one core per worker, as one GPU each)",
+    )
     g.add_argument("--worker-command", help="worker command line (default: python -m handler)")
     _output_args(local)
 
     remote = sub.add_parser("remote", help="a deployed RunPod endpoint (RUNPOD_API_KEY)")
     remote.add_argument("--endpoint", required=True, help="endpoint id")
     remote.add_argument("--base-url", default=DEFAULT_BASE_URL)
-    remote.add_argument("--idle-timeout", type=float, default=5.0,
-                        help="the endpoint's idle timeout, for the billed-time estimate")
+    remote.add_argument(
+        "--idle-timeout",
+        type=float,
+        default=5.0,
+        help="the endpoint's idle timeout, for the billed-time estimate",
+    )
     remote.add_argument("--model", default="(deployed)", help="model name for the record")
     _scenario_args(remote)
     _output_args(remote)
@@ -91,8 +123,9 @@ def build_parser() -> argparse.ArgumentParser:
     report.add_argument("runs", nargs="+", help="JSON files written by local/remote")
     _output_args(report)
 
-    sub.add_parser("single", help="the model alone (see python -m bench single --help)",
-                   add_help=False)
+    sub.add_parser(
+        "single", help="the model alone (see python -m bench single --help)", add_help=False
+    )
     return parser
 
 
@@ -128,16 +161,21 @@ def _pairs(items: list[str], what: str, parse_json: bool = False) -> dict[str, A
 def _arrivals(args: argparse.Namespace):
     from bench.scenarios import build
 
-    return build(args.scenario, jobs=args.jobs, rate=args.rate, seed=args.seed,
-                 trace=args.trace, long_seconds=args.long_seconds,
-                 options=_pairs(args.job_option, "--job-option", parse_json=True))
+    return build(
+        args.scenario,
+        jobs=args.jobs,
+        rate=args.rate,
+        seed=args.seed,
+        trace=args.trace,
+        long_seconds=args.long_seconds,
+        options=_pairs(args.job_option, "--job-option", parse_json=True),
+    )
 
 
 def _sample(arrivals, outcomes) -> dict[str, Any] | None:
     for arrival, o in zip(arrivals, outcomes, strict=True):
         if o.status.get("status") == "COMPLETED" and o.text is not None:
-            return {"input": arrival.query.job_input(), "expected": o.reference,
-                    "actual": o.text}
+            return {"input": arrival.query.job_input(), "expected": o.reference, "actual": o.text}
     return None
 
 
@@ -169,41 +207,61 @@ def _finish(written, args: argparse.Namespace, started: float) -> int:
 
 def cmd_local(args: argparse.Namespace) -> int:
     from bench.autoscaler import ScalerConfig
-    from bench.emulator import Emulator
     from bench.harness import Progress, run_local
     from bench.results import write_outputs
+    from runpod_emulator import Emulator
 
     started = time.time()
     rates = rates_from(args)
     arrivals = _arrivals(args)
-    env = {"WHISPER_DEVICE": "cpu", "WHISPER_CPU_THREADS": "1",
-           **_pairs(args.worker_env, "--worker-env")}
+    env = {
+        "WHISPER_DEVICE": "cpu",
+        "WHISPER_CPU_THREADS": "1",
+        **_pairs(args.worker_env, "--worker-env"),
+    }
     scaler = ScalerConfig(
-        active_workers=args.active_workers, max_workers=args.max_workers,
-        idle_timeout_s=args.idle_timeout, queue_delay_s=args.queue_delay, env=env,
+        active_workers=args.active_workers,
+        max_workers=args.max_workers,
+        idle_timeout_s=args.idle_timeout,
+        queue_delay_s=args.queue_delay,
+        env=env,
         command=shlex.split(args.worker_command) if args.worker_command else None,
     )
     audio = sum(a.query.audio_seconds for a in arrivals)
-    print(f"{args.scenario}: {len(arrivals)} jobs, {audio:.0f} s of real speech, over"
-          f" {arrivals[-1].offset_s:.0f} s; max {scaler.max_workers} workers"
-          f" ({scaler.active_workers} active), idle timeout {scaler.idle_timeout_s:g} s",
-          file=sys.stderr)
+    print(
+        f"{args.scenario}: {len(arrivals)} jobs, {audio:.0f} s of real speech, over"
+        f" {arrivals[-1].offset_s:.0f} s; max {scaler.max_workers} workers"
+        f" ({scaler.active_workers} active), idle timeout {scaler.idle_timeout_s:g} s",
+        file=sys.stderr,
+    )
     with Emulator(ping_interval_ms=5000, worker_cwd=str(ROOT)) as em:
-        result = run_local(arrivals, scaler=scaler, emulator=em,
-                           job_timeout_s=args.job_timeout, probe_errors=not args.no_probe,
-                           progress=Progress(len(arrivals), enabled=not args.quiet))
+        result = run_local(
+            arrivals,
+            scaler=scaler,
+            emulator=em,
+            job_timeout_s=args.job_timeout,
+            probe_errors=not args.no_probe,
+            progress=Progress(len(arrivals), enabled=not args.quiet),
+        )
     result.record["scenario"] = _scenario_meta(args, arrivals)
     name = args.name or f"local-{args.scenario}"
-    written = write_outputs(result.record, args.out, name, rates=rates,
-                            model=_model_name(env), settings=_settings(env),
-                            sample=_sample(arrivals, result.outcomes), plots=not args.no_plots)
+    written = write_outputs(
+        result.record,
+        args.out,
+        name,
+        rates=rates,
+        model=_model_name(env),
+        settings=_settings(env),
+        sample=_sample(arrivals, result.outcomes),
+        plots=not args.no_plots,
+    )
     return _finish(written, args, started)
 
 
 def cmd_remote(args: argparse.Namespace) -> int:
     from bench.harness import EndpointTarget, Progress, run_remote
     from bench.results import write_outputs
-    from handler.client import ClientError
+    from whisper_client.client import ClientError
 
     started = time.time()
     rates = rates_from(args)
@@ -213,14 +271,26 @@ def cmd_remote(args: argparse.Namespace) -> int:
     except ClientError as exc:
         print(f"bench: {exc}", file=sys.stderr)
         return 2
-    result = run_remote(arrivals, target, idle_timeout_s=args.idle_timeout,
-                        job_timeout_s=args.job_timeout, probe_errors=not args.no_probe,
-                        progress=Progress(len(arrivals), enabled=not args.quiet))
+    result = run_remote(
+        arrivals,
+        target,
+        idle_timeout_s=args.idle_timeout,
+        job_timeout_s=args.job_timeout,
+        probe_errors=not args.no_probe,
+        progress=Progress(len(arrivals), enabled=not args.quiet),
+    )
     result.record["scenario"] = _scenario_meta(args, arrivals)
     name = args.name or f"remote-{args.scenario}"
-    written = write_outputs(result.record, args.out, name, rates=rates, model=args.model,
-                            settings={"endpoint": args.endpoint},
-                            sample=_sample(arrivals, result.outcomes), plots=not args.no_plots)
+    written = write_outputs(
+        result.record,
+        args.out,
+        name,
+        rates=rates,
+        model=args.model,
+        settings={"endpoint": args.endpoint},
+        sample=_sample(arrivals, result.outcomes),
+        plots=not args.no_plots,
+    )
     print(result.record["billing_note"], file=sys.stderr)
     return _finish(written, args, started)
 
@@ -246,8 +316,12 @@ def cmd_report(args: argparse.Namespace) -> int:
 
 def _scenario_meta(args: argparse.Namespace, arrivals) -> dict[str, Any]:
     return {
-        "name": args.scenario, "jobs": len(arrivals), "rate": args.rate, "seed": args.seed,
-        "trace": args.trace, "long_seconds": args.long_seconds,
+        "name": args.scenario,
+        "jobs": len(arrivals),
+        "rate": args.rate,
+        "seed": args.seed,
+        "trace": args.trace,
+        "long_seconds": args.long_seconds,
         "audio_seconds": sum(a.query.audio_seconds for a in arrivals),
         "offsets_s": [round(a.offset_s, 3) for a in arrivals],
         "queries": [a.query.name for a in arrivals],

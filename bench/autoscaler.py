@@ -3,13 +3,12 @@
 Active workers run all the time; flex workers start when jobs wait (at once from zero,
 then whenever the oldest queued job has waited ``queue_delay_s``) and stop after
 ``idle_timeout_s`` without a job. Workers are real processes started and stopped through
-:class:`bench.emulator.Emulator`, so their cold starts and drains are real. It also keeps
+:class:`runpod_emulator.Emulator`, so their cold starts and drains are real. It also keeps
 the per-worker timers the cost contract in :mod:`bench.cost` needs.
 """
 
 from __future__ import annotations
 
-import json
 import logging
 import threading
 import time
@@ -17,15 +16,20 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from bench.emulator import Emulator
+from handler.contract import parse_startup_line
+from runpod_emulator import Emulator
 
 log = logging.getLogger(__name__)
 
-STARTUP_TAG = "handler.startup: startup "
+
 # Startup marks of the worker (handler/startup.py) -> keys of the cost contract.
-MARKS = {"imports_done": "imports_done_at", "model_loaded": "model_loaded_at",
-         "warmup_done": "warmup_done_at", "ready": "startup_ready_at",
-         "process_start": "process_start_at"}
+MARKS = {
+    "imports_done": "imports_done_at",
+    "model_loaded": "model_loaded_at",
+    "warmup_done": "warmup_done_at",
+    "ready": "startup_ready_at",
+    "process_start": "process_start_at",
+}
 
 
 @dataclass
@@ -115,8 +119,11 @@ class Autoscaler:
         """Our workers not yet stopped (starting, idle, busy or draining)."""
         states = self.em.worker_states()
         with self._lock:
-            return [w for w, t in self._workers.items()
-                    if states.get(w) != "stopped" and (kind is None or t.kind == kind)]
+            return [
+                w
+                for w, t in self._workers.items()
+                if states.get(w) != "stopped" and (kind is None or t.kind == kind)
+            ]
 
     def wait_ready(self, kind: str, timeout: float) -> None:
         """Block until every alive worker of this kind has asked for a job."""
@@ -181,8 +188,15 @@ class Autoscaler:
         worker_id = self.em.start_worker(self.config.env, command=self.config.command)
         with self._lock:
             self._workers[worker_id] = _Tracked(kind)
-        self.decisions.append({"t": time.time(), "action": "start", "worker_id": worker_id,
-                               "kind": kind, "reason": reason})
+        self.decisions.append(
+            {
+                "t": time.time(),
+                "action": "start",
+                "worker_id": worker_id,
+                "kind": kind,
+                "reason": reason,
+            }
+        )
         log.info("autoscaler: started %s worker %s (%s)", kind, worker_id, reason)
         return worker_id
 
@@ -193,8 +207,9 @@ class Autoscaler:
                 return
             t.stop_reason = reason
             t.idle_since_at_stop = t.last_activity
-        self.decisions.append({"t": time.time(), "action": "stop", "worker_id": worker_id,
-                               "reason": reason})
+        self.decisions.append(
+            {"t": time.time(), "action": "stop", "worker_id": worker_id, "reason": reason}
+        )
         log.info("autoscaler: stopping worker %s (%s)", worker_id, reason)
         self.em.stop_worker(worker_id, graceful=True)
 
@@ -216,9 +231,13 @@ class Autoscaler:
             # The emulator's state and our event count must both say idle: an event for a
             # job that just ended may still be on its way.
             idle = states.get(worker_id) == "idle" and t.held == 0
-            if (t.kind == "flex" and idle and t.stop_reason is None
-                    and t.last_activity is not None
-                    and now - t.last_activity >= self.config.idle_timeout_s):
+            if (
+                t.kind == "flex"
+                and idle
+                and t.stop_reason is None
+                and t.last_activity is not None
+                and now - t.last_activity >= self.config.idle_timeout_s
+            ):
                 self._stop_worker(worker_id, f"idle {now - t.last_activity:.1f}s")
         alive = list(mine)
         if len(alive) >= self.config.max_workers:
@@ -244,8 +263,7 @@ def startup_marks(log_path: str | None) -> dict[str, float]:
     try:
         with open(log_path, encoding="utf-8", errors="replace") as f:
             for line in f:
-                if STARTUP_TAG in line:
-                    data = json.loads(line.split(STARTUP_TAG, 1)[1])
+                if (data := parse_startup_line(line)) is not None:
                     marks = dict(data.get("marks") or {})
                     if "process_start" in data:
                         marks.setdefault("process_start", data["process_start"])

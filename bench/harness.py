@@ -2,7 +2,7 @@
 
 Local: the emulator, the autoscaler and real worker processes; worker lifetimes and job
 hand-offs come from the emulator. Remote: a real RunPod endpoint through
-:class:`handler.client.Client`; job timings come from ``/status`` (``delayTime``,
+:class:`whisper_client.Client`; job timings come from ``/status`` (``delayTime``,
 ``executionTime``) and worker lifetimes can only be estimated. Either way the result is
 one record in the contract of :mod:`bench.cost`, with per-job worker timings added.
 
@@ -23,9 +23,9 @@ from typing import IO, Any, Protocol
 
 from bench.autoscaler import Autoscaler, ScalerConfig
 from bench.corpus import wer
-from bench.emulator import Emulator
 from bench.scenarios import Arrival
-from handler.client import Client, ClientError
+from runpod_emulator import Emulator
+from whisper_client.client import Client, ClientError
 
 log = logging.getLogger(__name__)
 
@@ -55,8 +55,9 @@ class EndpointTarget:
         c = getattr(self._local, "client", None)
         if c is None:
             endpoint_id, api_key, base_url = self._args
-            c = self._local.client = Client(endpoint_id, api_key, base_url,
-                                            poll_initial_s=0.25, poll_max_s=2.0)
+            c = self._local.client = Client(
+                endpoint_id, api_key, base_url, poll_initial_s=0.25, poll_max_s=2.0
+            )
         return c
 
     def submit(self, job_input: dict[str, Any]) -> str:
@@ -108,8 +109,11 @@ def _summary_status(status: dict[str, Any]) -> dict[str, Any]:
     out = {k: v for k, v in status.items() if k != "output"}
     output = status.get("output")
     if isinstance(output, dict):
-        out["output"] = {k: output[k] for k in ("duration", "timings", "error_code", "retryable",
-                                                "language", "model") if k in output}
+        out["output"] = {
+            k: output[k]
+            for k in ("duration", "timings", "error_code", "retryable", "language", "model")
+            if k in output
+        }
     return out
 
 
@@ -123,8 +127,12 @@ def issue(
     """Start a thread that hands each query over at ``t0 + offset``; each query then
     waits for its answer in its own thread. Returns the outcomes (filled in as they
     arrive) and a function that joins every thread within a timeout."""
-    outcomes = [Outcome(i, a.query.name, a.query.audio_seconds, t0 + a.offset_s,
-                        reference=a.query.reference) for i, a in enumerate(arrivals)]
+    outcomes = [
+        Outcome(
+            i, a.query.name, a.query.audio_seconds, t0 + a.offset_s, reference=a.query.reference
+        )
+        for i, a in enumerate(arrivals)
+    ]
     threads: list[threading.Thread] = []
 
     def one(outcome: Outcome, job_input: dict[str, Any]) -> None:
@@ -147,8 +155,9 @@ def issue(
             pause = outcome.scheduled_at - time.time()
             if pause > 0:
                 time.sleep(pause)
-            t = threading.Thread(target=one, args=(outcome, job_input), daemon=True,
-                                 name=f"query-{outcome.index}")
+            t = threading.Thread(
+                target=one, args=(outcome, job_input), daemon=True, name=f"query-{outcome.index}"
+            )
             threads.append(t)
             t.start()
 
@@ -245,7 +254,8 @@ def job_entry(o: Outcome, taken_at: float | None, finished_at: float | None) -> 
         "worker_id": st.get("workerId"),
         "error_code": output.get("error_code"),
         "client_error": o.error,
-        "wer": round(wer(o.reference, o.text), 4) if ok and o.reference and o.text is not None
+        "wer": round(wer(o.reference, o.text), 4)
+        if ok and o.reference and o.text is not None
         else None,
     }
     return entry
@@ -266,9 +276,7 @@ def remote_job_times(o: Outcome) -> tuple[float | None, float | None]:
     return taken, None if exe is None else taken + exe / 1000.0
 
 
-def attach_jobs(
-    workers: list[dict[str, Any]], jobs: list[dict[str, Any]]
-) -> list[dict[str, Any]]:
+def attach_jobs(workers: list[dict[str, Any]], jobs: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """Put each job under its worker; returns the jobs no known worker took."""
     by_id = {w["id"]: w for w in workers}
     for w in workers:
@@ -295,9 +303,17 @@ def estimated_workers(jobs: list[dict[str, Any]], idle_timeout_s: float) -> list
         if j.get("worker_id") and j["taken_at"] is not None and j["finished_at"] is not None:
             s = spans.setdefault(j["worker_id"], [j["taken_at"], j["finished_at"]])
             s[0], s[1] = min(s[0], j["taken_at"]), max(s[1], j["finished_at"])
-    return [{"id": w, "kind": "flex", "started_at": a, "ready_at": a,
-             "stopped_at": b + idle_timeout_s, "estimated": True}
-            for w, (a, b) in sorted(spans.items())]
+    return [
+        {
+            "id": w,
+            "kind": "flex",
+            "started_at": a,
+            "ready_at": a,
+            "stopped_at": b + idle_timeout_s,
+            "estimated": True,
+        }
+        for w, (a, b) in sorted(spans.items())
+    ]
 
 
 # --------------------------------------------------------------------------- runs
@@ -310,8 +326,9 @@ class RunResult:
 
 
 def _window(jobs: list[dict[str, Any]], t0: float) -> dict[str, float]:
-    ends = [j["finished_at"] or j["received_at"] for j in jobs
-            if (j["finished_at"] or j["received_at"])]
+    ends = [
+        j["finished_at"] or j["received_at"] for j in jobs if (j["finished_at"] or j["received_at"])
+    ]
     return {"start": t0, "end": max(ends, default=t0)}
 
 
@@ -355,8 +372,10 @@ def run_local(
 
         def line() -> str:
             states = [emulator.worker_state(w) for w in auto.alive()]
-            return (f"queued {emulator.queue_length()}  running {emulator.jobs_in_progress()}"
-                    f"  workers {len(states)} ({states.count('starting')} starting)")
+            return (
+                f"queued {emulator.queue_length()}  running {emulator.jobs_in_progress()}"
+                f"  workers {len(states)} ({states.count('starting')} starting)"
+            )
 
         horizon = (arrivals[-1].offset_s if arrivals else 0) + job_timeout_s
         wait_all(outcomes, join, progress, line, horizon)

@@ -20,18 +20,18 @@ import time
 from pathlib import Path
 
 from bench.corpus import DATA
-from bench.emulator import Emulator
+from runpod_emulator import Emulator
 
 ROOT = Path(__file__).resolve().parent.parent
 
 
 def in_process(job: dict, n: int) -> dict:
-    from handler.job import Worker, run_job
-    from handler.models import load_pool
+    from handler.job import run_job
     from handler.settings import load_settings
+    from handler.startup import start_worker
 
     settings = load_settings({"WHISPER_DEVICE": "cpu"})
-    worker = Worker(settings=settings, pool=load_pool(settings))
+    worker = start_worker(settings)
     run_job(job, worker)  # warm
     times = []
     start = time.perf_counter()

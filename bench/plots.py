@@ -18,8 +18,14 @@ from bench.report import job_samples
 if TYPE_CHECKING:
     from matplotlib.figure import Figure
 
-COLOURS = {"cold": "#4c72b0", "working": "#55a868", "idle": "#c0c0c0", "flex": "#dd8452",
-           "active": "#4c72b0", "failed": "#999999"}
+COLOURS = {
+    "cold": "#4c72b0",
+    "working": "#55a868",
+    "idle": "#c0c0c0",
+    "flex": "#dd8452",
+    "active": "#4c72b0",
+    "failed": "#999999",
+}
 
 
 def _figure(width: float = 8.0, height: float = 4.5) -> Figure:
@@ -46,20 +52,36 @@ def plot_latency(record: Record | Mapping[str, Any], path: str | Path) -> Path:
     ax = fig.add_subplot()
     for i, w in enumerate(rec.workers):
         end = w.ready_at if w.ready_at is not None else w.stopped_at
-        ax.axvspan(w.started_at - t0, end - t0, color=COLOURS["cold"], alpha=0.12, lw=0,
-                   label="worker cold start" if i == 0 else None)
+        ax.axvspan(
+            w.started_at - t0,
+            end - t0,
+            color=COLOURS["cold"],
+            alpha=0.12,
+            lw=0,
+            label="worker cold start" if i == 0 else None,
+        )
     samples = job_samples(rec)
     groups = (
         ("warm", [s for s in samples if s.ok and not s.cold], "o", COLOURS["working"]),
-        ("first request (cold worker)", [s for s in samples if s.ok and s.cold], "X",
-         COLOURS["cold"]),
+        (
+            "first request (cold worker)",
+            [s for s in samples if s.ok and s.cold],
+            "X",
+            COLOURS["cold"],
+        ),
         ("failed", [s for s in samples if not s.ok], "x", COLOURS["failed"]),
     )
     for label, group, marker, colour in groups:
         if group:
-            ax.scatter([s.submitted_at - t0 for s in group], [s.latency for s in group],
-                       marker=marker, color=colour, s=36 if marker == "X" else 18,
-                       label=f"{label} ({len(group)})", zorder=3)
+            ax.scatter(
+                [s.submitted_at - t0 for s in group],
+                [s.latency for s in group],
+                marker=marker,
+                color=colour,
+                s=36 if marker == "X" else 18,
+                label=f"{label} ({len(group)})",
+                zorder=3,
+            )
     ax.set_xlabel("time job was sent (s from start of run)")
     ax.set_ylabel("latency, sent to answer (s)")
     ax.set_title("Latency over time")
@@ -81,8 +103,9 @@ def plot_billed_split(cost_report: CostReport, path: str | Path) -> Path:
         share = cost_report.shares.get(part, 0.0)
         ax.bar(xs, vals, bottom=bottom, color=COLOURS[part], label=f"{part} ({share:.0%})")
         bottom = [b + v for b, v in zip(bottom, vals, strict=True)]
-    ax.set_xticks(xs, [f"{w.id}\n{w.kind}" for w in ws], fontsize="small",
-                  rotation=45 if len(ws) > 8 else 0)
+    ax.set_xticks(
+        xs, [f"{w.id}\n{w.kind}" for w in ws], fontsize="small", rotation=45 if len(ws) > 8 else 0
+    )
     ax.set_ylabel("billed seconds")
     ax.set_title(f"Billed time per worker: {cost_report.billed_s} s in all")
     ax.legend(fontsize="small")
@@ -118,25 +141,43 @@ def plot_cost_vs_load(
         lo = min([be.load / 10, *(x / 2 for x in measured)])
         grid = list(loads) if loads else [lo * (hi / lo) ** (i / 199) for i in range(200)]
         flex = [rates.flex_per_s * be.flex_billed_s_per_audio_s * 3600.0 for _ in grid]
-        active = [max(1, math.ceil(x * w - 1e-9)) * rates.active_per_s * 3600.0 / x
-                  for x in grid]
+        active = [max(1, math.ceil(x * w - 1e-9)) * rates.active_per_s * 3600.0 / x for x in grid]
         ax.plot(grid, flex, color=COLOURS["flex"], label="flex (measured overhead per job)")
         ax.plot(grid, active, color=COLOURS["active"], label="active (workers the load needs)")
         if be.reachable:
             ax.axvline(be.load, color="black", ls=":", lw=1)
-            ax.annotate(f"break-even {be.load:.2f} audio h/h", (be.load, flex[0]),
-                        textcoords="offset points", xytext=(5, 8), fontsize="small")
+            ax.annotate(
+                f"break-even {be.load:.2f} audio h/h",
+                (be.load, flex[0]),
+                textcoords="offset points",
+                xytext=(5, 8),
+                fontsize="small",
+            )
         ax.set_xscale("log")
         ax.set_yscale("log")
     for r in runs:
         if r.cost_per_audio_hour is not None and r.load > 0:
-            ax.scatter([r.load], [r.cost_per_audio_hour], color=COLOURS["flex"],
-                       edgecolor="black", zorder=3, s=40)
+            ax.scatter(
+                [r.load],
+                [r.cost_per_audio_hour],
+                color=COLOURS["flex"],
+                edgecolor="black",
+                zorder=3,
+                s=40,
+            )
         if r.active_cost_per_audio_hour is not None and r.load > 0:
-            ax.scatter([r.load], [r.active_cost_per_audio_hour], color=COLOURS["active"],
-                       edgecolor="black", marker="s", zorder=3, s=36)
-    ax.scatter([], [], color="white", edgecolor="black", label="measured runs (dot flex,"
-               " square active)")
+            ax.scatter(
+                [r.load],
+                [r.active_cost_per_audio_hour],
+                color=COLOURS["active"],
+                edgecolor="black",
+                marker="s",
+                zorder=3,
+                s=36,
+            )
+    ax.scatter(
+        [], [], color="white", edgecolor="black", label="measured runs (dot flex, square active)"
+    )
     ax.set_xlabel("load (audio hours per hour)")
     ax.set_ylabel(f"cost per audio hour ({cur})")
     ax.set_title("Cost per audio hour against load: flex vs active")

@@ -145,8 +145,12 @@ def cold_start(worker: Worker) -> ColdStart | None:
         return None
     mark = worker.started_at
     parts: list[float] = []
-    for t in (worker.imports_done_at, worker.model_loaded_at, worker.warmup_done_at,
-              worker.ready_at):
+    for t in (
+        worker.imports_done_at,
+        worker.model_loaded_at,
+        worker.warmup_done_at,
+        worker.ready_at,
+    ):
         if t is None:
             parts.append(0.0)
             continue
@@ -164,8 +168,10 @@ def cold_start_summary(record: Record | Mapping[str, Any]) -> dict[str, Any]:
     out: dict[str, Any] = {"n": len(starts), "never_ready": len(rec.workers) - len(starts)}
     for k in keys:
         vals = [getattr(c, k) for c in starts]
-        out[k] = {"mean": sum(vals) / len(vals) if vals else None,
-                  "max": max(vals) if vals else None}
+        out[k] = {
+            "mean": sum(vals) / len(vals) if vals else None,
+            "max": max(vals) if vals else None,
+        }
     return out
 
 
@@ -213,37 +219,50 @@ def render_table(record: Record | Mapping[str, Any], cost_report: CostReport) ->
     lines = [f"{'latency (s)':<24}{'n':>6}{'p50':>9}{'p95':>9}{'p99':>9}"]
     for label, key in (("first requests (cold)", "cold"), ("warm requests", "warm")):
         p = lat[key]["percentiles"]
-        lines.append(
-            f"{label:<24}{lat[key]['n']:>6}{_f(p[50]):>9}{_f(p[95]):>9}{_f(p[99]):>9}"
-        )
+        lines.append(f"{label:<24}{lat[key]['n']:>6}{_f(p[50]):>9}{_f(p[95]):>9}{_f(p[99]):>9}")
     lines.append(f"{'failed jobs':<24}{lat['failed']['n']:>6}")
-    lines.append(f"{'real-time factor':<24}{_f(overall_rtf(rec), '{:.3f}'):>6}"
-                 f"   transcribe s / audio s, {r.audio_s:.1f} audio s")
+    lines.append(
+        f"{'real-time factor':<24}{_f(overall_rtf(rec), '{:.3f}'):>6}"
+        f"   transcribe s / audio s, {r.audio_s:.1f} audio s"
+    )
     lines.append("")
-    lines.append(f"{'cold start (s)':<24}{'n':>6}{'total':>9}{'imports':>9}{'load':>9}"
-                 f"{'warm-up':>9}{'other':>9}")
+    lines.append(
+        f"{'cold start (s)':<24}{'n':>6}{'total':>9}{'imports':>9}{'load':>9}"
+        f"{'warm-up':>9}{'other':>9}"
+    )
     for stat in ("mean", "max"):
-        row = "".join(f"{_f(cs[k][stat]):>9}" for k in ("total", "imports", "load", "warmup",
-                                                        "other"))
+        row = "".join(
+            f"{_f(cs[k][stat]):>9}" for k in ("total", "imports", "load", "warmup", "other")
+        )
         lines.append(f"{'  ' + stat:<24}{cs['n']:>6}{row}")
     lines.append("")
     sh = r.shares
-    lines.append(f"{'billed seconds':<24}{r.billed_s:>6}   cold {sh.get('cold', 0):.0%}"
-                 f" / working {sh.get('working', 0):.0%} / idle {sh.get('idle', 0):.0%}"
-                 f", {len(r.workers)} workers")
+    lines.append(
+        f"{'billed seconds':<24}{r.billed_s:>6}   cold {sh.get('cold', 0):.0%}"
+        f" / working {sh.get('working', 0):.0%} / idle {sh.get('idle', 0):.0%}"
+        f", {len(r.workers)} workers"
+    )
     cur = r.currency
-    lines.append(f"{'cost (' + cur + ')':<24}{_money(r.total_cost):>6}   per job "
-                 f"{_money(r.cost_per_job)}, per audio hour {_money(r.cost_per_audio_hour)}")
-    lines.append(f"{'active, same window':<24}{_money(r.active_cost):>6}   {r.active_workers} "
-                 f"workers, per audio hour {_money(r.active_cost_per_audio_hour)}")
+    lines.append(
+        f"{'cost (' + cur + ')':<24}{_money(r.total_cost):>6}   per job "
+        f"{_money(r.cost_per_job)}, per audio hour {_money(r.cost_per_audio_hour)}"
+    )
+    lines.append(
+        f"{'active, same window':<24}{_money(r.active_cost):>6}   {r.active_workers} "
+        f"workers, per audio hour {_money(r.active_cost_per_audio_hour)}"
+    )
     be = r.break_even
     if be is not None:
         verdict = "" if be.reachable else " (beyond one worker's capacity: flex wins)"
-        lines.append(f"{'break-even load':<24}{be.load:>6.2f}   audio h per h per active "
-                     f"worker ({be.load * r.active_workers:.2f} for {r.active_workers}), "
-                     f"{be.utilisation:.0%} busy{verdict}")
-    lines.append(f"{'rates (' + cur + '/s)':<24}   flex {r.flex_per_s:g}, active "
-                 f"{r.active_per_s:g}; run load {r.load:.3f} audio h per h")
+        lines.append(
+            f"{'break-even load':<24}{be.load:>6.2f}   audio h per h per active "
+            f"worker ({be.load * r.active_workers:.2f} for {r.active_workers}), "
+            f"{be.utilisation:.0%} busy{verdict}"
+        )
+    lines.append(
+        f"{'rates (' + cur + '/s)':<24}   flex {r.flex_per_s:g}, active "
+        f"{r.active_per_s:g}; run load {r.load:.3f} audio h per h"
+    )
     return "\n".join(lines)
 
 
@@ -302,28 +321,30 @@ def production_record(
     rec = as_record(record)
     if hasattr(settings, "model_dump"):
         settings = settings.model_dump(mode="json")
-    return to_jsonable({
-        "model": model,
-        "runtime": runtime_versions(),
-        "settings": redact(dict(settings)),
-        "sample_input": redact(dict(sample_input)),
-        "transcript": {"expected": expected_transcript, "actual": actual_transcript},
-        "error_behaviour": redact(error_behaviour),
-        "latency": {
-            "definition": "finished_at - submitted_at (scheduled hand-off to answer), seconds;"
-            " nearest-rank percentiles; cold = taken by a worker not ready at submission",
-            "jobs": latency_stats(rec),
-            "phases": phase_breakdown(rec),
-            "cold_start": cold_start_summary(rec),
-            "rtf": overall_rtf(rec),
-        },
-        "billing": {
-            "definition": "per worker: billed = ceil(stopped_at - started_at) s at its kind's"
-            " rate; cold = started->ready, working = union of job intervals, idle = the"
-            " rest incl. rounding",
-            **cost_report.to_dict(),
-        },
-    })
+    return to_jsonable(
+        {
+            "model": model,
+            "runtime": runtime_versions(),
+            "settings": redact(dict(settings)),
+            "sample_input": redact(dict(sample_input)),
+            "transcript": {"expected": expected_transcript, "actual": actual_transcript},
+            "error_behaviour": redact(error_behaviour),
+            "latency": {
+                "definition": "finished_at - submitted_at (scheduled hand-off to answer), seconds;"
+                " nearest-rank percentiles; cold = taken by a worker not ready at submission",
+                "jobs": latency_stats(rec),
+                "phases": phase_breakdown(rec),
+                "cold_start": cold_start_summary(rec),
+                "rtf": overall_rtf(rec),
+            },
+            "billing": {
+                "definition": "per worker: billed = ceil(stopped_at - started_at) s at its kind's"
+                " rate; cold = started->ready, working = union of job intervals, idle = the"
+                " rest incl. rounding",
+                **cost_report.to_dict(),
+            },
+        }
+    )
 
 
 def to_jsonable(obj: Any) -> Any:

@@ -28,8 +28,10 @@ from bench.report import (
 log = logging.getLogger(__name__)
 
 MONEY_LINES = ("cost (", "active, same window", "break-even load", "rates (")
-NO_RATES = ("cost lines omitted: no rates given (pass --flex-rate and --active-rate in"
-            " price per second, or --rates FILE)")
+NO_RATES = (
+    "cost lines omitted: no rates given (pass --flex-rate and --active-rate in"
+    " price per second, or --rates FILE)"
+)
 
 
 @dataclass
@@ -43,9 +45,12 @@ def serving_peak(record: Mapping[str, Any]) -> int:
     """Most workers serving at once: from start until asked to stop. A worker draining
     after its idle timeout overlaps its successor's cold start, but an always-on
     active worker would not need a second one for that."""
-    workers = [Worker.from_dict({**w, "jobs": [],
-                                 "stopped_at": w.get("stop_requested_at") or w["stopped_at"]})
-               for w in record["workers"]]
+    workers = [
+        Worker.from_dict(
+            {**w, "jobs": [], "stopped_at": w.get("stop_requested_at") or w["stopped_at"]}
+        )
+        for w in record["workers"]
+    ]
     return max(1, peak_concurrent_workers(workers))
 
 
@@ -56,8 +61,12 @@ def price(record: Mapping[str, Any], rates: Rates | None) -> CostReport:
 
 def phase_residuals(record: Mapping[str, Any]) -> list[float]:
     """total - sum(phases) of every successful job that reported timings (seconds)."""
-    return [check_phase_sum(j) for w in record["workers"] for j in w["jobs"]
-            if j["ok"] and j.get("timings") and "total" in j["timings"]]
+    return [
+        check_phase_sum(j)
+        for w in record["workers"]
+        for j in w["jobs"]
+        if j["ok"] and j.get("timings") and "total" in j["timings"]
+    ]
 
 
 def summary(record: Mapping[str, Any], cost: CostReport, rates: Rates | None) -> dict[str, Any]:
@@ -74,10 +83,16 @@ def summary(record: Mapping[str, Any], cost: CostReport, rates: Rates | None) ->
         "rtf": overall_rtf(record),
         "execution_s_per_audio_s": _exec_per_audio(record),
         "mean_wer": sum(wers) / len(wers) if wers else None,
-        "phase_residual_s": {"max_abs": max((abs(r) for r in residuals), default=None),
-                             "n": len(residuals)},
-        "billed": {"seconds": cost.billed_s, "split_s": to_jsonable(cost.split),
-                   "shares": cost.shares, "workers": len(cost.workers)},
+        "phase_residual_s": {
+            "max_abs": max((abs(r) for r in residuals), default=None),
+            "n": len(residuals),
+        },
+        "billed": {
+            "seconds": cost.billed_s,
+            "split_s": to_jsonable(cost.split),
+            "shares": cost.shares,
+            "workers": len(cost.workers),
+        },
     }
     if rates is not None:
         out["cost"] = to_jsonable(cost)
@@ -121,8 +136,11 @@ def write_outputs(
     record["rates"] = None if rates is None else to_jsonable(rates)
     record["summary"] = summary(record, cost, rates)
     table = table_text(record, cost, rates)
-    paths = {"json": out / f"{name}.json", "table": out / f"{name}.txt",
-             "production": out / f"{name}.production.json"}
+    paths = {
+        "json": out / f"{name}.json",
+        "table": out / f"{name}.txt",
+        "production": out / f"{name}.production.json",
+    }
     paths["json"].write_text(json.dumps(to_jsonable(record), indent=1))
     paths["table"].write_text(table + "\n")
     sample = sample or {}

@@ -40,8 +40,9 @@ class Arrival:
 
 
 def clip_query(clip: Clip, options: dict[str, Any] | None = None) -> Query:
-    return Query(clip.name, clip.wav_bytes(), clip.seconds, clip.text,
-                 tuple(sorted((options or {}).items())))
+    return Query(
+        clip.name, clip.wav_bytes(), clip.seconds, clip.text, tuple(sorted((options or {}).items()))
+    )
 
 
 def query_pool(long_seconds: float = 0.0, options: dict[str, Any] | None = None) -> list[Query]:
@@ -118,8 +119,13 @@ def file_query(audio: Path, options: dict[str, Any] | None = None) -> Query:
     """A query for an audio file; its duration is measured by decoding it with PyAV."""
     data = audio.read_bytes()
     ref = audio.with_suffix(".txt")
-    return Query(audio.name, data, _duration(audio), ref.read_text().strip() if ref.exists()
-                 else None, tuple(sorted((options or {}).items())))
+    return Query(
+        audio.name,
+        data,
+        _duration(audio),
+        ref.read_text().strip() if ref.exists() else None,
+        tuple(sorted((options or {}).items())),
+    )
 
 
 def _duration(audio: Path) -> float:
@@ -163,4 +169,3 @@ def build(
             raise ValueError("the server scenario needs a rate (queries per second)")
         return server(queries, rate, seed)
     raise ValueError(f"unknown scenario {name!r}; choose one of {', '.join(SCENARIOS)}")
-

@@ -21,6 +21,7 @@ import time
 from pathlib import Path
 
 from bench.corpus import Clip, clips, long_clip, wer
+from handler.contract import parse_startup_line
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -45,8 +46,7 @@ def startup_split(repeat: int = 3) -> dict:
         proc = subprocess.run(
             [sys.executable, "-m", "handler"], cwd=ROOT, env=env, capture_output=True, text=True
         )
-        line = next(x for x in proc.stderr.splitlines() if "handler.startup: startup " in x)
-        runs.append(json.loads(line.split("startup ", 1)[1]))
+        runs.append(next(d for x in proc.stderr.splitlines() if (d := parse_startup_line(x))))
     med = {
         k: statistics.median(r[k] for r in runs)
         for k in ("imports", "model_load", "warmup", "runpod_import", "ready")

@@ -13,8 +13,10 @@ import os
 import sys
 import threading
 import time
+from typing import Any
 
-from handler.startup import StartupTimes, configure_logging, load_models, prepare
+from handler.job import Worker
+from handler.startup import STARTUP_ERRORS, StartupTimes, configure_logging, load_models, prepare
 
 
 def main() -> int:
@@ -23,12 +25,20 @@ def main() -> int:
     # The SDK logs whole results (transcripts) at DEBUG, its default.
     os.environ.setdefault("RUNPOD_LOG_LEVEL", "INFO")
 
-    plan = prepare(times)  # settings, imports, resolution: all in this thread
-    if isinstance(plan, str):
-        print(f"whisper-worker: {plan}", file=sys.stderr)
+    try:
+        plan = prepare(times)  # settings, imports, resolution: all in this thread
+    except STARTUP_ERRORS as exc:
+        print(f"whisper-worker: {exc}", file=sys.stderr)
         return 1
-    box: dict = {}
-    loader = threading.Thread(target=lambda: box.update(load_models(plan, times)), daemon=True)
+    box: dict[str, Any] = {}
+
+    def load() -> None:
+        try:
+            box["pool"] = load_models(plan, times)
+        except STARTUP_ERRORS as exc:
+            box["error"] = str(exc)
+
+    loader = threading.Thread(target=load, daemon=True)
     loader.start()
 
     t = time.perf_counter()
@@ -36,7 +46,6 @@ def main() -> int:
 
     times.runpod_import = time.perf_counter() - t
     configure_logging()  # `import runpod` calls logging.basicConfig(INFO) on the root logger
-    from handler.job import Worker
     from handler.worker import make_handlers
 
     if plan.settings.s3_allowed_buckets or plan.settings.result_bucket:

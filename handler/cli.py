@@ -3,8 +3,10 @@
 - ``transcribe FILE``: print text, JSON, SRT or VTT for a local audio file;
 - ``job FILE|-``: run a job JSON exactly as the platform delivers it (``{"input": {...}}``)
   and print the output object; exit 0 on success, 1 on a job error;
-- ``submit``, ``emulate``, ``bench``: the client, the local platform emulator and the
-  benchmark (see their own modules).
+
+The client (``python -m whisper_client``), the platform emulator (``python -m
+runpod_emulator``) and the benchmark (``python -m bench``) are products of their own and
+are not in the worker's image, so this command does not offer them.
 
 transcribe and job run in-process through the same ``run_job`` as the worker.
 """
@@ -18,16 +20,17 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from handler.startup import StartupTimes, configure_logging, load_worker
+from handler.job import Worker
+from handler.startup import STARTUP_ERRORS, configure_logging, start_worker
 
 
-def _load(args: argparse.Namespace):
+def _load(args: argparse.Namespace) -> Worker:
     configure_logging("DEBUG" if args.verbose else "WARNING")
-    box = load_worker(StartupTimes())
-    if "error" in box:
-        print(f"whisper-worker: {box['error']}", file=sys.stderr)
-        sys.exit(2)
-    return box["worker"]
+    try:
+        return start_worker()
+    except STARTUP_ERRORS as exc:
+        print(f"whisper-worker: {exc}", file=sys.stderr)
+        sys.exit(1)
 
 
 def _run(worker, job_input: Any) -> dict:
@@ -112,30 +115,11 @@ def build_parser() -> argparse.ArgumentParser:
     j.add_argument("file")
     j.set_defaults(func=cmd_job)
 
-    for name, text in (
-        ("submit", "send audio to an endpoint (/run or /runsync); see submit --help"),
-        ("emulate", "run the local platform emulator; see emulate --help"),
-        ("bench", "run a benchmark scenario; see bench --help"),
-    ):
-        sub.add_parser(name, help=text, add_help=False)  # listed in --help; main() delegates
     return parser
-
-
-def _delegate(module: str, argv: list[str]) -> int:
-    import importlib
-
-    mod = importlib.import_module(f"{module}.__main__" if module.startswith("bench") else module)
-    return int(mod.main(argv) or 0)
-
-
-DELEGATED = {"submit": "handler.client", "emulate": "bench.emulator", "bench": "bench"}
 
 
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
-    if argv and argv[0] in DELEGATED:
-        # Hand the rest over before argparse sees it: REMAINDER cannot take options first.
-        return _delegate(DELEGATED[argv[0]], argv[1:])
     args = build_parser().parse_args(argv)
     try:
         return args.func(args)

@@ -26,12 +26,14 @@ import stat
 import tempfile
 import threading
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 
 import av
 import numpy as np
 
 from handler.errors import Code, WorkerError
+from handler.guard import Guard
 from handler.settings import Settings
 
 log = logging.getLogger(__name__)
@@ -54,7 +56,8 @@ _GENERIC = "The file could not be read as audio (unsupported format or corrupt d
 @dataclass
 class DecodedAudio:
     samples: np.ndarray
-    """float32, mono, 16 kHz, values in [-1, 1] (as ``faster_whisper.decode_audio`` returns)."""
+    """float32, mono, 16 kHz, values in [-1, 1): the same samples as
+    ``faster_whisper.decode_audio`` returns for the same file."""
     duration: float
     """Seconds of decoded audio: ``len(samples) / SAMPLE_RATE``."""
     declared_duration: float | None
@@ -105,7 +108,9 @@ def decode_audio(
     EMPTY_AUDIO, CORRUPT_MEDIA, AUDIO_TOO_LONG, DECODE_TIMEOUT or CANCELLED.
     """
     started = time.monotonic()
-    deadline = started + settings.decode_timeout_s
+    guard = Guard.within(
+        settings.decode_timeout_s, cancel, Code.DECODE_TIMEOUT, _timeout_message(settings)
+    )
     _require_regular_file(path)
     try:
         container = av.open(
@@ -129,7 +134,7 @@ def decode_audio(
 
     try:
         with container:
-            result = _decode_container(container, settings, deadline, cancel)
+            result = _decode_container(container, settings, guard)
     except WorkerError:
         raise
     except av.error.ExitError:
@@ -140,7 +145,10 @@ def decode_audio(
 
     log.info(
         "decoded %.2fs of audio (%s) in %.3fs, %d warning(s)",
-        result.duration, result.format_name, time.monotonic() - started, len(result.warnings),
+        result.duration,
+        result.format_name,
+        time.monotonic() - started,
+        len(result.warnings),
     )
     return result
 
@@ -176,13 +184,44 @@ def _declared_duration(
     return None
 
 
+@dataclass
+class _Tally:
+    """What the stages counted, for the verdict on a damaged stream."""
+
+    good_packets: int = 0
+    bad_packets: int = 0
+    corrupt_frames: int = 0
+    demux_errors: int = 0
+    seconds_in: float = 0.0
+
+    @property
+    def skipped(self) -> int:
+        return self.bad_packets + self.demux_errors
+
+
 def _decode_container(
-    container: av.container.InputContainer,
-    settings: Settings,
-    deadline: float,
-    cancel: threading.Event | None,
+    container: av.container.InputContainer, settings: Settings, guard: Guard
 ) -> DecodedAudio:
-    format_name = container.format.name
+    """The stages, in order: stream and declared length, packets, frames, length bound,
+    resampling, collection into one bounded buffer, verdict."""
+    stream, declared = _audio_stream(container, settings)
+    tally = _Tally()
+    frames = _frames(_packets(container, stream, guard, tally), tally)
+    chunks = _resampled(_bounded(frames, settings, tally))
+    samples = _collect(chunks, settings, declared)
+    warnings = _verdict(samples, tally, declared)
+    return DecodedAudio(
+        samples=samples,
+        duration=len(samples) / SAMPLE_RATE,
+        declared_duration=declared,
+        format_name=container.format.name,
+        warnings=warnings,
+    )
+
+
+def _audio_stream(
+    container: av.container.InputContainer, settings: Settings
+) -> tuple[av.AudioStream, float | None]:
     if not container.streams.audio:
         raise WorkerError(Code.NO_AUDIO_STREAM, "The file has no audio stream.")
     stream = container.streams.audio[0]
@@ -191,94 +230,124 @@ def _decode_container(
     # declare (and really contain) hours of silence.
     if declared is not None and declared > settings.max_audio_seconds:
         raise WorkerError(Code.AUDIO_TOO_LONG, _too_long_message(settings, declared))
+    return stream, declared
 
-    max_samples = math.ceil(settings.max_audio_seconds * SAMPLE_RATE)
-    expected = declared if declared is not None else _INITIAL_SECONDS
-    buffer = _SampleBuffer(math.ceil(expected * SAMPLE_RATE) + SAMPLE_RATE, max_samples)
-    resampler: av.AudioResampler | None = None
-    resampler_key: tuple | None = None
-    seconds_in = 0.0
-    good_packets = bad_packets = corrupt_frames = demux_errors = 0
 
-    def check() -> None:
-        if cancel is not None and cancel.is_set():
-            raise WorkerError(Code.CANCELLED, "The job was cancelled.")
-        if time.monotonic() > deadline:
-            raise WorkerError(Code.DECODE_TIMEOUT, _timeout_message(settings))
-
-    def emit(frames: list[av.AudioFrame]) -> None:
-        for out in frames:
-            if not buffer.append(out.to_ndarray()[0]):
-                raise WorkerError(Code.AUDIO_TOO_LONG, _too_long_message(settings, None))
-
-    finished = False
-    while not finished:
+def _packets(
+    container: av.container.InputContainer,
+    stream: av.AudioStream,
+    guard: Guard,
+    tally: _Tally,
+) -> Iterator[av.Packet]:
+    """Demuxed packets; a demuxer error resumes reading after the bad data, a bounded
+    number of times."""
+    while tally.demux_errors < _MAX_DEMUX_ERRORS:
         packets = container.demux(stream)
         while True:
-            check()
+            guard.check()
             try:
                 packet = next(packets)
             except StopIteration:
-                finished = True
-                break
+                return
             except av.error.ExitError:
                 raise
             except av.FFmpegError:
-                # The generator is spent; a fresh demux() resumes after the bad data.
-                demux_errors += 1
-                finished = demux_errors >= _MAX_DEMUX_ERRORS
+                tally.demux_errors += 1  # the generator is spent; a fresh demux() resumes
                 break
-            try:
-                frames = packet.decode()
-            except av.error.ExitError:
-                raise
-            except av.FFmpegError:
-                bad_packets += 1
-                continue
-            if packet.size:
-                good_packets += 1
-            for frame in frames:
-                if frame.is_corrupt:
-                    corrupt_frames += 1
-                # Count input seconds before resampling: one frame at a tiny declared sample
-                # rate would otherwise expand to a huge buffer inside the resampler.
-                seconds_in += frame.samples / frame.sample_rate
-                if seconds_in > settings.max_audio_seconds + 0.01:
-                    raise WorkerError(Code.AUDIO_TOO_LONG, _too_long_message(settings, None))
-                key = (frame.format.name, frame.layout.name, frame.sample_rate)
-                if key != resampler_key:
-                    # A mid-stream change of rate or layout (concatenated MP3s, damaged
-                    # headers) needs a new resampler; flush the old one first.
-                    if resampler is not None:
-                        emit(resampler.resample(None))
-                    resampler = av.AudioResampler(format="flt", layout="mono", rate=SAMPLE_RATE)
-                    resampler_key = key
-                # Timestamps of damaged streams jump; the samples are all we need.
-                frame.pts = None
-                emit(resampler.resample(frame))
-    if resampler is not None:
-        emit(resampler.resample(None))
+            yield packet
 
-    samples = buffer.finish()
-    np.clip(samples, -1.0, 1.0, out=samples)
-    duration = len(samples) / SAMPLE_RATE
-    skipped = bad_packets + demux_errors
+
+def _frames(packets: Iterator[av.Packet], tally: _Tally) -> Iterator[av.AudioFrame]:
+    """Decoded frames; a packet that does not decode is counted and skipped."""
+    for packet in packets:
+        try:
+            frames = packet.decode()
+        except av.error.ExitError:
+            raise
+        except av.FFmpegError:
+            tally.bad_packets += 1
+            continue
+        if packet.size:
+            tally.good_packets += 1
+        for frame in frames:
+            if frame.is_corrupt:
+                tally.corrupt_frames += 1
+            if isinstance(frame, av.AudioFrame):  # demux(stream) yields the audio stream only
+                yield frame
+
+
+def _bounded(
+    frames: Iterator[av.AudioFrame], settings: Settings, tally: _Tally
+) -> Iterator[av.AudioFrame]:
+    """Frames until the input passes the length cap, counted before resampling: one frame
+    at a tiny declared sample rate would otherwise expand to a huge buffer in the resampler."""
+    for frame in frames:
+        tally.seconds_in += frame.samples / frame.sample_rate
+        if tally.seconds_in > settings.max_audio_seconds + 0.01:
+            raise WorkerError(Code.AUDIO_TOO_LONG, _too_long_message(settings, None))
+        yield frame
+
+
+def _resampled(frames: Iterator[av.AudioFrame]) -> Iterator[np.ndarray]:
+    """16 kHz mono float32 chunks, resampled exactly as ``faster_whisper.decode_audio`` does.
+
+    Through signed 16-bit, as faster-whisper does, so that a user comparing the two gets the
+    same samples: FFmpeg normalises the downmix matrix for integer output (stereo becomes
+    (L+R)/2; float output would give (L+R)*0.707, 3 dB louder, and can clip).
+    """
+    resampler: av.AudioResampler | None = None
+    key: tuple[str, str, int] | None = None
+    for frame in frames:
+        frame_key = (frame.format.name, frame.layout.name, frame.sample_rate)
+        if resampler is None or frame_key != key:
+            # A mid-stream change of rate or layout (concatenated MP3s, damaged headers)
+            # needs a new resampler; flush the old one first.
+            if resampler is not None:
+                yield from _pcm(resampler.resample(None))
+            resampler = av.AudioResampler(format="s16", layout="mono", rate=SAMPLE_RATE)
+            key = frame_key
+        frame.pts = None  # timestamps of damaged streams jump; the samples are all we need
+        yield from _pcm(resampler.resample(frame))
+    if resampler is not None:
+        yield from _pcm(resampler.resample(None))
+
+
+def _pcm(frames: list[av.AudioFrame]) -> Iterator[np.ndarray]:
+    for out in frames:
+        yield out.to_ndarray().reshape(-1).astype(np.float32) / 32768.0
+
+
+def _collect(
+    chunks: Iterator[np.ndarray], settings: Settings, declared: float | None
+) -> np.ndarray:
+    max_samples = math.ceil(settings.max_audio_seconds * SAMPLE_RATE)
+    expected = declared if declared is not None else _INITIAL_SECONDS
+    buffer = _SampleBuffer(math.ceil(expected * SAMPLE_RATE) + SAMPLE_RATE, max_samples)
+    for chunk in chunks:
+        if not buffer.append(chunk):
+            raise WorkerError(Code.AUDIO_TOO_LONG, _too_long_message(settings, None))
+    return buffer.finish()
+
+
+def _verdict(samples: np.ndarray, tally: _Tally, declared: float | None) -> list[str]:
+    """Refuse a stream that is mostly damage; warn about skipped data and a short decode."""
+    skipped = tally.skipped
     if len(samples) == 0:
-        if skipped or corrupt_frames:
+        if skipped or tally.corrupt_frames:
             raise WorkerError(Code.CORRUPT_MEDIA, "The audio stream is corrupt: nothing decoded.")
         raise WorkerError(Code.EMPTY_AUDIO, "The file contains no audio samples.")
-    if skipped > good_packets:
+    if skipped > tally.good_packets:
         raise WorkerError(
             Code.CORRUPT_MEDIA,
-            f"The audio stream is corrupt: {skipped} of {skipped + good_packets} packets "
+            f"The audio stream is corrupt: {skipped} of {skipped + tally.good_packets} packets "
             "could not be decoded.",
         )
-
     warnings: list[str] = []
     if skipped:
         warnings.append(f"Skipped {skipped} corrupt or undecodable packet(s) of the audio stream.")
-    if corrupt_frames:
-        warnings.append(f"{corrupt_frames} decoded frame(s) were flagged as corrupt.")
+    if tally.corrupt_frames:
+        warnings.append(f"{tally.corrupt_frames} decoded frame(s) were flagged as corrupt.")
+    duration = len(samples) / SAMPLE_RATE
     if declared is not None and declared - duration > max(
         _SHORTFALL_S, _SHORTFALL_FRACTION * declared
     ):
@@ -286,13 +355,7 @@ def _decode_container(
             f"Decoded {duration:.1f} s of a declared {declared:.1f} s: "
             "the file may be truncated or damaged."
         )
-    return DecodedAudio(
-        samples=samples,
-        duration=duration,
-        declared_duration=declared,
-        format_name=format_name,
-        warnings=warnings,
-    )
+    return warnings
 
 
 class _SampleBuffer:
@@ -316,7 +379,7 @@ class _SampleBuffer:
         if end > len(self._buf):
             size = min(self._hard_limit, max(end, 2 * len(self._buf)))
             self._buf.resize(size, refcheck=False)
-        self._buf[self._n:end] = chunk
+        self._buf[self._n : end] = chunk
         self._n = end
         return True
 

@@ -29,6 +29,8 @@ class Code(str, Enum):
     UNSUPPORTED_FOR_MODEL = "UNSUPPORTED_FOR_MODEL"
     RESULT_TOO_LARGE = "RESULT_TOO_LARGE"
     GPU_OOM = "GPU_OOM"
+    QUEUE_FULL = "QUEUE_FULL"
+    NOT_READY = "NOT_READY"
     CANCELLED = "CANCELLED"
     INTERNAL = "INTERNAL"
 
@@ -41,6 +43,8 @@ RETRYABLE: frozenset[Code] = frozenset(
         Code.SOURCE_TRUNCATED,
         Code.SOURCE_UNREACHABLE,
         Code.GPU_OOM,
+        Code.QUEUE_FULL,
+        Code.NOT_READY,
         Code.INTERNAL,
     }
 )

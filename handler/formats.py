@@ -12,9 +12,9 @@ from collections.abc import Iterable, Mapping, Sequence
 from decimal import ROUND_HALF_UP, Decimal
 from typing import Any
 
-FORMATS = ("text", "segments", "words", "srt", "vtt", "verbose_json")
+from handler.contract import OUTPUT_FORMATS, SEGMENT_FIELDS, Segment
 
-Segment = Mapping[str, Any]
+FORMATS = OUTPUT_FORMATS
 
 # Whisper's own code -> name table (the 100 languages its multilingual checkpoints know,
 # "yue" added with large-v3). OpenAI's verbose_json reports these lowercase names.
@@ -168,19 +168,23 @@ def words(segments: Iterable[Segment]) -> list[dict[str, Any]]:
     return [_word(w) for seg in segments for w in (seg.get("words") or [])]
 
 
+_FIELD_TYPES: dict[str, Any] = {
+    "id": int,
+    "seek": int,
+    "start": _seconds,
+    "end": _seconds,
+    "text": str,
+    "tokens": lambda tokens: [int(t) for t in tokens],
+    "temperature": float,
+    "avg_logprob": float,
+    "compression_ratio": float,
+    "no_speech_prob": float,
+}
+assert tuple(_FIELD_TYPES) == SEGMENT_FIELDS, "contract.Segment and formats disagree"
+
+
 def _segment_fields(seg: Segment) -> dict[str, Any]:
-    return {
-        "id": int(seg["id"]),
-        "seek": int(seg["seek"]),
-        "start": _seconds(seg["start"]),
-        "end": _seconds(seg["end"]),
-        "text": str(seg["text"]),
-        "tokens": [int(t) for t in seg["tokens"]],
-        "temperature": float(seg["temperature"]),
-        "avg_logprob": float(seg["avg_logprob"]),
-        "compression_ratio": float(seg["compression_ratio"]),
-        "no_speech_prob": float(seg["no_speech_prob"]),
-    }
+    return {name: cast(seg[name]) for name, cast in _FIELD_TYPES.items()}  # type: ignore[literal-required]
 
 
 def segments_public(segments: Iterable[Segment], *, include_words: bool) -> list[dict[str, Any]]:

@@ -17,7 +17,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from handler import formats, transcribe
+from handler import formats, openai_api, transcribe
+from handler.contract import Segment
 from handler.decode import decode_audio
 from handler.errors import Code, WorkerError
 from handler.models import ModelPool
@@ -70,11 +71,16 @@ def run_job(
     cancel: threading.Event | None = None,
     on_segment: transcribe.SegmentCallback | None = None,
     on_progress: ProgressCallback | None = None,
+    audio: bytes | None = None,
 ) -> dict[str, Any]:
-    """Run one job; returns the output dict or an error dict, never raises."""
+    """Run one job; returns the output dict or an error dict, never raises.
+
+    ``audio``: the file's bytes when they arrive beside the input (an HTTP upload, already
+    bounded by the server); the input then carries no audio field.
+    """
     start = time.perf_counter()
     try:
-        result = _run(raw_input, worker, job_id, cancel, on_segment, on_progress, start)
+        result = _run(raw_input, worker, job_id, cancel, on_segment, on_progress, start, audio)
     except WorkerError as exc:
         if exc.code is Code.GPU_OOM:
             worker.refresh_wanted = True
@@ -87,6 +93,69 @@ def run_job(
     return result
 
 
+def run_openai_job(
+    raw_input: Any,
+    worker: Worker,
+    *,
+    job_id: str = "-",
+    cancel: threading.Event | None = None,
+    on_segment: transcribe.SegmentCallback | None = None,
+    on_progress: ProgressCallback | None = None,
+) -> Any:
+    """A queue job in either shape: ours, or RunPod's OpenAI passthrough.
+
+    ``{"openai_route": "/v1/audio/transcriptions", "openai_input": {...}}`` (as RunPod
+    forwards an OpenAI-style request to a queue endpoint) answers OpenAI's response body;
+    ``openai_input.file`` is the audio as base64 (or a data: URI) or an http(s)/s3 URL.
+    """
+    if not (isinstance(raw_input, dict) and "openai_route" in raw_input):
+        return run_job(raw_input, worker, job_id=job_id, cancel=cancel,
+                       on_segment=on_segment, on_progress=on_progress)  # fmt: skip
+    try:
+        req = _openai_passthrough(raw_input, worker)
+    except WorkerError as exc:
+        log.info("job %s refused: %s", job_id, exc.code.value)
+        worker.job_finished()
+        return exc.to_result()
+    result = run_job(req.job_input, worker, job_id=job_id, cancel=cancel,
+                     on_segment=on_segment, on_progress=on_progress)  # fmt: skip
+    if "error" in result:
+        return result
+    body, _media = openai_api.response_body(req, result)
+    return body
+
+
+def _openai_passthrough(raw_input: dict[str, Any], worker: Worker) -> openai_api.OpenAIRequest:
+    extra = set(raw_input) - {"openai_route", "openai_input"}
+    if extra:
+        raise WorkerError(
+            Code.INVALID_INPUT, f"unknown field(s) beside openai_input: {sorted(extra)}"
+        )
+    fields = raw_input.get("openai_input")
+    if not isinstance(fields, dict):
+        raise WorkerError(Code.INVALID_INPUT, "openai_input must be an object")
+    fields = dict(fields)
+    audio = fields.pop("file", None)
+    req = openai_api.build_request(
+        str(raw_input["openai_route"]),
+        fields,
+        loaded_models=worker.pool.names,
+        has_file=audio is not None,
+    )
+    if req.stream:
+        raise WorkerError(Code.INVALID_INPUT, "stream: use the endpoint's /stream for a queue job")
+    if audio is not None:
+        if not isinstance(audio, str) or not audio:
+            raise WorkerError(Code.INVALID_INPUT, "openai_input.file must be base64 or a URL")
+        key = (
+            "audio_url"
+            if audio.split(":", 1)[0].lower() in ("http", "https", "s3")
+            else "audio_base64"
+        )
+        req.job_input[key] = audio
+    return req
+
+
 def _run(
     raw_input: Any,
     worker: Worker,
@@ -95,9 +164,10 @@ def _run(
     on_segment: transcribe.SegmentCallback | None,
     on_progress: ProgressCallback | None,
     start: float,
+    audio_bytes: bytes | None,
 ) -> dict[str, Any]:
     settings = worker.settings
-    job = parse_job_input(raw_input)
+    job = parse_job_input(raw_input, audio_given=audio_bytes is not None)
     model = worker.pool.get(job.model)
     kwargs = job.transcribe_kwargs(vad_default=settings.vad_default)
     transcribe.check_request(model, kwargs)
@@ -106,9 +176,11 @@ def _run(
     with tempfile.TemporaryDirectory(prefix="whisper-job-") as tmp:
         src = Path(tmp) / "audio"
         t = time.perf_counter()
-        if job.audio_base64 is not None:
+        if audio_bytes is not None:
+            src.write_bytes(audio_bytes)
+        elif job.audio_base64 is not None:
             src.write_bytes(decode_base64(job.audio_base64, settings.max_inline_bytes))
-        else:
+        elif job.audio_url is not None:
             fetch_to_file(job.audio_url, src, settings, cancel=cancel)
         timings["fetch"] = time.perf_counter() - t
 
@@ -128,7 +200,7 @@ def _run(
     else:
         progress = _progress_reporter(duration, settings.progress_interval_s, on_progress)
 
-        def each_segment(seg: dict[str, Any]) -> None:
+        def each_segment(seg: Segment) -> None:
             if on_segment is not None:
                 on_segment(seg)
             if progress is not None:
@@ -211,7 +283,7 @@ def _shape(
     return out
 
 
-def _legacy_format(kind: str, segments: list[dict[str, Any]]) -> str:
+def _legacy_format(kind: str, segments: list[Segment]) -> str:
     if kind == "srt":
         return formats.to_srt(segments)
     if kind == "vtt":
@@ -220,7 +292,7 @@ def _legacy_format(kind: str, segments: list[dict[str, Any]]) -> str:
     return sep.join(s["text"].strip() for s in segments)
 
 
-def _legacy_keys(job: JobInput, segments: list[dict[str, Any]], language: str) -> dict[str, Any]:
+def _legacy_keys(job: JobInput, segments: list[Segment], language: str) -> dict[str, Any]:
     """The official worker's output keys, so its clients keep working unchanged."""
     keys: dict[str, Any] = {
         "transcription": _legacy_format(job.transcription or "plain_text", segments),

@@ -19,7 +19,9 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from handler import threads
 from handler.errors import Code, WorkerError
+from handler.guard import raise_if_cancelled
 from handler.settings import Settings
 
 log = logging.getLogger(__name__)
@@ -136,6 +138,11 @@ def load_one(spec: ModelSpec, settings: Settings, device: str, compute: str) -> 
 
     start = time.perf_counter()
     instances = []
+    cpu_threads = settings.cpu_threads
+    if device == "cpu" and not cpu_threads:
+        cpu_threads = threads.default_cpu_threads(
+            settings.instances_per_device * settings.num_workers
+        )
     try:
         for index in settings.device_index if device == "cuda" else [0]:
             for _ in range(settings.instances_per_device):
@@ -145,7 +152,7 @@ def load_one(spec: ModelSpec, settings: Settings, device: str, compute: str) -> 
                         device=device,
                         device_index=index,
                         compute_type=compute,
-                        cpu_threads=settings.cpu_threads,
+                        cpu_threads=cpu_threads,
                         num_workers=settings.num_workers,
                         download_root=settings.download_root,
                         local_files_only=True,
@@ -215,16 +222,8 @@ class ModelPool:
                 inst = model.slots.get(timeout=0.1)
                 break
             except queue.Empty:
-                if cancel is not None and cancel.is_set():
-                    raise WorkerError(Code.CANCELLED, "job was cancelled") from None
+                raise_if_cancelled(cancel)
         try:
             yield inst, time.perf_counter() - start
         finally:
             model.slots.put(inst)
-
-
-def load_pool(settings: Settings) -> ModelPool:
-    """Resolve and load every configured model; raises ModelLoadError with one clear line."""
-    device, compute = device_and_compute(settings)
-    specs = resolve(settings, device)
-    return ModelPool([load_one(s, settings, device, compute) for s in specs], device, compute)

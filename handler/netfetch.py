@@ -46,7 +46,7 @@ from handler.settings import Settings
 
 log = logging.getLogger(__name__)
 
-_CHUNK = 64 * 1024
+CHUNK_BYTES = 64 * 1024
 _REDIRECT_STATUSES = frozenset({301, 302, 303, 307, 308})
 _RETRY_BACKOFF_S = (0.3, 0.9)  # two retries of a 5xx, bounded by the total deadline
 _WATCHDOG_POLL_S = 0.05
@@ -281,9 +281,9 @@ def _resolve(t: _Target, settings: Settings, wd: _Watchdog) -> list[tuple[int, t
                 raise WorkerError(
                     Code.SOURCE_UNREACHABLE, f"could not resolve the host: {t.redacted}"
                 ) from None
-    addrs = [(family, sockaddr) for family, _, _, _, sockaddr in infos]
+    addrs: list[tuple[int, tuple]] = [(family, sockaddr) for family, _, _, _, sockaddr in infos]
     for _, sockaddr in addrs:
-        reason = blocked_reason(sockaddr[0], settings.allow_private_urls)
+        reason = blocked_reason(str(sockaddr[0]), settings.allow_private_urls)
         if reason is not None:
             raise WorkerError(
                 Code.URL_NOT_ALLOWED,
@@ -432,13 +432,13 @@ def _stream_body(resp, dest: pathlib.Path, settings: Settings, wd: _Watchdog, re
     cap = settings.max_download_bytes
     declared = None if resp.chunked else resp.length  # parsed Content-Length, captured first
     if declared is not None and declared > cap:
-        raise _too_large(red, cap)
+        raise too_large(red, cap)
     total = 0
     with open(dest, "wb") as out:
         while True:
             wd.check(red)
             try:
-                chunk = resp.read1(_CHUNK)  # at most one recv: no waiting for a full buffer
+                chunk = resp.read1(CHUNK_BYTES)  # at most one recv: no waiting for a full buffer
             except (OSError, http.client.HTTPException, ValueError):
                 wd.check(red)
                 raise WorkerError(
@@ -448,7 +448,7 @@ def _stream_body(resp, dest: pathlib.Path, settings: Settings, wd: _Watchdog, re
                 break
             total += len(chunk)
             if total > cap:
-                raise _too_large(red, cap)
+                raise too_large(red, cap)
             out.write(chunk)
     wd.check(red)  # an EOF may be the watchdog's shutdown
     if declared is not None and total < declared:
@@ -459,5 +459,6 @@ def _stream_body(resp, dest: pathlib.Path, settings: Settings, wd: _Watchdog, re
     return total
 
 
-def _too_large(red: str, cap: int) -> WorkerError:
+def too_large(red: str, cap: int) -> WorkerError:
+    """SOURCE_TOO_LARGE for a body over ``cap`` bytes (declared or counted)."""
     return WorkerError(Code.SOURCE_TOO_LARGE, f"source is larger than {cap} bytes: {red}")

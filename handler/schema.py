@@ -22,15 +22,16 @@ from pydantic import (
     Field,
     PrivateAttr,
     ValidationError,
+    ValidationInfo,
     model_validator,
 )
 
+from handler.contract import OutputFormat
 from handler.errors import Code, WorkerError
 
-OutputFormat = Literal["text", "segments", "words", "srt", "vtt", "verbose_json"]
 LegacyFormat = Literal["plain_text", "formatted_text", "srt", "vtt"]
 
-DEFAULT_OUTPUT: tuple[str, ...] = ("text", "segments")
+DEFAULT_OUTPUT: tuple[OutputFormat, ...] = ("text", "segments")
 
 # Names the official worker uses, mapped to ours.
 ALIASES = {
@@ -150,8 +151,12 @@ class JobInput(BaseModel):
         return data
 
     @model_validator(mode="after")
-    def _rules(self) -> JobInput:
-        if (self.audio_base64 is None) == (self.audio_url is None):
+    def _rules(self, info: ValidationInfo) -> JobInput:
+        if (info.context or {}).get("audio_given"):
+            # The audio came another way (an HTTP upload): no audio field may compete.
+            if self.audio_base64 is not None or self.audio_url is not None:
+                raise ValueError("give either the file or audio_base64/audio_url, not both")
+        elif (self.audio_base64 is None) == (self.audio_url is None):
             raise ValueError("give exactly one of audio_base64 or audio_url (alias audio)")
         if self.translate is not None and self.task is not None:
             if (self.task == "translate") != self.translate:
@@ -187,14 +192,15 @@ class JobInput(BaseModel):
         kwargs = {
             name: getattr(self, name) for name in self.model_fields_set if name in DECODING_OPTIONS
         }
-        if "vad_parameters" in kwargs and kwargs["vad_parameters"] is not None:
+        if self.vad_parameters is not None and "vad_parameters" in kwargs:
             kwargs["vad_parameters"] = self.vad_parameters.model_dump(exclude_none=True)
         if self.effective_task != "transcribe" or "task" in kwargs:
             kwargs["task"] = self.effective_task
         if self.vad_filter is None:
             kwargs["vad_filter"] = vad_default
         if self.temperature_increment_on_fallback is not None:
-            start = self.temperature if self.temperature is not None else 0.0
+            first = self.temperature if self.temperature is not None else 0.0
+            start = first[0] if isinstance(first, list) else first
             step = self.temperature_increment_on_fallback
             n = int(round((1.0 - start) / step)) if start < 1.0 else 0
             kwargs["temperature"] = [round(start + i * step, 6) for i in range(n + 1)]
@@ -220,10 +226,13 @@ DECODING_OPTIONS: frozenset[str] = frozenset(
 )
 
 
-def parse_job_input(data: Any) -> JobInput:
-    """Validate ``job["input"]``; any problem becomes INVALID_INPUT naming field and rule."""
+def parse_job_input(data: Any, *, audio_given: bool = False) -> JobInput:
+    """Validate ``job["input"]``; any problem becomes INVALID_INPUT naming field and rule.
+
+    ``audio_given``: the audio arrives beside the input (an HTTP upload), not in it.
+    """
     try:
-        job = JobInput.model_validate(data)
+        job = JobInput.model_validate(data, context={"audio_given": audio_given})
     except ValidationError as exc:
         raise WorkerError(Code.INVALID_INPUT, _describe(exc)) from None
     if isinstance(data, dict):

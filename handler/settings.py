@@ -47,7 +47,8 @@ class Settings(BaseModel):
     num_workers: int = Field(1, ge=1, le=16)
     """CTranslate2 workers per model instance (parallel transcriptions on one copy of weights)."""
     cpu_threads: int = Field(0, ge=0, le=256)
-    """CPU threads per instance; 0 lets CTranslate2 choose."""
+    """CPU threads per model slot; 0: the cores this process may use (affinity, cgroup quota)
+    divided by instances x num_workers."""
     max_concurrency: int | None = Field(None, ge=1, le=64)
     """Jobs this worker holds at once. Unset: model slots (devices x instances x num_workers)
     + 1, so the next job downloads and decodes while the current one runs, and the SDK keeps
@@ -121,6 +122,19 @@ class Settings(BaseModel):
     log_level: Literal["DEBUG", "INFO", "WARNING", "ERROR"] = "INFO"
     """Level of the worker's own log lines (transcripts are never logged at any level)."""
 
+    mode: Literal["queue", "http"] = "queue"
+    """queue: the RunPod queue worker. http: the OpenAI-compatible HTTP server on PORT (as
+    `python -m handler serve`), for RunPod load-balancing endpoints, Kubernetes and others."""
+    http_max_queue: int = Field(16, ge=0, le=10_000)
+    """HTTP mode: requests that may wait for a free slot beyond the max_concurrency running;
+    past it a request gets 429 with Retry-After at once."""
+    max_upload_bytes: int = Field(30_000_000, ge=1)
+    """HTTP mode: largest request body (bytes). 30 MB is what RunPod's load balancer lets
+    through, above OpenAI's own 25 MB upload limit; larger files go by audio_url."""
+    runpod_cache_dir: str = "/runpod-volume/huggingface-cache/hub"
+    """Where RunPod pre-places Hugging Face models chosen for the endpoint (not billed as
+    start-up). A model name found there loads from it, offline."""
+
     stream: bool = False
     """Stream segments as they are decoded (the handler becomes an async generator)."""
     progress_interval_s: float = Field(5.0, gt=0)
@@ -166,7 +180,7 @@ def load_settings(env: Mapping[str, str] | None = None) -> Settings:
     n = len(PREFIX)
     raw = {k[n:].lower(): v for k, v in env.items() if k.startswith(PREFIX) and v != ""}
     try:
-        return Settings(**raw)
+        return Settings.model_validate(raw)
     except ValidationError as exc:
         parts = [
             f"{PREFIX}{'.'.join(str(x) for x in e['loc']).upper()}: {e['msg']}"

@@ -18,7 +18,8 @@ import time
 from urllib.parse import urlsplit
 
 from handler.errors import Code, WorkerError
-from handler.netfetch import _CHUNK, _too_large, _Watchdog, blocked_reason, fetch_url, redact_url
+from handler.guard import Guard
+from handler.netfetch import CHUNK_BYTES, blocked_reason, fetch_url, redact_url, too_large
 from handler.settings import Settings
 
 __all__ = [
@@ -119,9 +120,14 @@ def fetch_s3(
     if bucket not in settings.s3_allowed_buckets:
         raise WorkerError(Code.URL_NOT_ALLOWED, f"bucket is not on the allowlist: {red}")
     started = time.monotonic()
-    wd = _Watchdog(started + settings.download_timeout_s, cancel)  # used for checks only
+    guard = Guard.within(
+        settings.download_timeout_s,
+        cancel,
+        Code.SOURCE_TIMEOUT,
+        f"download did not finish within the time limit: {red}",
+    )
     try:
-        size = _fetch_s3(bucket, key, dest, settings, wd, red)
+        size = _fetch_s3(bucket, key, dest, settings, guard, red)
     except BaseException as exc:
         pathlib.Path(dest).unlink(missing_ok=True)
         if isinstance(exc, WorkerError):
@@ -131,7 +137,9 @@ def fetch_s3(
     return size
 
 
-def _fetch_s3(bucket, key, dest, settings: Settings, wd: _Watchdog, red: str) -> int:
+def _fetch_s3(
+    bucket: str, key: str, dest: pathlib.Path, settings: Settings, guard: Guard, red: str
+) -> int:
     import boto3
     from botocore.config import Config
     from botocore.exceptions import BotoCoreError, ClientError, NoCredentialsError
@@ -147,16 +155,16 @@ def _fetch_s3(bucket, key, dest, settings: Settings, wd: _Watchdog, red: str) ->
         head = client.head_object(Bucket=bucket, Key=key)
         size = int(head["ContentLength"])
         if size > cap:
-            raise _too_large(red, cap)
-        wd.check(red)
+            raise too_large(red, cap)
+        guard.check()
         body = client.get_object(Bucket=bucket, Key=key, IfMatch=head["ETag"])["Body"]
         total = 0
         with open(dest, "wb") as out:
-            for chunk in body.iter_chunks(_CHUNK):
-                wd.check(red)
+            for chunk in body.iter_chunks(CHUNK_BYTES):
+                guard.check()
                 total += len(chunk)
                 if total > cap:
-                    raise _too_large(red, cap)
+                    raise too_large(red, cap)
                 out.write(chunk)
         body.close()
     except ClientError as exc:
@@ -171,7 +179,7 @@ def _fetch_s3(bucket, key, dest, settings: Settings, wd: _Watchdog, red: str) ->
             Code.INTERNAL, "no S3 credentials are configured on this worker", retryable=False
         ) from None
     except BotoCoreError:
-        wd.check(red)
+        guard.check()
         raise WorkerError(Code.SOURCE_UNREACHABLE, f"S3 request failed: {red}") from None
     if total < size:
         raise WorkerError(

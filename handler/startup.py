@@ -12,10 +12,24 @@ import os
 import sys
 import time
 from dataclasses import asdict, dataclass, field
+from typing import Any
 
-from handler.settings import SettingsError, load_settings
+from handler import threads
+from handler.job import Worker
+from handler.models import (
+    ModelLoadError,
+    ModelPool,
+    ModelSpec,
+    device_and_compute,
+    load_one,
+    resolve,
+)
+from handler.settings import Settings, SettingsError, load_settings
 
 log = logging.getLogger("handler.startup")
+
+STARTUP_LOG_TAG = "startup"
+"""The word that opens the start-up timing line; bench/ and the tests parse lines after it."""
 
 LOG_FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"
 
@@ -63,10 +77,10 @@ class StartupTimes:
         self.mark("ready")
         data = asdict(self)
         data["ready"] = data["marks"]["ready"] - self.process_start
-        log.info("startup %s", json.dumps(data, sort_keys=True))
+        log.info("%s %s", STARTUP_LOG_TAG, json.dumps(data, sort_keys=True))
 
 
-def warm_up(pool) -> float:
+def warm_up(pool: ModelPool) -> float:
     """One tiny transcription per instance (with VAD, which loads its own model)."""
     import numpy as np
 
@@ -74,6 +88,7 @@ def warm_up(pool) -> float:
     rng = np.random.default_rng(0)
     audio = (rng.standard_normal(16000) * 0.01).astype(np.float32)
     for model in pool.models.values():
+        inst: Any
         for inst in model.instances:
             for vad in (True, False):
                 segments, _ = inst.transcribe(
@@ -88,24 +103,24 @@ def warm_up(pool) -> float:
 class Plan:
     """What to load, decided in the main thread before the loader thread starts."""
 
-    settings: object
-    specs: list
+    settings: Settings
+    specs: list[ModelSpec]
     device: str
     compute: str
 
 
-def prepare(times: StartupTimes) -> Plan | str:
-    """Settings, imports and model resolution; returns a Plan or the one-line error.
+def prepare(times: StartupTimes, settings: Settings | None = None) -> Plan:
+    """Settings, imports and model resolution, in the calling thread.
 
-    Every import the model load and the warm-up need happens here, in the calling thread.
-    Two threads importing at once can hand one of them a partially initialised module
-    (seen: ``requests.utils`` while ``import runpod`` ran), so the loader thread that
-    overlaps ``import runpod`` must import nothing.
+    Raises SettingsError or ModelLoadError, whose message is the one line printed before
+    exiting. Every import the model load and the warm-up need happens here: two threads
+    importing at once can hand one of them a partially initialised module (seen:
+    ``requests.utils`` while ``import runpod`` ran), so the loader thread that overlaps
+    ``import runpod`` must import nothing.
     """
-    try:
+    if settings is None:
         settings = load_settings()
-    except SettingsError as exc:
-        return str(exc)
+    threads.configure()  # before CTranslate2 or onnxruntime start a thread team
     t = time.perf_counter()
     # What the load and warm-up would otherwise import lazily (tests/test_entry.py checks
     # that the loader thread imports nothing): the VAD's runtime, the feature extractor's
@@ -118,30 +133,19 @@ def prepare(times: StartupTimes) -> Plan | str:
     import numpy.random  # noqa: F401
     import onnxruntime  # noqa: F401
 
-    from handler.models import ModelLoadError, device_and_compute, resolve
-
     times.imports = time.perf_counter() - t
     times.mark("imports_done")
-    try:
-        device, compute = device_and_compute(settings)
-        specs = resolve(settings, device)
-    except ModelLoadError as exc:
-        return str(exc)
-    return Plan(settings, specs, device, compute)
+    device, compute = device_and_compute(settings)
+    return Plan(settings, resolve(settings, device), device, compute)
 
 
-def load_models(plan: Plan, times: StartupTimes) -> dict:
-    """Load and warm the planned models: {"pool": ModelPool} or {"error": one line}.
+def load_models(plan: Plan, times: StartupTimes) -> ModelPool:
+    """Load and warm the planned models; raises ModelLoadError.
 
     Safe to run in a thread beside other imports: it imports nothing new (tested).
     """
-    from handler.models import ModelLoadError, ModelPool, load_one
-
     t = time.perf_counter()
-    try:
-        models = [load_one(s, plan.settings, plan.device, plan.compute) for s in plan.specs]
-    except ModelLoadError as exc:
-        return {"error": str(exc)}
+    models = [load_one(s, plan.settings, plan.device, plan.compute) for s in plan.specs]
     pool = ModelPool(models, plan.device, plan.compute)
     times.model_load = time.perf_counter() - t
     times.mark("model_loaded")
@@ -149,19 +153,23 @@ def load_models(plan: Plan, times: StartupTimes) -> dict:
         try:
             times.warmup = warm_up(pool)
         except Exception as exc:  # a model that cannot run one second of audio is unusable
-            return {"error": f"warm-up transcription failed: {type(exc).__name__}: {exc}"}
+            raise ModelLoadError(
+                f"warm-up transcription failed: {type(exc).__name__}: {exc}"
+            ) from None
     times.mark("warmup_done")
-    return {"pool": pool}
+    return pool
 
 
-def load_worker(times: StartupTimes) -> dict:
-    """Sequential start-up (the CLI): {"worker": Worker} or {"error": one line}."""
-    plan = prepare(times)
-    if isinstance(plan, str):
-        return {"error": plan}
-    loaded = load_models(plan, times)
-    if "error" in loaded:
-        return loaded
-    from handler.job import Worker
+def start_worker(settings: Settings | None = None, times: StartupTimes | None = None) -> Worker:
+    """Sequential start-up (the CLI, the HTTP server, the model-tier tests).
 
-    return {"worker": Worker(settings=plan.settings, pool=loaded["pool"])}
+    The same prepare + load_models that ``python -m handler`` runs (there the load
+    overlaps ``import runpod``). Raises SettingsError or ModelLoadError.
+    """
+    times = times or StartupTimes()
+    plan = prepare(times, settings)
+    return Worker(settings=plan.settings, pool=load_models(plan, times))
+
+
+STARTUP_ERRORS = (SettingsError, ModelLoadError)
+"""What start-up raises for a worker that cannot serve: one line on stderr, exit 1."""

@@ -18,17 +18,19 @@ from typing import Any
 
 import numpy as np
 
+from handler.contract import Segment, Word
 from handler.errors import Code, WorkerError
+from handler.guard import raise_if_cancelled
 from handler.models import LoadedModel
 
 log = logging.getLogger(__name__)
 
-SegmentCallback = Callable[[dict[str, Any]], None]
+SegmentCallback = Callable[[Segment], None]
 
 
 @dataclass
 class Transcript:
-    segments: list[dict[str, Any]]
+    segments: list[Segment]
     language: str
     language_probability: float
     seconds: float
@@ -52,8 +54,8 @@ def check_request(model: LoadedModel, kwargs: dict[str, Any]) -> None:
             )
 
 
-def segment_dict(seg: Any) -> dict[str, Any]:
-    words = None
+def segment_dict(seg: Any) -> Segment:
+    words: list[Word] | None = None
     if seg.words is not None:
         words = [
             {"start": w.start, "end": w.end, "word": w.word, "probability": w.probability}
@@ -132,7 +134,7 @@ def run(
                 on_segment(item)
             if cancel is not None and cancel.is_set():
                 generator.close()
-                raise WorkerError(Code.CANCELLED, "job was cancelled")
+                raise_if_cancelled(cancel)
     except WorkerError:
         raise
     except RuntimeError as exc:

@@ -17,6 +17,7 @@ from collections.abc import AsyncIterator, Callable
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
+from handler.contract import Segment
 from handler.job import Worker, run_job
 
 log = logging.getLogger(__name__)
@@ -73,7 +74,7 @@ def make_handlers(worker: Worker) -> tuple[Callable, Callable]:
         loop = asyncio.get_running_loop()
         items: asyncio.Queue = asyncio.Queue()
 
-        def on_segment(seg: dict[str, Any]) -> None:
+        def on_segment(seg: Segment) -> None:
             item = {
                 "segment": {
                     "id": seg["id"],

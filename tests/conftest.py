@@ -32,9 +32,9 @@ def make_settings(**overrides):
 
 @pytest.fixture(scope="session")
 def tiny_pool():
-    from handler.models import load_pool
+    from handler.startup import start_worker
 
-    return load_pool(make_settings(device="cpu"))
+    return start_worker(make_settings(device="cpu")).pool
 
 
 @pytest.fixture

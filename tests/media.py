@@ -32,8 +32,8 @@ def png_bytes() -> bytes:
 
     header = struct.pack(">IIBBBBB", 1, 1, 8, 0, 0, 0, 0)  # 1x1, 8-bit greyscale
     pixels = zlib.compress(b"\x00\x80")  # filter byte + one pixel
-    return b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", header) + chunk(b"IDAT", pixels) + chunk(
-        b"IEND", b""
+    return (
+        b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", header) + chunk(b"IDAT", pixels) + chunk(b"IEND", b"")
     )
 
 
@@ -45,8 +45,8 @@ def write_wav(
     path: pathlib.Path, samples: np.ndarray | None = None, *, rate: int = 16000
 ) -> pathlib.Path:
     """16-bit mono WAV of ``samples`` (float in [-1, 1]); no samples gives a header alone."""
-    pcm = np.zeros(0, np.int16) if samples is None else (np.asarray(samples) * 32767).astype(
-        np.int16
+    pcm = (
+        np.zeros(0, np.int16) if samples is None else (np.asarray(samples) * 32767).astype(np.int16)
     )
     with wave.open(str(path), "wb") as w:
         w.setnchannels(1)

@@ -19,7 +19,7 @@ import pytest
 
 from bench.autoscaler import Autoscaler, ScalerConfig, startup_marks
 from bench.cost import Worker, peak_concurrent_workers
-from bench.emulator import Emulator
+from runpod_emulator import Emulator
 
 pytestmark = pytest.mark.e2e
 
@@ -152,8 +152,11 @@ def test_startup_marks_parse_the_worker_line(tmp_path: Path) -> None:
         ' "warmup_done": 12.5, "ready": 12.6}}\n'
     )
     assert startup_marks(str(log)) == {
-        "process_start_at": 10.0, "imports_done_at": 11.5, "model_loaded_at": 12.0,
-        "warmup_done_at": 12.5, "startup_ready_at": 12.6,
+        "process_start_at": 10.0,
+        "imports_done_at": 11.5,
+        "model_loaded_at": 12.0,
+        "warmup_done_at": 12.5,
+        "startup_ready_at": 12.6,
     }
     assert startup_marks(str(tmp_path / "missing.log")) == {}
     assert startup_marks(None) == {}

@@ -1,4 +1,4 @@
-"""The client (handler/client.py) against the local RunPod emulator on 127.0.0.1.
+"""The client (whisper_client/) against the local RunPod emulator on 127.0.0.1.
 
 Fake SDK workers (tests/fake_workers/client_worker.py) answer like the transcription
 worker without a model, so most tests take well under a second; one test runs the real
@@ -24,8 +24,8 @@ from typing import Any
 
 import pytest
 
-from bench.emulator import Emulator
-from handler.client import Client, ClientError, main, output_of
+from runpod_emulator import Emulator
+from whisper_client.client import Client, ClientError, main, output_of
 
 pytestmark = pytest.mark.e2e
 
@@ -119,8 +119,12 @@ def test_run_then_poll_with_progress(endpoints: Endpoints, audio: Path) -> None:
     progress: list[float] = []
     with client_for(endpoints.fake) as client:
         result = client.transcribe(
-            audio, language="en", fake_progress=[10, 50, 90], fake_gap=0.4,
-            on_submit=ids.append, on_status=lambda s: states.append(s["status"]),
+            audio,
+            language="en",
+            fake_progress=[10, 50, 90],
+            fake_gap=0.4,
+            on_submit=ids.append,
+            on_status=lambda s: states.append(s["status"]),
             on_progress=progress.append,
         )
     assert result["text"] == "hello there world"
@@ -146,7 +150,10 @@ def test_runsync_wait_running_out_falls_back_to_polling(endpoints: Endpoints, au
         assert status["status"] in ("IN_QUEUE", "IN_PROGRESS")
         assert time.monotonic() - started < 2.4
         result = client.transcribe(
-            audio, sync=True, wait_ms=1000, fake_sleep=2.5,
+            audio,
+            sync=True,
+            wait_ms=1000,
+            fake_sleep=2.5,
             on_status=lambda s: states.append(s["status"]),
         )
     assert result["text"] == "hello there world"
@@ -168,8 +175,13 @@ def test_stream_partials_arrive_while_running_and_join_into_the_result(
 
     with client_for(endpoints.gen) as client:
         result = client.transcribe(
-            audio, stream=True, fake_gap=0.3, fake_progress=[20, 40, 60, 80],
-            on_submit=ids.append, on_partial=on_partial, on_progress=progress.append,
+            audio,
+            stream=True,
+            fake_gap=0.3,
+            fake_progress=[20, 40, 60, 80],
+            on_submit=ids.append,
+            on_partial=on_partial,
+            on_progress=progress.append,
         )
     assert [t for t, _ in partials] == [" one", " two", " three", " four", " five"]
     assert partials[0][1] == "IN_PROGRESS"  # before the job ended
@@ -207,7 +219,7 @@ def test_too_large_input_is_refused_before_sending(
     endpoints: Endpoints, tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
     em = endpoints.fake
-    caplog.set_level(logging.DEBUG, logger="bench.emulator.server")
+    caplog.set_level(logging.DEBUG, logger="runpod_emulator.server")
     big = tmp_path / "big.wav"
     with open(big, "wb") as f:
         f.truncate(8_000_000)  # sparse: the client must refuse from the size alone
@@ -228,7 +240,7 @@ def test_too_large_input_is_refused_before_sending(
     message = str(run_too_big.value)
     assert "10.7 MB" in message and "https://" in message and "s3://" in message
     assert "--sync" in message and "--sync" not in str(sync_too_big.value)
-    requests_seen = [r.getMessage() for r in caplog.records if r.name == "bench.emulator.server"]
+    requests_seen = [r.getMessage() for r in caplog.records if r.name == "runpod_emulator.server"]
     assert any("/health" in line for line in requests_seen)
     assert not any("/run" in line for line in requests_seen)
     assert len(em.records()["jobs"]) == jobs_before
@@ -306,8 +318,12 @@ def test_output_of_reads_every_result_shape() -> None:
     assert output_of({"id": "j", "status": "COMPLETED", "output": stream}) == final
     assert output_of({"id": "j", "status": "COMPLETED", "output": stream[:1]}) == {"text": "hi"}
     sdk_exception = json.dumps(
-        {"error_type": "<class 'RuntimeError'>", "error_message": "boom",
-         "error_traceback": "Traceback ...", "hostname": "host-1"}
+        {
+            "error_type": "<class 'RuntimeError'>",
+            "error_message": "boom",
+            "error_traceback": "Traceback ...",
+            "hostname": "host-1",
+        }
     )
     for status, code, message in (
         ({"status": "COMPLETED"}, "NO_OUTPUT", "without output"),
@@ -392,11 +408,21 @@ def test_cli_ctrl_c_cancels_the_job_and_exits_130(
     err_path = tmp_path / "stderr.txt"
     with open(err_path, "w") as err_file:
         proc = subprocess.Popen(
-            [sys.executable, "-m", "handler.cli", "submit", str(audio),
-             *cli(em, "--option", "fake_sleep=30")],
-            cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=err_file, text=True,
+            [
+                sys.executable,
+                "-m",
+                "whisper_client",
+                str(audio),
+                *cli(em, "--option", "fake_sleep=30"),
+            ],
+            cwd=ROOT,
+            env=env,
+            stdout=subprocess.PIPE,
+            stderr=err_file,
+            text=True,
         )
         try:
+
             def running_job() -> str | None:
                 jobs = em.records()["jobs"]
                 fresh = [j for j in jobs.values() if j["id"] not in before]

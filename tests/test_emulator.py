@@ -23,7 +23,7 @@ from typing import Any
 
 import pytest
 
-from bench.emulator import Emulator, EmulatorConfig, EndpointState
+from runpod_emulator import Emulator, EmulatorConfig, EndpointState
 from tests.conftest import wait_for
 
 pytestmark = pytest.mark.e2e
@@ -163,6 +163,7 @@ def test_runsync_returns_result_or_current_status(echo: Emulator) -> None:
 
 def test_progress_shows_while_running_and_late_progress_is_ignored(echo: Emulator) -> None:
     job_id = echo.submit({"progress": {"pct": 50}, "sleep": 2})
+
     def progress_or_end() -> dict | None:
         s = echo.status(job_id)
         running = s["status"] == "IN_PROGRESS" and "output" in s
@@ -175,8 +176,11 @@ def test_progress_shows_while_running_and_late_progress_is_ignored(echo: Emulato
     # A progress post that lands after the result (the SDK sends them from a thread).
     worker_id = final["workerId"]
     code, _ = call(
-        echo, "POST", f"job-done/{worker_id}/{job_id}?gpu=x&isStream=false",
-        {"status": "IN_PROGRESS", "output": {"pct": 99}}, auth="worker",
+        echo,
+        "POST",
+        f"job-done/{worker_id}/{job_id}?gpu=x&isStream=false",
+        {"status": "IN_PROGRESS", "output": {"pct": 99}},
+        auth="worker",
     )
     assert code == 200
     assert echo.status(job_id) == final
@@ -228,7 +232,8 @@ def test_cancel_running_job_delivers_stop_and_no_result(echo: Emulator) -> None:
             h["t"] > record["stop_delivered_at"] + 0.2 and job_id not in h["job_ids"]
             for h in echo.records()["workers"][worker_id]["heartbeats"]
         ),
-        10, "a heartbeat without the cancelled job",
+        10,
+        "a heartbeat without the cancelled job",
     )
     record = job_record(echo, job_id)
     assert record["status"] == "CANCELLED"
@@ -264,9 +269,7 @@ def test_payload_limits(echo: Emulator) -> None:
     assert status["status"] == "COMPLETED" and "output" not in status
     worker_id = status["workerId"]
     assert "result too large" in job_record(echo, status["id"])["note"]
-    wait_for(
-        lambda: "Failed to return job results" in worker_log(echo, worker_id), 10, "SDK log"
-    )
+    wait_for(lambda: "Failed to return job results" in worker_log(echo, worker_id), 10, "SDK log")
 
 
 def test_auth_and_routes(echo: Emulator) -> None:
@@ -438,7 +441,7 @@ def test_worker_protocol_raw(tmp_path: Path) -> None:
 
 def test_cli_prints_urls_and_stops_on_sigterm() -> None:
     proc = subprocess.Popen(
-        [sys.executable, "-m", "bench.emulator", "--port", "0"],
+        [sys.executable, "-m", "runpod_emulator", "--port", "0"],
         cwd=Path(__file__).parent.parent,
         stdout=subprocess.PIPE,
         stderr=subprocess.DEVNULL,

@@ -13,8 +13,9 @@ import base64
 import pytest
 
 from bench.corpus import long_clip
-from handler.job import Worker, run_job
-from handler.models import cuda_device_count, load_pool
+from handler.job import run_job
+from handler.models import cuda_device_count
+from handler.startup import start_worker
 from handler.worker import make_handlers
 from tests.conftest import DATA, JFK_TEXT, b64, make_settings, wer
 
@@ -27,7 +28,7 @@ pytestmark = [
 @pytest.fixture(scope="module")
 def gpu_worker():
     settings = make_settings(device="auto", num_workers=2, warmup="true")
-    return Worker(settings=settings, pool=load_pool(settings))
+    return start_worker(settings)
 
 
 def test_auto_picks_cuda_float16(gpu_worker):

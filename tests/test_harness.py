@@ -16,10 +16,10 @@ import pytest
 from bench.__main__ import main
 from bench.autoscaler import ScalerConfig
 from bench.cost import Record, billed_seconds, time_split
-from bench.emulator import Emulator
 from bench.harness import EndpointTarget, run_local, run_remote
 from bench.report import check_phase_sum
 from bench.scenarios import build, offline, pick, query_pool, read_trace, server
+from runpod_emulator import Emulator
 
 DATA = Path(__file__).parent / "data"
 FAKE = Path(__file__).parent / "fake_workers" / "bench_worker.py"
@@ -49,8 +49,7 @@ def test_queries_are_real_speech_cycled_evenly() -> None:
     jfk = next(q for q in pool if q.name == "jfk")
     assert jfk.audio[:4] == b"RIFF" and 10.5 < jfk.audio_seconds < 11.5
     assert "audio_base64" in jfk.job_input()
-    assert build("offline", jobs=4, options={"beam_size": 1})[0].query.job_input()[
-        "beam_size"] == 1
+    assert build("offline", jobs=4, options={"beam_size": 1})[0].query.job_input()["beam_size"] == 1
     with pytest.raises(ValueError):
         build("server", jobs=3)
 
@@ -59,9 +58,7 @@ def test_trace_replay(tmp_path: Path) -> None:
     shutil.copy(DATA / "jfk.wav", tmp_path / "a.wav")
     (tmp_path / "a.txt").write_text("reference words")
     trace = tmp_path / "trace.csv"
-    trace.write_text(
-        f"# t,audio\n100.5,a.wav\n\n100.0,{DATA / 'jfk.mp3'}\n103.25,a.wav\n"
-    )
+    trace.write_text(f"# t,audio\n100.5,a.wav\n\n100.0,{DATA / 'jfk.mp3'}\n103.25,a.wav\n")
     arrivals = read_trace(trace)
     assert [a.offset_s for a in arrivals] == [0.0, 0.5, 3.25]
     assert [a.query.name for a in arrivals] == ["jfk.mp3", "a.wav", "a.wav"]
@@ -79,18 +76,47 @@ def test_trace_replay(tmp_path: Path) -> None:
 @pytest.mark.e2e
 def test_local_command_writes_json_table_and_plots(tmp_path: Path, capsys) -> None:
     out = tmp_path / "out"
-    code = main([
-        "local", "--scenario", "offline", "--jobs", "4", "--max-workers", "2",
-        "--idle-timeout", "1", "--queue-delay", "1",
-        "--worker-command", f"{sys.executable} {FAKE}", "--worker-env", "FAKE_STARTUP_S=0.3",
-        "--flex-rate", "0.0002", "--active-rate", "0.00014", "--currency", "PLACEHOLDER",
-        "--out", str(out), "--name", "t", "--quiet",
-    ])
+    code = main(
+        [
+            "local",
+            "--scenario",
+            "offline",
+            "--jobs",
+            "4",
+            "--max-workers",
+            "2",
+            "--idle-timeout",
+            "1",
+            "--queue-delay",
+            "1",
+            "--worker-command",
+            f"{sys.executable} {FAKE}",
+            "--worker-env",
+            "FAKE_STARTUP_S=0.3",
+            "--flex-rate",
+            "0.0002",
+            "--active-rate",
+            "0.00014",
+            "--currency",
+            "PLACEHOLDER",
+            "--out",
+            str(out),
+            "--name",
+            "t",
+            "--quiet",
+        ]
+    )
     assert code == 0
     printed = capsys.readouterr().out
     assert "first requests (cold)" in printed and "cost (PLACEHOLDER)" in printed
-    for name in ("t.json", "t.txt", "t.production.json", "t-latency.png", "t-billed.png",
-                 "t-cost.png"):
+    for name in (
+        "t.json",
+        "t.txt",
+        "t.production.json",
+        "t-latency.png",
+        "t-billed.png",
+        "t-cost.png",
+    ):
         assert (out / name).exists(), name
         if name.endswith(".png"):
             assert (out / name).read_bytes()[:8] == PNG
@@ -120,15 +146,35 @@ def test_local_command_writes_json_table_and_plots(tmp_path: Path, capsys) -> No
     assert main(["report", str(out / "t.json")]) == 0
     text = capsys.readouterr().out
     assert "cost lines omitted" in text and "cost (" not in text
-    assert main(["report", str(out / "t.json"), str(out / "t.json"), "--flex-rate", "1",
-                 "--active-rate", "0.5", "--out", str(out), "--name", "both"]) == 0
+    assert (
+        main(
+            [
+                "report",
+                str(out / "t.json"),
+                str(out / "t.json"),
+                "--flex-rate",
+                "1",
+                "--active-rate",
+                "0.5",
+                "--out",
+                str(out),
+                "--name",
+                "both",
+            ]
+        )
+        == 0
+    )
     assert (out / "both-cost.png").read_bytes()[:8] == PNG
 
 
 @pytest.mark.e2e
 def test_remote_mode_against_the_emulator_client_api(tmp_path: Path) -> None:
-    em = Emulator(worker_command=[sys.executable, str(FAKE)], ping_interval_ms=1000,
-                  log_dir=str(tmp_path), stop_grace_s=15.0)
+    em = Emulator(
+        worker_command=[sys.executable, str(FAKE)],
+        ping_interval_ms=1000,
+        log_dir=str(tmp_path),
+        stop_grace_s=15.0,
+    )
     with em:
         em.start_worker()
         target = EndpointTarget(em.config.endpoint_id, em.api_key, em.base_url)
@@ -141,7 +187,8 @@ def test_remote_mode_against_the_emulator_client_api(tmp_path: Path) -> None:
         assert j["ok"] and j["delayTime"] is not None and j["executionTime"] is not None
         assert j["taken_at"] == pytest.approx(j["sent_at"] + j["delayTime"] / 1000)
     assert worker["stopped_at"] == pytest.approx(
-        max(j["finished_at"] for j in worker["jobs"]) + 5.0)
+        max(j["finished_at"] for j in worker["jobs"]) + 5.0
+    )
     assert record["error_probe"]["error_code"] == "DECODE_FAILED"
     Record.from_dict(record)
 
@@ -153,21 +200,33 @@ def test_remote_mode_against_the_emulator_client_api(tmp_path: Path) -> None:
 @pytest.mark.model
 def test_real_worker_local_run(tmp_path: Path) -> None:
     """`python -m handler` with the tiny model: the real cold start and phase timings."""
-    arrivals = [a for a in build("offline", jobs=6, seed=0)
-                if a.query.name.startswith("sense")][:2]
-    scaler = ScalerConfig(max_workers=1, idle_timeout_s=1.0,
-                          env={"WHISPER_DEVICE": "cpu", "WHISPER_CPU_THREADS": "1"})
+    arrivals = [a for a in build("offline", jobs=6, seed=0) if a.query.name.startswith("sense")][:2]
+    scaler = ScalerConfig(
+        max_workers=1, idle_timeout_s=1.0, env={"WHISPER_DEVICE": "cpu", "WHISPER_CPU_THREADS": "1"}
+    )
     root = str(Path(__file__).resolve().parent.parent)
     with Emulator(ping_interval_ms=5000, worker_cwd=root, log_dir=str(tmp_path)) as em:
-        result = run_local(arrivals, scaler=scaler, emulator=em, job_timeout_s=120,
-                           ready_timeout_s=120, probe_errors=False)
+        result = run_local(
+            arrivals,
+            scaler=scaler,
+            emulator=em,
+            job_timeout_s=120,
+            ready_timeout_s=120,
+            probe_errors=False,
+        )
     record = result.record
     assert record["scaled_to_zero"]
     (worker,) = record["workers"]
     for key in ("imports_done_at", "model_loaded_at", "warmup_done_at", "ready_at"):
         assert worker[key] is not None, key
-    assert (worker["started_at"] - 1 < worker["imports_done_at"] <= worker["model_loaded_at"]
-            <= worker["warmup_done_at"] <= worker["ready_at"] < worker["stopped_at"])
+    assert (
+        worker["started_at"] - 1
+        < worker["imports_done_at"]
+        <= worker["model_loaded_at"]
+        <= worker["warmup_done_at"]
+        <= worker["ready_at"]
+        < worker["stopped_at"]
+    )
     assert len(worker["jobs"]) == 2
     for j in worker["jobs"]:
         assert j["ok"], j

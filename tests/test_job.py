@@ -88,7 +88,7 @@ def test_batched_pipeline_matches_sequential(worker):
 def test_model_constructed_once_for_many_jobs(monkeypatch):
     import faster_whisper
 
-    from handler.models import load_pool
+    from handler.startup import start_worker
 
     calls = []
     real_init = faster_whisper.WhisperModel.__init__
@@ -99,7 +99,7 @@ def test_model_constructed_once_for_many_jobs(monkeypatch):
 
     monkeypatch.setattr(faster_whisper.WhisperModel, "__init__", counting_init)
     settings = make_settings(device="cpu")
-    w = Worker(settings=settings, pool=load_pool(settings))
+    w = start_worker(settings)
     for _ in range(3):
         assert "error" not in run_job({"audio_base64": b64(DATA / "jfk.mp3")}, w)
     assert len(calls) == 1

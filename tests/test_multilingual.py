@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from handler.errors import Code
-from handler.job import Worker, run_job
+from handler.job import run_job
 from tests.conftest import DATA, b64, make_settings, words
 
 pytestmark = pytest.mark.model
@@ -26,10 +26,10 @@ CLIPS = {
 
 @pytest.fixture(scope="module")
 def base_worker(base_model_dir):
-    from handler.models import load_pool
+    from handler.startup import start_worker
 
     settings = make_settings(device="cpu", model=str(base_model_dir))
-    return Worker(settings=settings, pool=load_pool(settings))
+    return start_worker(settings)
 
 
 @pytest.mark.parametrize("lang", sorted(CLIPS))
@@ -61,10 +61,10 @@ def test_language_not_supported_is_invalid_input(base_worker):
 
 
 def test_a_second_allowed_model_is_chosen_per_job(base_model_dir):
-    from handler.models import load_pool
+    from handler.startup import start_worker
 
     settings = make_settings(device="cpu", allowed_models=str(base_model_dir))
-    w = Worker(settings=settings, pool=load_pool(settings))
+    w = start_worker(settings)
     assert w.pool.names == ["tiny.en", base_model_dir.name]
     name, _ = CLIPS["de"]
     result = run_job({"audio_base64": b64(DATA / name), "model": base_model_dir.name}, w)

@@ -21,7 +21,7 @@ import pytest
 import requests
 
 from bench.corpus import long_clip
-from bench.emulator import Emulator
+from runpod_emulator import Emulator
 from tests.conftest import DATA, JFK_TEXT, b64, wait_for, wer
 
 pytestmark = pytest.mark.e2e

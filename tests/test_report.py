@@ -25,29 +25,75 @@ from bench.report import (
 
 PLACEHOLDER = Rates(flex_per_s=0.01, active_per_s=0.006, currency="XXX")
 
-TIMINGS = {"fetch": 0.1, "decode": 0.2, "queue_model": 0.05, "transcribe": 1.1,
-           "format": 0.05, "total": 1.55}
+TIMINGS = {
+    "fetch": 0.1,
+    "decode": 0.2,
+    "queue_model": 0.05,
+    "transcribe": 1.1,
+    "format": 0.05,
+    "total": 1.55,
+}
 
 RECORD = {
     "workers": [
-        {"id": "w1", "kind": "flex", "started_at": 0.0, "imports_done_at": 2.0,
-         "model_loaded_at": 3.5, "warmup_done_at": 4.0, "ready_at": 4.2, "stopped_at": 14.0,
-         "jobs": [
-             # sent at 1.0 while w1 was starting: cold, latency 7.0 - 1.0 = 6.0
-             {"id": "j1", "submitted_at": 1.0, "taken_at": 4.3, "finished_at": 7.0,
-              "audio_seconds": 11.0, "timings": TIMINGS, "ok": True},
-             # sent at 6.0 after w1 was ready: warm, latency 8.0 - 6.0 = 2.0
-             {"id": "j2", "submitted_at": 6.0, "taken_at": 7.0, "finished_at": 8.0,
-              "audio_seconds": 11.0, "timings": TIMINGS, "ok": True},
-             {"id": "j4", "submitted_at": 8.5, "taken_at": 8.6, "finished_at": 8.7,
-              "audio_seconds": 0.0, "ok": False},
-         ]},
-        {"id": "w2", "kind": "flex", "started_at": 10.0, "ready_at": 20.0, "stopped_at": 27.5,
-         "jobs": [
-             # sent at 21.0, w2 ready since 20.0: warm, latency 1.5
-             {"id": "j3", "submitted_at": 21.0, "taken_at": 21.1, "finished_at": 22.5,
-              "audio_seconds": 22.0, "ok": True},
-         ]},
+        {
+            "id": "w1",
+            "kind": "flex",
+            "started_at": 0.0,
+            "imports_done_at": 2.0,
+            "model_loaded_at": 3.5,
+            "warmup_done_at": 4.0,
+            "ready_at": 4.2,
+            "stopped_at": 14.0,
+            "jobs": [
+                # sent at 1.0 while w1 was starting: cold, latency 7.0 - 1.0 = 6.0
+                {
+                    "id": "j1",
+                    "submitted_at": 1.0,
+                    "taken_at": 4.3,
+                    "finished_at": 7.0,
+                    "audio_seconds": 11.0,
+                    "timings": TIMINGS,
+                    "ok": True,
+                },
+                # sent at 6.0 after w1 was ready: warm, latency 8.0 - 6.0 = 2.0
+                {
+                    "id": "j2",
+                    "submitted_at": 6.0,
+                    "taken_at": 7.0,
+                    "finished_at": 8.0,
+                    "audio_seconds": 11.0,
+                    "timings": TIMINGS,
+                    "ok": True,
+                },
+                {
+                    "id": "j4",
+                    "submitted_at": 8.5,
+                    "taken_at": 8.6,
+                    "finished_at": 8.7,
+                    "audio_seconds": 0.0,
+                    "ok": False,
+                },
+            ],
+        },
+        {
+            "id": "w2",
+            "kind": "flex",
+            "started_at": 10.0,
+            "ready_at": 20.0,
+            "stopped_at": 27.5,
+            "jobs": [
+                # sent at 21.0, w2 ready since 20.0: warm, latency 1.5
+                {
+                    "id": "j3",
+                    "submitted_at": 21.0,
+                    "taken_at": 21.1,
+                    "finished_at": 22.5,
+                    "audio_seconds": 22.0,
+                    "ok": True,
+                },
+            ],
+        },
     ],
     "window": {"start": 0.0, "end": 27.5},
 }
@@ -93,12 +139,12 @@ def test_phase_sum_residual():
     # 1.55 - (0.1 + 0.2 + 0.05 + 1.1 + 0.05) = 1.55 - 1.5 = 0.05 unaccounted
     assert check_phase_sum(j) == pytest.approx(0.05)
     assert check_phase_sum(RECORD["workers"][0]["jobs"][0]) == pytest.approx(0.05)  # a dict
-    exact = Job.from_dict({**RECORD["workers"][0]["jobs"][0],
-                           "timings": {**TIMINGS, "total": 1.5}})
+    exact = Job.from_dict({**RECORD["workers"][0]["jobs"][0], "timings": {**TIMINGS, "total": 1.5}})
     assert check_phase_sum(exact) == pytest.approx(0.0, abs=1e-12)
     # an extra phase the worker adds (an upload) is counted too
-    extra = Job.from_dict({**RECORD["workers"][0]["jobs"][0],
-                           "timings": {**TIMINGS, "upload": 0.05}})
+    extra = Job.from_dict(
+        {**RECORD["workers"][0]["jobs"][0], "timings": {**TIMINGS, "upload": 0.05}}
+    )
     assert check_phase_sum(extra) == pytest.approx(0.0, abs=1e-12)
     with pytest.raises(ValueError):
         check_phase_sum(Job.from_dict(RECORD["workers"][1]["jobs"][0]))
@@ -117,7 +163,8 @@ def test_cold_start_split_adds_up():
     c = cold_start(Worker.from_dict(RECORD["workers"][0]))
     # imports 2.0 - 0.0; load 3.5 - 2.0; warm-up 4.0 - 3.5; other 4.2 - 4.0; total 4.2
     assert (c.imports, c.load, c.warmup, c.other, c.total) == pytest.approx(
-        (2.0, 1.5, 0.5, 0.2, 4.2))
+        (2.0, 1.5, 0.5, 0.2, 4.2)
+    )
     # model loaded during the imports (at 1.5 < 2.0): its time is hidden, load = 0,
     # warm-up = 4.0 - 2.0 = 2.0; still 2.0 + 0 + 2.0 + 0.2 = 4.2
     overlapped = Worker.from_dict({**RECORD["workers"][0], "model_loaded_at": 1.5})
@@ -127,7 +174,8 @@ def test_cold_start_split_adds_up():
     # no markers: everything is "other"
     c = cold_start(Worker.from_dict(RECORD["workers"][1]))
     assert (c.imports, c.load, c.warmup, c.other, c.total) == pytest.approx(
-        (0.0, 0.0, 0.0, 10.0, 10.0))
+        (0.0, 0.0, 0.0, 10.0, 10.0)
+    )
 
 
 def test_render_table():
@@ -155,8 +203,11 @@ def test_production_record_keeps_everything_and_leaks_nothing():
     pr = production_record(
         model="tiny.en",
         settings={"model": "tiny.en", "device": "cpu", "aws_secret_access_key": "hunter2"},
-        sample_input={"audio": "https://bucket.example/a.wav?X-Amz-Signature=abc",
-                      "audio_base64": "QUJD" * 100, "language": "en"},
+        sample_input={
+            "audio": "https://bucket.example/a.wav?X-Amz-Signature=abc",
+            "audio_base64": "QUJD" * 100,
+            "language": "en",
+        },
         expected_transcript="ask not what your country can do for you",
         actual_transcript="ask not what your country can do for you",
         error_behaviour={"zero bytes": {"error_code": "EMPTY_AUDIO", "retryable": False}},
@@ -179,7 +230,10 @@ def test_production_record_keeps_everything_and_leaks_nothing():
 
 def test_redact_is_recursive_and_leaves_plain_values():
     assert redact({"a": [{"api_key": "k"}, "s3://b/k?x=1"], "n": 3, "none": None}) == {
-        "a": [{"api_key": "<redacted>"}, "s3://b/k"], "n": 3, "none": None}
+        "a": [{"api_key": "<redacted>"}, "s3://b/k"],
+        "n": 3,
+        "none": None,
+    }
 
 
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
@@ -191,8 +245,9 @@ def test_plots_write_png_files(tmp_path):
 
     cr = summarize(RECORD, PLACEHOLDER)
     # a second, busier run of the same shape gives the cost plot two measured loads
-    busier = summarize({**RECORD, "window": {"start": 0.0, "end": 14.0}}, PLACEHOLDER,
-                       active_workers=1)
+    busier = summarize(
+        {**RECORD, "window": {"start": 0.0, "end": 14.0}}, PLACEHOLDER, active_workers=1
+    )
     paths = [
         plot_latency(RECORD, tmp_path / "latency.png"),
         plot_billed_split(cr, tmp_path / "billed.png"),

@@ -40,8 +40,13 @@ async def handler(job: dict[str, Any]) -> dict[str, Any]:
     fetched = time.perf_counter()
     await asyncio.sleep(work)
     done = time.perf_counter()
-    timings = {"fetch": fetched - start, "decode": 0.0, "queue_model": 0.0,
-               "transcribe": done - fetched, "format": 0.0}
+    timings = {
+        "fetch": fetched - start,
+        "decode": 0.0,
+        "queue_model": 0.0,
+        "transcribe": done - fetched,
+        "format": 0.0,
+    }
     timings["total"] = time.perf_counter() - start
     return {"text": "fake transcript", "duration": round(duration, 3), "timings": timings}
 
@@ -54,8 +59,9 @@ def log_startup() -> None:
         marks[name] = time.time()
     marks["ready"] = time.time()
     data = {"process_start": STARTED, "marks": marks}
-    print(f"0000-00-00 INFO handler.startup: startup {json.dumps(data)}", file=sys.stderr,
-          flush=True)
+    print(
+        f"0000-00-00 INFO handler.startup: startup {json.dumps(data)}", file=sys.stderr, flush=True
+    )
 
 
 if __name__ == "__main__":

@@ -101,6 +101,4 @@ if __name__ == "__main__":
             }
         )
     else:
-        runpod.serverless.start(
-            {"handler": handler, "concurrency_modifier": lambda _current: 4}
-        )
+        runpod.serverless.start({"handler": handler, "concurrency_modifier": lambda _current: 4})

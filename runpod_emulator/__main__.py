@@ -1,4 +1,4 @@
-"""Serve an emulated RunPod endpoint until Ctrl-C: `python -m bench.emulator --workers 1`.
+"""Serve an emulated RunPod endpoint until Ctrl-C: `python -m runpod_emulator --workers 1`.
 
 Prints the client URL, the API key and the environment a worker started by hand
 needs. With --records, writes the timing records as JSON on exit.
@@ -19,18 +19,22 @@ from .core import Emulator
 
 
 def _parse(argv: list[str] | None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(prog="python -m bench.emulator", description=__doc__)
+    parser = argparse.ArgumentParser(prog="python -m runpod_emulator", description=__doc__)
     parser.add_argument("--workers", type=int, default=0, help="worker processes to start")
     parser.add_argument("--port", type=int, default=8000, help="port on 127.0.0.1 (0: any)")
     parser.add_argument("--endpoint", default="local-endpoint", help="endpoint id in URLs")
     parser.add_argument("--api-key", default="local-emulator-key")
     parser.add_argument(
-        "--command", default=None,
+        "--command",
+        default=None,
         help="worker command line (default: this python -m handler)",
     )
     parser.add_argument("--cwd", default=None, help="working directory of workers")
     parser.add_argument(
-        "--env", action="append", default=[], metavar="KEY=VALUE",
+        "--env",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
         help="extra worker environment (repeatable)",
     )
     parser.add_argument("--ping-interval-ms", type=int, default=10_000)

@@ -3,7 +3,7 @@
 `Emulator` serves RunPod's worker URLs (job-take, job-take-batch, job-stop, job-done,
 job-stream, ping) and client URLs (run, runsync, status, stream, cancel, retry,
 health, purge-queue) on 127.0.0.1, spawns worker processes and records every
-timestamp for the benchmark. `python -m bench.emulator --help` serves one from the
+timestamp for the benchmark. `python -m runpod_emulator --help` serves one from the
 command line. Modules: config (settings), model (job/worker records), state (the
 rules), server (HTTP), workers (processes), core (the Emulator).
 

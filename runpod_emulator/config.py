@@ -10,6 +10,8 @@ import sys
 from dataclasses import dataclass, field
 from typing import Literal
 
+from handler.contract import TERMINAL_JOB_STATES
+
 MIB = 1024 * 1024
 
 IN_QUEUE = "IN_QUEUE"
@@ -18,7 +20,8 @@ COMPLETED = "COMPLETED"
 FAILED = "FAILED"
 CANCELLED = "CANCELLED"
 TIMED_OUT = "TIMED_OUT"
-TERMINAL = frozenset({COMPLETED, FAILED, CANCELLED, TIMED_OUT})
+TERMINAL = TERMINAL_JOB_STATES
+assert {COMPLETED, FAILED, CANCELLED, TIMED_OUT} == TERMINAL
 
 
 def default_worker_command() -> list[str]:
@@ -67,7 +70,7 @@ class EmulatorConfig:
     # A job whose worker died (process exited, or an external worker went silent).
     max_requeues: int = 1
     """Requeue a lost job at the front of the queue this many times..."""
-    lost_job_status: Literal["FAILED", "TIMED_OUT"] = FAILED
+    lost_job_status: Literal["FAILED", "TIMED_OUT"] = "FAILED"
     """...then end it with this status (FAILED carries error "worker lost")."""
     external_worker_timeout_s: float = 30.0
     """A worker not started by the emulator is lost after this long without a request."""

@@ -1,5 +1,5 @@
 """A small client for a deployed worker: RunPod's public API (`/run`, `/runsync`, `/status`,
-`/stream`, `/cancel`) through `requests`, and the `whisper-worker submit` command.
+`/stream`, `/cancel`) through `requests`, and the `python -m whisper_client` command.
 
 `Client(endpoint_id).transcribe("talk.mp3")` sends a local file inline as base64 when the
 request fits the platform's body limit and refuses it before sending otherwise (upload it
@@ -26,6 +26,8 @@ from urllib.parse import urlsplit
 
 import requests
 
+from handler.contract import TERMINAL_JOB_STATES
+
 log = logging.getLogger(__name__)
 
 DEFAULT_BASE_URL = "https://api.runpod.ai/v2"
@@ -33,14 +35,16 @@ DEFAULT_BASE_URL = "https://api.runpod.ai/v2"
 # stricter reading, so a request we send is never refused for size.
 RUN_LIMIT_BYTES = 10_000_000
 RUNSYNC_LIMIT_BYTES = 20_000_000
-TERMINAL = frozenset({"COMPLETED", "FAILED", "CANCELLED", "TIMED_OUT"})
+TERMINAL = TERMINAL_JOB_STATES
 URL_SCHEMES = ("http://", "https://", "s3://")
 
 _HTTP_CODES = {
     401: ("UNAUTHORIZED", "the API key was refused; set RUNPOD_API_KEY to a key for this endpoint"),
     403: ("FORBIDDEN", "the API key may not use this endpoint"),
-    404: ("NOT_FOUND", "no such endpoint or job (results are kept 30 min after /run, "
-                       "1 min after /runsync)"),
+    404: (
+        "NOT_FOUND",
+        "no such endpoint or job (results are kept 30 min after /run, 1 min after /runsync)",
+    ),
     413: ("PAYLOAD_TOO_LARGE", "the platform refused the request body as too large"),
     429: ("RATE_LIMITED", "too many requests; try again later"),
 }
@@ -153,7 +157,8 @@ def output_of(status: Mapping[str, Any]) -> dict[str, Any]:
 def _job_error(status: Mapping[str, Any]) -> ClientError:
     job_id = status.get("id")
     error = str(status.get("error") or "the job failed")
-    output = status.get("output") if isinstance(status.get("output"), dict) else {}
+    raw_output = status.get("output")
+    output: Mapping[str, Any] = raw_output if isinstance(raw_output, dict) else {}
     code = output.get("error_code")
     if not code and (m := _CODE_PREFIX.match(error)):
         # A streaming worker can only send one string: "CODE: message".
@@ -166,9 +171,7 @@ def _job_error(status: Mapping[str, Any]) -> ClientError:
             error = str(json.loads(error)["error_message"])
         except (ValueError, KeyError, TypeError):
             error = error.removeprefix("handler: ").split("\n")[0].strip()
-    return ClientError(
-        str(code), error[:500], job_id=job_id, retryable=output.get("retryable")
-    )
+    return ClientError(str(code), error[:500], job_id=job_id, retryable=output.get("retryable"))
 
 
 def _progress_of(status: Mapping[str, Any]) -> float | None:
@@ -254,7 +257,10 @@ class Client:
         wait_ms = min(max(int(wait_ms), 1000), 300_000)
         body = self._body(job_input, RUNSYNC_LIMIT_BYTES, "/runsync", None, policy)
         return self._call(
-            "POST", f"runsync?wait={wait_ms}", body=body, resend=True,
+            "POST",
+            f"runsync?wait={wait_ms}",
+            body=body,
+            resend=True,
             read_timeout=wait_ms / 1000 + self.timeout_s,
         )
 
@@ -319,7 +325,8 @@ class Client:
                     last_progress = progress
             if deadline is not None and time.monotonic() >= deadline:
                 raise ClientError(
-                    "TIMEOUT", f"job {job_id} still {last_state} after {timeout:g} s",
+                    "TIMEOUT",
+                    f"job {job_id} still {last_state} after {timeout:g} s",
                     job_id=job_id,
                 )
             # The stream read already waited server-side; a short pause keeps a platform
@@ -377,14 +384,15 @@ class Client:
             del job_input  # the base64 copy can be large; the wait can be long
             left = None if deadline is None else max(0.0, deadline - time.monotonic())
             status = self.wait(
-                job_id, on_progress=on_progress, on_status=on_status, timeout=left,
+                job_id,
+                on_progress=on_progress,
+                on_status=on_status,
+                timeout=left,
                 on_partial=on_partial if stream else None,
             )
             return output_of(status)
         except (KeyboardInterrupt, ClientError) as exc:
-            if job_id is not None and (
-                isinstance(exc, KeyboardInterrupt) or exc.code == "TIMEOUT"
-            ):
+            if job_id is not None and (isinstance(exc, KeyboardInterrupt) or exc.code == "TIMEOUT"):
                 self._cancel_quietly(job_id)
             raise
 
@@ -439,7 +447,9 @@ class Client:
             started = time.monotonic()
             try:
                 response = self._session.request(
-                    method, f"{self.url}/{path}", data=body,
+                    method,
+                    f"{self.url}/{path}",
+                    data=body,
                     timeout=(10.0, read_timeout or self.timeout_s),
                 )
             except requests.ConnectionError as exc:
@@ -461,7 +471,10 @@ class Client:
                 self._backoff(attempt, None)
                 continue
             log.debug(
-                "%s %s -> %d in %.0f ms", method, route, response.status_code,
+                "%s %s -> %d in %.0f ms",
+                method,
+                route,
+                response.status_code,
                 (time.monotonic() - started) * 1000,
             )
             code = response.status_code
@@ -474,7 +487,8 @@ class Client:
                 return response.json()
             except ValueError:
                 raise ClientError(
-                    "BAD_RESPONSE", f"{method} {route}: the answer is not JSON (HTTP {code})",
+                    "BAD_RESPONSE",
+                    f"{method} {route}: the answer is not JSON (HTTP {code})",
                     http_status=code,
                 ) from None
         raise AssertionError("unreachable")
@@ -593,28 +607,33 @@ _OUTPUTS = {"text": ["text"], "srt": ["srt"], "vtt": ["vtt"], "json": None}
 
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
-        prog="whisper-worker submit",
+        prog="python -m whisper_client",
         description="Send audio to a deployed worker and print the transcript. The API key "
         "comes from RUNPOD_API_KEY.",
     )
     p.add_argument("audio", help="local audio file (sent inline), or an http(s):// or s3:// URL")
     p.add_argument("--endpoint", required=True, help="RunPod endpoint id")
     p.add_argument(
-        "--base-url", default=os.environ.get("RUNPOD_ENDPOINT_BASE_URL", DEFAULT_BASE_URL),
+        "--base-url",
+        default=os.environ.get("RUNPOD_ENDPOINT_BASE_URL", DEFAULT_BASE_URL),
         help="API base (default $RUNPOD_ENDPOINT_BASE_URL or %(default)s); "
         "the local emulator prints its own",
     )
     p.add_argument("--sync", action="store_true", help="use /runsync (falls back to polling)")
     p.add_argument("--output", choices=sorted(_OUTPUTS), default="text")
     p.add_argument(
-        "--stream", action="store_true",
+        "--stream",
+        action="store_true",
         help="print partial text as segments arrive (worker deployed with WHISPER_STREAM=true)",
     )
     p.add_argument("--language")
     p.add_argument("--model")
     p.add_argument("--task", choices=["transcribe", "translate"])
     p.add_argument(
-        "--option", action="append", default=[], metavar="KEY=VALUE",
+        "--option",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
         help="any other job input field; VALUE is JSON or a plain string (repeatable)",
     )
     p.add_argument("--timeout", type=float, help="give up (and cancel the job) after S seconds")
@@ -639,7 +658,7 @@ def _options(args: argparse.Namespace) -> dict[str, Any]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """`whisper-worker submit ...`: 0 done, 1 error (one line on stderr), 130 interrupted."""
+    """`python -m whisper_client ...`: 0 done, 1 error (one line on stderr), 130 interrupted."""
     args = build_parser().parse_args(argv)
     out, err = sys.stdout, sys.stderr
     streaming_text = args.stream and args.output == "text"
@@ -667,7 +686,8 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         reporter.done()
         what = (
-            f"job {reporter.job_id} cancelled" if reporter.job_id != "-"
+            f"job {reporter.job_id} cancelled"
+            if reporter.job_id != "-"
             else "before the platform returned a job id"
         )
         print(f"error: CANCELLED: interrupted; {what}", file=err)

@@ -147,7 +147,10 @@ class Emulator:
     def worker_env(self, worker_id: str) -> dict[str, str]:
         """The environment a worker with this id needs to serve this endpoint."""
         return worker_env(
-            self.base_url, self.config.endpoint_id, self.api_key, worker_id,
+            self.base_url,
+            self.config.endpoint_id,
+            self.api_key,
+            worker_id,
             self.config.ping_interval_ms,
         )
 
@@ -288,7 +291,8 @@ class Emulator:
                 "started_at": self.started_at,
                 "stopped_at": self.stopped_at,
                 "config": {
-                    k: v for k, v in asdict(self.config).items()
+                    k: v
+                    for k, v in asdict(self.config).items()
                     if k not in ("api_key", "worker_env")
                 },
                 "workers": {w.id: w.record() for w in self.state.workers.values()},

@@ -1,0 +1,69 @@
+"""Facts the worker shares with its outside: the public, dependency-free part of ``handler``.
+
+The client (``whisper_client``), the platform emulator (``runpod_emulator``) and ``bench``
+may import this module and ``handler.schema`` and nothing else of the worker (the
+import-boundary test in tests/test_layout.py checks it). It imports only the standard
+library, so importing it costs nothing and pulls in no model code.
+"""
+
+from __future__ import annotations
+
+from typing import Final, Literal, TypedDict, get_args
+
+TERMINAL_JOB_STATES: Final = frozenset({"COMPLETED", "FAILED", "CANCELLED", "TIMED_OUT"})
+"""RunPod job states after which a job never changes again (``/status``)."""
+
+STARTUP_LOG_TAG: Final = "startup"
+"""The word before the JSON of the worker's one start-up timing line (``startup {...}``)."""
+
+OutputFormat = Literal["text", "segments", "words", "srt", "vtt", "verbose_json"]
+"""What a job may ask for in ``output``."""
+OUTPUT_FORMATS: Final[tuple[str, ...]] = get_args(OutputFormat)
+
+
+def parse_startup_line(line: str) -> dict | None:
+    """The JSON of a worker's start-up timing line, or None when ``line`` is not one."""
+    import json
+
+    marker = f" {STARTUP_LOG_TAG} " + "{"
+    at = line.find(marker)
+    if at < 0:
+        return None
+    try:
+        data = json.loads(line[at + len(marker) - 1 :])
+    except ValueError:
+        return None
+    return data if isinstance(data, dict) else None
+
+
+class Word(TypedDict):
+    """One word with its times (seconds) and faster-whisper's probability."""
+
+    word: str
+    start: float
+    end: float
+    probability: float
+
+
+class Segment(TypedDict):
+    """One decoded segment: the one shape that formats, streaming and legacy keys read.
+
+    Built from faster-whisper's ``Segment`` in ``handler.transcribe``; every field but
+    ``words`` is returned under ``segments`` (``words`` only when asked).
+    """
+
+    id: int
+    seek: int
+    start: float
+    end: float
+    text: str
+    tokens: list[int]
+    temperature: float
+    avg_logprob: float
+    compression_ratio: float
+    no_speech_prob: float
+    words: list[Word] | None
+
+
+SEGMENT_FIELDS: Final[tuple[str, ...]] = tuple(k for k in Segment.__annotations__ if k != "words")
+"""The fields of a returned segment, in order."""

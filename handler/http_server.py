@@ -1,0 +1,392 @@
+"""HTTP mode: OpenAI's ``/v1/audio/transcriptions`` over the same job pipeline as the queue.
+
+``python -m handler serve`` (or ``WHISPER_MODE=http`` with the image's plain ``python -m
+handler``) serves, on ``PORT``:
+
+- ``POST /v1/audio/transcriptions`` and ``/v1/audio/translations``: OpenAI's multipart API
+  (``file``, ``model``, ``language``, ``prompt``, ``response_format``, ``temperature``,
+  ``timestamp_granularities[]``, ``stream``) plus our job options as extra fields;
+- ``GET /v1/models``: the loaded models (and ``whisper-1``, OpenAI's name for the default);
+- ``POST /v1/jobs``: our own job JSON (``{"input": {...}}``, as a queue job), answering the
+  same output object;
+- ``HEALTH_CHECK_PATH`` (default ``/ping``) on ``PORT_HEALTH`` (default ``PORT``): 204
+  while the model loads, 200 once it serves, as RunPod's load balancer expects.
+
+FastAPI + uvicorn (the runpod SDK already depends on both, so the image gains nothing):
+multipart parsing by python-multipart, the event loop free while jobs run in threads.
+At most ``WHISPER_MAX_CONCURRENCY`` requests run and ``WHISPER_HTTP_MAX_QUEUE`` wait;
+beyond that a request gets 429 with ``Retry-After`` at once. A client that disconnects
+cancels its job, which frees its slot at the job's next cancel check.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import os
+import sys
+import threading
+import time
+from collections.abc import AsyncIterator, Callable
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from typing import Any
+
+from fastapi import FastAPI, Request
+from fastapi.responses import JSONResponse, PlainTextResponse, Response, StreamingResponse
+from starlette.datastructures import UploadFile
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+from handler import openai_api
+from handler.contract import Segment
+from handler.errors import Code, WorkerError
+from handler.job import Worker, run_job, run_openai_job
+from handler.settings import Settings
+
+log = logging.getLogger(__name__)
+
+RETRY_AFTER_S = 2
+POLL_DISCONNECT_S = 0.25
+
+
+class BodyTooLarge(Exception):
+    """The request body passed ``max_upload_bytes`` (declared or counted)."""
+
+
+class BodyLimit:
+    """ASGI middleware: refuse a body over the cap by its Content-Length, or count it."""
+
+    def __init__(self, app: ASGIApp, limit: int) -> None:
+        self.app = app
+        self.limit = limit
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        declared = dict(scope.get("headers") or []).get(b"content-length", b"")
+        if declared.isdigit() and int(declared) > self.limit:
+            await _too_large(self.limit)(scope, receive, send)
+            return
+        seen = 0
+
+        async def counted() -> Message:
+            nonlocal seen
+            message = await receive()
+            if message["type"] == "http.request":
+                seen += len(message.get("body", b""))
+                if seen > self.limit:
+                    raise BodyTooLarge
+            return message
+
+        await self.app(scope, counted, send)
+
+
+def _too_large(limit: int) -> Response:
+    return _error_response(
+        WorkerError(
+            Code.INPUT_TOO_LARGE,
+            f"the request body is over {limit} bytes; send a URL as audio_url instead",
+        ).to_result()
+    )
+
+
+def _error_response(error: dict[str, Any]) -> JSONResponse:
+    status, body = openai_api.error_body(error)
+    headers = {"Retry-After": str(RETRY_AFTER_S)} if status in (429, 503) else None
+    return JSONResponse(body, status_code=status, headers=headers)
+
+
+@dataclass
+class ServerState:
+    """What the routes share: the worker once loaded, and the admission counters."""
+
+    settings: Settings
+    worker: Worker | None = None
+    admitted: int = 0
+    executor: ThreadPoolExecutor = field(init=False)
+    slots: asyncio.Semaphore | None = None
+
+    def __post_init__(self) -> None:
+        self.executor = ThreadPoolExecutor(
+            max_workers=self.settings.concurrency, thread_name_prefix="http-job"
+        )
+
+    @property
+    def capacity(self) -> int:
+        return self.settings.concurrency + self.settings.http_max_queue
+
+
+def create_app(state: ServerState, *, health_path: str = "/ping") -> FastAPI:
+    app = FastAPI(title="whisper-worker", docs_url=None, redoc_url=None)
+    app.add_exception_handler(
+        BodyTooLarge, lambda _r, _e: _too_large(state.settings.max_upload_bytes)
+    )
+
+    @app.exception_handler(Exception)
+    async def _internal(_request: Request, exc: Exception) -> JSONResponse:
+        log.error("request failed with an unexpected %s", type(exc).__name__, exc_info=exc)
+        return _error_response(
+            WorkerError(Code.INTERNAL, "internal error while processing the request").to_result()
+        )
+
+    add_health_route(app, state, health_path)
+
+    @app.get("/v1/models")
+    async def models() -> JSONResponse:
+        worker = _ready_worker(state)
+        if isinstance(worker, Response):
+            return worker  # type: ignore[return-value]
+        names = worker.pool.names
+        data = [{"id": n, "object": "model", "created": 0, "owned_by": "whisper-worker"}
+                for n in ["whisper-1", *names]]  # fmt: skip
+        return JSONResponse({"object": "list", "data": data})
+
+    async def audio_route(request: Request) -> Response:
+        worker = _ready_worker(state)
+        if isinstance(worker, Response):
+            return worker
+        try:
+            form = await request.form(max_files=1, max_fields=openai_api.MAX_FIELDS)
+        except BodyTooLarge:
+            raise
+        except Exception as exc:  # python-multipart's and Starlette's parse errors
+            log.info("unreadable form: %s", type(exc).__name__)
+            return _error_response(
+                WorkerError(
+                    Code.INVALID_INPUT, "the body is not a valid multipart form"
+                ).to_result()
+            )
+        upload = form.get("file")
+        items = [(k, v) for k, v in form.multi_items() if k != "file" and isinstance(v, str)]
+        try:
+            fields = openai_api.fold_form(items)
+            req = openai_api.build_request(
+                request.url.path,
+                fields,
+                loaded_models=worker.pool.names,
+                has_file=isinstance(upload, UploadFile),
+            )
+        except WorkerError as exc:
+            return _error_response(exc.to_result())
+        audio: bytes | None = None
+        if isinstance(upload, UploadFile):
+            audio = await upload.read()
+            await upload.close()
+        elif not any(k in req.job_input for k in ("audio_url", "audio_base64", "audio")):
+            return _error_response(
+                WorkerError(Code.INVALID_INPUT, "file: a file upload (or audio_url) is required")
+                .to_result()
+            )  # fmt: skip
+        if req.stream:
+            return await _stream(state, worker, request, req, audio)
+        result = await _run_admitted(state, request, lambda cancel: run_job(
+            req.job_input, worker, job_id="http", cancel=cancel, audio=audio))  # fmt: skip
+        if isinstance(result, Response):
+            return result
+        if "error" in result:
+            return _error_response(result)
+        body, media = openai_api.response_body(req, result)
+        if isinstance(body, str):
+            return PlainTextResponse(body, media_type=media)
+        return JSONResponse(body)
+
+    for route in openai_api.ROUTES:
+        app.add_api_route(route, audio_route, methods=["POST"])
+
+    @app.post("/v1/jobs")
+    async def native(request: Request) -> Response:
+        worker = _ready_worker(state)
+        if isinstance(worker, Response):
+            return worker
+        try:
+            job = json.loads(await request.body())
+        except BodyTooLarge:
+            raise
+        except ValueError:
+            return _error_response(
+                WorkerError(Code.INVALID_INPUT, "the body is not JSON").to_result()
+            )
+        if not isinstance(job, dict) or "input" not in job:
+            return _error_response(
+                WorkerError(Code.INVALID_INPUT, 'a job is {"input": {...}}').to_result()
+            )
+        result = await _run_admitted(state, request, lambda cancel: run_openai_job(
+            job["input"], worker, job_id="http", cancel=cancel))  # fmt: skip
+        if isinstance(result, Response):
+            return result
+        if isinstance(result, dict) and "error" in result:
+            status, _ = openai_api.error_body(result)
+            return JSONResponse(result, status_code=status)
+        return JSONResponse({"output": result})
+
+    return app
+
+
+def add_health_route(app: FastAPI, state: ServerState, path: str) -> None:
+    @app.get(path)
+    async def ping() -> Response:
+        if state.worker is None:
+            return Response(status_code=204)  # loading: the load balancer waits
+        return JSONResponse({"status": "healthy"})
+
+
+def _ready_worker(state: ServerState) -> Worker | Response:
+    if state.worker is None:
+        return _error_response(
+            WorkerError(Code.NOT_READY, "the model is still loading; retry shortly").to_result()
+        )
+    return state.worker
+
+
+async def _run_admitted(
+    state: ServerState, request: Request, job: Callable[[threading.Event], Any]
+) -> Any:
+    """Run ``job(cancel)`` in a thread once a slot is free; 429 when the queue is full.
+
+    A client that disconnects meanwhile sets the job's cancel event.
+    """
+    if state.admitted >= state.capacity:
+        return _error_response(
+            WorkerError(
+                Code.QUEUE_FULL,
+                f"the server is busy ({state.capacity} requests running or waiting); retry later",
+            ).to_result()
+        )
+    assert state.slots is not None
+    state.admitted += 1
+    cancel = threading.Event()
+    try:
+        async with state.slots:
+            if await request.is_disconnected():
+                return Response(status_code=499)
+            loop = asyncio.get_running_loop()
+            future = loop.run_in_executor(state.executor, job, cancel)
+            while True:
+                done, _ = await asyncio.wait({future}, timeout=POLL_DISCONNECT_S)
+                if done:
+                    return future.result()
+                if not cancel.is_set() and await request.is_disconnected():
+                    log.info("client disconnected: cancelling its job")
+                    cancel.set()
+    finally:
+        state.admitted -= 1
+
+
+async def _stream(
+    state: ServerState,
+    worker: Worker,
+    request: Request,
+    req: openai_api.OpenAIRequest,
+    audio: bytes | None,
+) -> Response:
+    """Server-sent events in OpenAI's shape: text deltas as segments decode, then done."""
+    if state.admitted >= state.capacity:
+        return await _run_admitted(state, request, lambda _c: None)  # the 429 answer
+    loop = asyncio.get_running_loop()
+    queue: asyncio.Queue[Any] = asyncio.Queue()
+    first = [True]
+
+    def on_segment(seg: Segment) -> None:
+        text = seg["text"].strip()
+        if not text:
+            return
+        delta = text if first[0] else " " + text
+        first[0] = False
+        loop.call_soon_threadsafe(queue.put_nowait, delta)
+
+    async def run() -> None:
+        result = await _run_admitted(state, request, lambda cancel: run_job(
+            req.job_input, worker, job_id="http", cancel=cancel, on_segment=on_segment,
+            audio=audio))  # fmt: skip
+        await queue.put(("done", result))
+
+    task = asyncio.ensure_future(run())
+
+    async def events() -> AsyncIterator[str]:
+        try:
+            while True:
+                item = await queue.get()
+                if isinstance(item, tuple):
+                    result = item[1]
+                    if isinstance(result, Response):
+                        body = json.loads(bytes(result.body))
+                        yield f"data: {json.dumps(body)}\n\n"
+                    elif "error" in result:
+                        _, body = openai_api.error_body(result)
+                        yield f"data: {json.dumps(body)}\n\n"
+                    else:
+                        done = {"type": "transcript.text.done", "text": result["text"]}
+                        yield f"data: {json.dumps(done)}\n\n"
+                    return
+                delta = {"type": "transcript.text.delta", "delta": item}
+                yield f"data: {json.dumps(delta)}\n\n"
+        finally:
+            if not task.done():
+                task.cancel()
+
+    return StreamingResponse(events(), media_type="text/event-stream")
+
+
+# --- start-up ---------------------------------------------------------------------------
+
+
+def serve(argv: list[str] | None = None) -> int:
+    """Start the server at once (health answers 204), load the model, then serve."""
+    from handler.startup import (
+        STARTUP_ERRORS,
+        StartupTimes,
+        configure_logging,
+        load_models,
+        prepare,
+    )
+
+    times = StartupTimes()
+    configure_logging()
+    try:
+        plan = prepare(times)
+    except STARTUP_ERRORS as exc:
+        print(f"whisper-worker: {exc}", file=sys.stderr)
+        return 1
+    import uvicorn  # in this thread, before the loader starts (the loader imports nothing)
+
+    state = ServerState(plan.settings)
+    port = int(os.environ.get("PORT") or 80)
+    health_port = int(os.environ.get("PORT_HEALTH") or port)
+    health_path = os.environ.get("HEALTH_CHECK_PATH") or "/ping"
+    host = os.environ.get("HOST") or "0.0.0.0"
+    app = BodyLimit(create_app(state, health_path=health_path), plan.settings.max_upload_bytes)
+    servers = [uvicorn.Server(uvicorn.Config(app, host=host, port=port, log_config=None,
+                                             access_log=False, lifespan="off"))]  # fmt: skip
+    if health_port != port:
+        health = FastAPI(docs_url=None, redoc_url=None)
+        add_health_route(health, state, health_path)
+        servers.append(uvicorn.Server(uvicorn.Config(
+            health, host=host, port=health_port, log_config=None, access_log=False,
+            lifespan="off")))  # fmt: skip
+    failure: list[str] = []
+
+    def load() -> None:
+        try:
+            pool = load_models(plan, times)
+        except STARTUP_ERRORS as exc:
+            failure.append(str(exc))
+            for s in servers:
+                s.should_exit = True
+            return
+        state.worker = Worker(settings=plan.settings, pool=pool)
+        times.ready = time.perf_counter()
+        times.log()
+        log.info("serving on port %d (health %s on %d)", port, health_path, health_port)
+
+    async def main() -> None:
+        state.slots = asyncio.Semaphore(plan.settings.concurrency)
+        threading.Thread(target=load, name="model-load", daemon=True).start()
+        await asyncio.gather(*(s.serve() for s in servers))
+
+    asyncio.run(main())
+    if failure:
+        print(f"whisper-worker: {failure[0]}", file=sys.stderr)
+        return 1
+    return 0

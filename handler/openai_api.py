@@ -1,0 +1,262 @@
+"""OpenAI's audio API in terms of our job: request fields -> job input, output -> response.
+
+Pure functions, shared by the HTTP server (``handler.http_server``: multipart form fields)
+and the queue worker (RunPod's OpenAI passthrough job, ``{"openai_route": ...,
+"openai_input": {...}}``), so both faces validate, limit and answer alike.
+
+What differs from OpenAI's API, and why:
+
+- ``model``: OpenAI's names (``whisper-1``, ``gpt-4o-transcribe``, ...) mean this worker's
+  default model; any other name must be one the worker loaded.
+- ``response_format=json`` answers ``{"text"}`` as OpenAI does, plus nothing else;
+  ``verbose_json`` adds our segment fields (tokens, avg_logprob, ...) as whisper-1 does.
+- Fields OpenAI does not have (``vad_filter``, ``beam_size``, ``hotwords``, ``audio_url``,
+  ...: what the OpenAI SDK sends through ``extra_body``) are our job options, validated by
+  the same schema as a queue job.
+- ``chunking_strategy``, ``include[]`` and ``known_speaker_*`` (gpt-4o and diarization
+  models) are refused with INVALID_INPUT rather than silently ignored.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterable, Mapping
+from typing import Any
+
+from handler.errors import Code, WorkerError
+
+ROUTES = {"/v1/audio/transcriptions": "transcribe", "/v1/audio/translations": "translate"}
+RESPONSE_FORMATS = ("json", "text", "srt", "vtt", "verbose_json")
+OPENAI_MODEL_NAMES = frozenset(
+    {"whisper-1", "gpt-4o-transcribe", "gpt-4o-mini-transcribe", "gpt-4o-transcribe-diarize"}
+)
+# OpenAI's own request fields; every other field is one of our job options.
+OPENAI_FIELDS = frozenset(
+    {
+        "file",
+        "model",
+        "language",
+        "prompt",
+        "response_format",
+        "temperature",
+        "timestamp_granularities",
+        "stream",
+    }
+)
+REFUSED_FIELDS = frozenset(
+    {"chunking_strategy", "include", "known_speaker_names", "known_speaker_references"}
+)
+GRANULARITIES = ("segment", "word")
+MAX_FIELDS = 200
+"""Form fields in one request: far more than every option, far less than a flood."""
+
+
+def _bad(message: str) -> WorkerError:
+    return WorkerError(Code.INVALID_INPUT, message)
+
+
+def fold_form(items: Iterable[tuple[str, str]]) -> dict[str, Any]:
+    """Multipart fields as one dict: ``a[]`` repeated -> list, ``a[b]`` -> nested dict.
+
+    That is how the OpenAI SDK (and ``curl -F``) send lists and objects in a form. A value
+    that is a JSON list or object is decoded too, so ``-F 'temperature=[0,0.2]'`` works.
+    """
+    out: dict[str, Any] = {}
+    for n, (key, value) in enumerate(items):
+        if n >= MAX_FIELDS:
+            raise _bad(f"too many form fields (more than {MAX_FIELDS})")
+        if key.endswith("[]"):
+            out.setdefault(key[:-2], [])
+            if not isinstance(out[key[:-2]], list):
+                raise _bad(f"field {key[:-2]!r} given both as a list and a value")
+            out[key[:-2]].append(value)
+        elif "[" in key and key.endswith("]"):
+            name, _, sub = key[:-1].partition("[")
+            target = out.setdefault(name, {})
+            if not isinstance(target, dict):
+                raise _bad(f"field {name!r} given both as an object and a value")
+            target[sub] = value
+        else:
+            if key in out:
+                raise _bad(f"field {key!r} given twice")
+            text = value.strip()
+            if text[:1] in "[{":
+                try:
+                    out[key] = json.loads(text)
+                    continue
+                except ValueError:
+                    pass
+            out[key] = value
+    return out
+
+
+def _bool(name: str, value: Any) -> bool:
+    if isinstance(value, bool):
+        return value
+    text = str(value).strip().lower()
+    if text in ("true", "1", "yes"):
+        return True
+    if text in ("false", "0", "no", ""):
+        return False
+    raise _bad(f"{name}: must be true or false")
+
+
+def resolve_model(name: Any, loaded: list[str]) -> str | None:
+    """Our model for OpenAI's ``model`` field: None (the default) for OpenAI's names."""
+    if name is None or name == "":
+        return None
+    if not isinstance(name, str):
+        raise _bad("model: must be a string")
+    if name in OPENAI_MODEL_NAMES:
+        return None
+    if name not in loaded:
+        raise _bad(
+            f"model '{name}' is not loaded here; use whisper-1 or one of: {', '.join(loaded)}"
+        )
+    return name
+
+
+class OpenAIRequest:
+    """One transcription or translation request, turned into a job input."""
+
+    def __init__(self, task: str, job_input: dict[str, Any], response_format: str,
+                 stream: bool, granularities: tuple[str, ...]) -> None:  # fmt: skip
+        self.task = task
+        self.job_input = job_input
+        self.response_format = response_format
+        self.stream = stream
+        self.granularities = granularities
+
+
+def build_request(
+    route: str, fields: Mapping[str, Any], *, loaded_models: list[str], has_file: bool
+) -> OpenAIRequest:
+    """Validate OpenAI's fields and map them (and our extras) onto a job input.
+
+    The audio itself is not in the result: the caller adds the upload, or ``file`` as
+    base64 / a URL for a passthrough job. Raises WorkerError(INVALID_INPUT).
+    """
+    task = ROUTES.get(route)
+    if task is None:
+        raise _bad(f"unknown route {route!r}; use one of {', '.join(ROUTES)}")
+    refused = sorted(REFUSED_FIELDS & fields.keys())
+    if refused:
+        raise _bad(f"not supported by Whisper models: {', '.join(refused)}")
+    fmt = fields.get("response_format") or "json"
+    if fmt not in RESPONSE_FORMATS:
+        raise _bad(f"response_format must be one of {', '.join(RESPONSE_FORMATS)}")
+    raw_gran = fields.get("timestamp_granularities") or []
+    if isinstance(raw_gran, str):
+        raw_gran = [raw_gran]
+    if not isinstance(raw_gran, list) or any(g not in GRANULARITIES for g in raw_gran):
+        raise _bad("timestamp_granularities[] takes segment and/or word")
+    if raw_gran and fmt != "verbose_json":
+        raise _bad("timestamp_granularities needs response_format=verbose_json")
+    granularities = tuple(dict.fromkeys(raw_gran)) or ("segment",)
+    stream = _bool("stream", fields.get("stream", False))
+
+    job: dict[str, Any] = {
+        k: v for k, v in fields.items() if k not in OPENAI_FIELDS and v is not None
+    }
+    if has_file and ("audio_url" in job or "audio_base64" in job or "audio" in job):
+        raise _bad("give either file or audio_url, not both")
+    if task == "translate":
+        if job.get("task", "translate") != "translate":
+            raise _bad("the translations route only translates")
+        job["task"] = "translate"
+    model = resolve_model(fields.get("model"), loaded_models)
+    if model is not None:
+        job["model"] = model
+    if fields.get("language"):
+        job["language"] = fields["language"]
+    if fields.get("prompt"):
+        job["initial_prompt"] = fields["prompt"]
+    if fields.get("temperature") not in (None, ""):
+        job["temperature"] = fields["temperature"]
+    want_words = fmt == "verbose_json" and "word" in granularities
+    if want_words:
+        job["word_timestamps"] = True
+    outputs = {"json": ["text"], "text": ["text"], "srt": ["srt"], "vtt": ["vtt"]}
+    job.setdefault("output", outputs.get(fmt, ["verbose_json", *(["words"] if want_words else [])]))
+    return OpenAIRequest(task, job, fmt, stream, granularities)
+
+
+def response_body(req: OpenAIRequest, output: Mapping[str, Any]) -> tuple[Any, str]:
+    """(body, media type) of OpenAI's response for a finished job's output."""
+    fmt = req.response_format
+    if fmt == "json":
+        return {"text": output["text"]}, "application/json"
+    if fmt == "text":
+        return output["text"] + "\n", "text/plain; charset=utf-8"
+    if fmt == "srt":
+        return output["srt"], "application/x-subrip; charset=utf-8"
+    if fmt == "vtt":
+        return output["vtt"], "text/vtt; charset=utf-8"
+    body = dict(output["verbose_json"])
+    if "segment" not in req.granularities:
+        body.pop("segments", None)
+    return body, "application/json"
+
+
+# --- errors -------------------------------------------------------------------------
+
+HTTP_STATUS: dict[Code, int] = {
+    Code.INVALID_INPUT: 400,
+    Code.INVALID_BASE64: 400,
+    Code.URL_NOT_ALLOWED: 400,
+    Code.UNSUPPORTED_FOR_MODEL: 400,
+    Code.SOURCE_HTTP_4XX: 400,
+    Code.INPUT_TOO_LARGE: 413,
+    Code.SOURCE_TOO_LARGE: 413,
+    Code.AUDIO_TOO_LONG: 413,
+    Code.RESULT_TOO_LARGE: 413,
+    Code.UNSUPPORTED_OR_CORRUPT_MEDIA: 415,
+    Code.NO_AUDIO_STREAM: 415,
+    Code.CORRUPT_MEDIA: 422,
+    Code.EMPTY_AUDIO: 422,
+    Code.DECODE_TIMEOUT: 422,
+    Code.SOURCE_HTTP_5XX: 502,
+    Code.SOURCE_UNREACHABLE: 502,
+    Code.SOURCE_TRUNCATED: 502,
+    Code.SOURCE_TIMEOUT: 504,
+    Code.QUEUE_FULL: 429,
+    Code.NOT_READY: 503,
+    Code.GPU_OOM: 503,
+    Code.CANCELLED: 499,
+    Code.INTERNAL: 500,
+}
+_TYPES = {400: "invalid_request_error", 413: "invalid_request_error",
+          415: "invalid_request_error", 422: "invalid_request_error"}  # fmt: skip
+
+
+def error_body(error: Mapping[str, Any]) -> tuple[int, dict[str, Any]]:
+    """(HTTP status, OpenAI's error body) for a job's error result."""
+    code = Code(error["error_code"])
+    status = HTTP_STATUS[code]
+    kind = _TYPES.get(status, "rate_limit_error" if status == 429 else "server_error")
+    return status, {
+        "error": {
+            "message": error["error"],
+            "type": kind,
+            "param": None,
+            "code": code.value,
+            "retryable": bool(error.get("retryable")),
+        }
+    }
+
+
+def stream_events(text_deltas: Iterable[str], final_text: str) -> Iterable[dict[str, Any]]:
+    """OpenAI's streamed transcription events: deltas, then one done event."""
+    for delta in text_deltas:
+        yield {"type": "transcript.text.delta", "delta": delta}
+    yield {"type": "transcript.text.done", "text": final_text}
+
+
+__all__ = [
+    "OpenAIRequest",
+    "build_request",
+    "error_body",
+    "fold_form",
+    "response_body",
+    "stream_events",
+]

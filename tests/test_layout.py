@@ -1,0 +1,168 @@
+"""The layout's rules, checked on the source tree (pure tier: no model, no emulator).
+
+Four products live side by side, each a package of its own:
+
+- ``handler/``: the worker, the only thing the image ships;
+- ``whisper_client/``: the client for callers of a deployed endpoint;
+- ``runpod_emulator/``: a local RunPod (queue, workers, billing) for tests and the bench;
+- ``bench/``: measurements, the one place that imports all three.
+
+The worker imports none of the others. The client and the emulator import nothing of the
+worker but its documented public modules (``handler.contract``, ``handler.schema``).
+Inside the worker, only the model modules import faster-whisper and only the entry
+modules import the runpod SDK.
+"""
+
+from __future__ import annotations
+
+import ast
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+PRODUCTS = ("handler", "whisper_client", "runpod_emulator", "bench")
+PUBLIC_WORKER_MODULES = {"handler.contract", "handler.schema"}
+# Where the worker may import these (startup only pre-imports faster_whisper: see prepare).
+FASTER_WHISPER_OK = {"handler/models.py", "handler/transcribe.py", "handler/startup.py"}
+RUNPOD_OK = {"handler/__main__.py", "handler/worker.py"}
+
+
+def imports_of(path: Path) -> set[str]:
+    """Every module a file imports, at any depth (function-level imports too)."""
+    tree = ast.parse(path.read_text(), filename=str(path))
+    package = ".".join(path.relative_to(ROOT).with_suffix("").parts[:-1])
+    found: set[str] = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            found.update(alias.name for alias in node.names)
+        elif isinstance(node, ast.ImportFrom):
+            if node.level:  # relative: resolve against this file's package
+                base = package.split(".")[: len(package.split(".")) - node.level + 1]
+                mod = ".".join(base + ([node.module] if node.module else []))
+            else:
+                mod = node.module or ""
+            found.add(mod)
+            found.update(f"{mod}.{alias.name}" for alias in node.names)
+        elif isinstance(node, ast.Call) and getattr(node.func, "attr", "") == "import_module":
+            found.update(a.value for a in node.args if isinstance(a, ast.Constant))
+    return found
+
+
+def files_of(package: str) -> list[Path]:
+    return sorted((ROOT / package).rglob("*.py"))
+
+
+def top(module: str) -> str:
+    return module.split(".")[0]
+
+
+def test_imports_of_resolves_relative_and_function_level_imports() -> None:
+    # A negative control for the checker itself: it must see what the rules forbid.
+    pkg = ROOT / "runpod_emulator" / "core.py"
+    assert "runpod_emulator.config" in imports_of(pkg)
+    assert "handler.job" in imports_of(ROOT / "handler" / "cli.py")
+
+
+def test_the_worker_imports_no_other_product() -> None:
+    bad = {
+        f"{p.relative_to(ROOT)}: {m}"
+        for p in files_of("handler")
+        for m in imports_of(p)
+        if top(m) in {"whisper_client", "runpod_emulator", "bench", "tests", "builder"}
+    }
+    assert not bad, sorted(bad)
+
+
+@pytest.mark.parametrize("package", ["whisper_client", "runpod_emulator"])
+def test_client_and_emulator_use_only_the_public_worker_modules(package: str) -> None:
+    others = {"whisper_client", "runpod_emulator", "bench", "tests"} - {package}
+    bad = set()
+    for p in files_of(package):
+        for m in imports_of(p):
+            if top(m) in others:
+                bad.add(f"{p.relative_to(ROOT)}: {m}")
+            if top(m) == "handler" and not any(
+                m == pub or m.startswith(pub + ".") for pub in PUBLIC_WORKER_MODULES
+            ):
+                bad.add(f"{p.relative_to(ROOT)}: {m}")
+    assert not bad, sorted(bad)
+
+
+def test_public_worker_modules_import_nothing_heavy() -> None:
+    heavy = {"faster_whisper", "ctranslate2", "av", "numpy", "runpod", "boto3", "requests"}
+    for module in PUBLIC_WORKER_MODULES:
+        path = ROOT / (module.replace(".", "/") + ".py")
+        bad = {m for m in imports_of(path) if top(m) in heavy}
+        bad |= {m for m in imports_of(path) if top(m) == "handler" and m.count(".") and
+                not any(m.startswith(pub) for pub in PUBLIC_WORKER_MODULES | {"handler.errors"})}
+        assert not bad, (module, bad)
+
+
+def test_only_the_model_modules_import_faster_whisper_and_only_the_entry_imports_runpod():
+    for p in files_of("handler"):
+        rel = str(p.relative_to(ROOT))
+        mods = {top(m) for m in imports_of(p)}
+        if "faster_whisper" in mods or "ctranslate2" in mods:
+            assert rel in FASTER_WHISPER_OK | {"handler/models.py"}, rel
+        if "runpod" in mods:
+            assert rel in RUNPOD_OK, rel
+
+
+BLOCKER = r"""
+import importlib.abc, json, sys
+BLOCKED = set(json.loads(sys.argv[1]))
+class Block(importlib.abc.MetaPathFinder):
+    def find_spec(self, name, path=None, target=None):
+        if name.split(".")[0] in BLOCKED:
+            raise ImportError(f"{name} is not in the worker image")
+sys.meta_path.insert(0, Block())
+sys.argv = ["whisper-worker", *sys.argv[2:]]
+from handler.cli import main
+sys.exit(main())
+"""
+
+
+def _in_image(*argv: str, stdin: str | None = None) -> subprocess.CompletedProcess:
+    """Run ``whisper-worker ARGV`` with what the image lacks made unimportable: the other
+    products and every package of the dev/bench extras (the image installs only the
+    project's own dependencies; its model is baked, here it is the PyPI tiny.en)."""
+    blocked = [
+        "whisper_client", "runpod_emulator", "bench", "tests", "builder",
+        "pytest", "moto", "srt", "webvtt", "matplotlib", "openai", "hypothesis", "jiwer",
+    ]  # fmt: skip
+    return subprocess.run(
+        [sys.executable, "-c", BLOCKER, json.dumps(blocked), *argv],
+        cwd=ROOT / "tests",  # not the repo root: its folders must not shadow the block
+        input=stdin,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env={"PYTHONPATH": str(ROOT), "PATH": "/usr/bin:/bin", "WHISPER_WARMUP": "false"},
+    )
+
+
+def subcommands() -> list[str]:
+    from handler.cli import build_parser
+
+    parser = build_parser()
+    action = next(a for a in parser._actions if a.dest == "command")
+    return sorted(action.choices)
+
+
+@pytest.mark.parametrize("command", subcommands())
+def test_every_cli_subcommand_helps_inside_the_image_package_set(command: str) -> None:
+    proc = _in_image(command, "--help")
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert "usage: whisper-worker" in proc.stdout
+
+
+@pytest.mark.model
+def test_cli_job_runs_a_real_job_inside_the_image_package_set() -> None:
+    job = json.loads((ROOT / "test_input.json").read_text())
+    proc = _in_image("job", "-", stdin=json.dumps(job))
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert "ask not what your country" in json.loads(proc.stdout)["text"]
