@@ -19,7 +19,13 @@ from handler.job import Worker
 from handler.startup import STARTUP_ERRORS, StartupTimes, configure_logging, load_models, prepare
 
 
-def main() -> int:
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    if argv[:1] == ["serve"] or os.environ.get("WHISPER_MODE", "").strip().lower() == "http":
+        from handler.http_server import serve
+
+        return serve()
+    # Other arguments are the runpod SDK's own (--test_input, --rp_serve_api, ...).
     times = StartupTimes()
     configure_logging()
     # The SDK logs whole results (transcripts) at DEBUG, its default.

@@ -93,6 +93,16 @@ def cmd_job(args: argparse.Namespace) -> int:
     return 1 if "error" in result else 0
 
 
+def cmd_serve(args: argparse.Namespace) -> int:
+    import os
+
+    from handler.http_server import serve
+
+    if args.port is not None:
+        os.environ["PORT"] = str(args.port)
+    return serve()
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="whisper-worker", description=__doc__.split("\n")[0])
     parser.add_argument("-v", "--verbose", action="store_true", help="log at DEBUG")
@@ -110,6 +120,15 @@ def build_parser() -> argparse.ArgumentParser:
     t.add_argument("--word-timestamps", action="store_true")
     t.add_argument("--no-vad", action="store_true")
     t.set_defaults(func=cmd_transcribe)
+
+    s = sub.add_parser(
+        "serve",
+        help="serve OpenAI's /v1/audio/transcriptions over HTTP (see the README's HTTP mode)",
+        description="Serve the OpenAI-compatible HTTP API on $PORT (default 80), health on "
+        "$PORT_HEALTH at $HEALTH_CHECK_PATH (default /ping): 204 while loading, 200 ready.",
+    )
+    s.add_argument("--port", type=int, help="listen on this port (default: $PORT, else 80)")
+    s.set_defaults(func=cmd_serve)
 
     j = sub.add_parser("job", help="run a job JSON ({'input': {...}}) from a file or '-'")
     j.add_argument("file")

@@ -382,8 +382,13 @@ def serve(argv: list[str] | None = None) -> int:
 
     async def main() -> None:
         state.slots = asyncio.Semaphore(plan.settings.concurrency)
+        tasks = [asyncio.ensure_future(s.serve()) for s in servers]
+        # Load once the health route answers (204 meanwhile), so a load balancer sees the
+        # worker as starting rather than unreachable.
+        while not all(s.started for s in servers) and not any(t.done() for t in tasks):
+            await asyncio.sleep(0.01)
         threading.Thread(target=load, name="model-load", daemon=True).start()
-        await asyncio.gather(*(s.serve() for s in servers))
+        await asyncio.gather(*tasks)
 
     asyncio.run(main())
     if failure:

@@ -111,6 +111,11 @@ def _resolve_default(settings: Settings, device: str) -> ModelSpec:
 def _resolve_name(name: str, settings: Settings) -> ModelSpec:
     if os.path.isdir(name):
         return ModelSpec(name=Path(name).name, source=name, tried=f"local folder {name}")
+    # A model RunPod placed on the host for this endpoint comes first: its download is
+    # not billed and it is the one the deployer chose in the endpoint's settings.
+    cached = runpod_cached_model(name, settings.runpod_cache_dir)
+    if cached is not None:
+        return ModelSpec(name=name, source=str(cached), tried=f"RunPod model cache {cached}")
     if name == "tiny.en" and not settings.download_root:
         path = packaged_model_path()
         if path:
@@ -124,6 +129,41 @@ def _resolve_name(name: str, settings: Settings) -> ModelSpec:
         f"unknown model '{name}': use a local folder, a Hugging Face repo id or one of "
         + ", ".join(available_models())
     )
+
+
+def hub_repo_id(name: str) -> str | None:
+    """The Hugging Face repo a model name loads from: a repo id itself, or faster-whisper's
+    repo for a size name (tiny.en -> Systran/faster-whisper-tiny.en)."""
+    if "/" in name:
+        return name
+    from faster_whisper import utils
+
+    # faster-whisper keeps this table private; tests/test_http.py pins that it still exists.
+    return getattr(utils, "_MODELS", {}).get(name)
+
+
+def runpod_cached_model(name: str, cache_dir: str) -> Path | None:
+    """The snapshot folder of ``name`` in RunPod's model cache, when the host placed it there.
+
+    RunPod puts the models chosen for an endpoint at ``{cache_dir}/models--{org}--{name}/
+    snapshots/{revision}/`` (the Hugging Face cache layout). The revision ``refs/main``
+    names is taken when present, else the newest snapshot holding a ``model.bin``.
+    """
+    repo = hub_repo_id(name)
+    if not repo or not cache_dir:
+        return None
+    root = Path(cache_dir) / ("models--" + repo.replace("/", "--"))
+    snapshots = root / "snapshots"
+    if not snapshots.is_dir():
+        return None
+    try:
+        ref = (root / "refs" / "main").read_text().strip()
+    except OSError:
+        ref = ""
+    if ref and (snapshots / ref / "model.bin").is_file():
+        return snapshots / ref
+    found = [p for p in snapshots.iterdir() if (p / "model.bin").is_file()]
+    return max(found, key=lambda p: p.stat().st_mtime) if found else None
 
 
 def _can_translate(name: str, multilingual: bool) -> bool:

@@ -26,6 +26,7 @@ import pytest
 from builder import fetch_model
 from builder.fetch_model import FetchError, resolve
 from handler.settings import Settings, load_settings, setting_names
+from tests.conftest import DATA
 
 ROOT = Path(__file__).resolve().parent.parent
 DOCKERFILE = ROOT / "Dockerfile"
@@ -161,6 +162,36 @@ def _fake_hf_cache(root: Path, repo_id: str, files_from: Path, commit: str) -> N
         shutil.copy(f, snapshot / f.name)
     (repo / "refs").mkdir()
     (repo / "refs" / "main").write_text(commit)
+
+
+@pytest.mark.model
+@pytest.mark.parametrize("name", ["tiny.en", "Systran/faster-whisper-tiny.en"])
+def test_a_model_in_runpods_cache_loads_from_there_offline(tiny_dir, tmp_path, name):
+    from handler.job import run_job
+    from handler.startup import start_worker
+
+    cache = tmp_path / "huggingface-cache" / "hub"
+    _fake_hf_cache(cache, "Systran/faster-whisper-tiny.en", tiny_dir, "c" * 40)
+    # An older snapshot without weights beside it must not be picked.
+    (cache / "models--Systran--faster-whisper-tiny.en" / "snapshots" / "old").mkdir()
+    env = {"WHISPER_MODEL": name, "WHISPER_RUNPOD_CACHE_DIR": str(cache),
+           "WHISPER_DEVICE": "cpu", "WHISPER_WARMUP": "false"}  # fmt: skip
+    worker = start_worker(load_settings(env))
+    spec = worker.pool.get(None).spec
+    assert spec.name == name and spec.source.endswith("c" * 40), spec
+    assert "RunPod model cache" in spec.tried
+    out = run_job({"audio_base64": base64.b64encode((DATA / "jfk.wav").read_bytes()).decode()},
+                  worker)  # fmt: skip
+    assert "country" in out["text"]
+
+
+def test_runpod_cache_lookup_needs_weights_and_follows_refs_main(tiny_dir, tmp_path):
+    from handler.models import runpod_cached_model
+
+    assert runpod_cached_model("tiny.en", str(tmp_path)) is None
+    _fake_hf_cache(tmp_path, "Systran/faster-whisper-tiny.en", tiny_dir, "a" * 40)
+    assert runpod_cached_model("tiny.en", str(tmp_path)).name == "a" * 40
+    assert runpod_cached_model("no-such-size", str(tmp_path)) is None
 
 
 def test_names_are_baked_into_an_hf_cache_the_worker_loads_offline(tiny_dir, tmp_path):

@@ -97,8 +97,13 @@ def test_public_worker_modules_import_nothing_heavy() -> None:
     for module in PUBLIC_WORKER_MODULES:
         path = ROOT / (module.replace(".", "/") + ".py")
         bad = {m for m in imports_of(path) if top(m) in heavy}
-        bad |= {m for m in imports_of(path) if top(m) == "handler" and m.count(".") and
-                not any(m.startswith(pub) for pub in PUBLIC_WORKER_MODULES | {"handler.errors"})}
+        bad |= {
+            m
+            for m in imports_of(path)
+            if top(m) == "handler"
+            and m.count(".")
+            and not any(m.startswith(pub) for pub in PUBLIC_WORKER_MODULES | {"handler.errors"})
+        }
         assert not bad, (module, bad)
 
 

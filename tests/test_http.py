@@ -1,0 +1,337 @@
+"""HTTP mode end to end: the real ``python -m handler serve`` on 127.0.0.1, driven by the real
+``openai`` SDK (and plain HTTP where the SDK hides what is checked: status codes, headers,
+disconnects). The model is the real tiny.en; slow sources are a real local HTTP server.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import openai
+import pytest
+import requests
+import srt
+import webvtt
+from openai.types.audio import Transcription, TranscriptionVerbose
+
+from handler import openai_api
+from handler.errors import Code, WorkerError
+from tests import media
+from tests.conftest import DATA, JFK_TEXT, b64, wait_for, wer
+from tests.httpserver import LocalServer
+
+pytestmark = pytest.mark.e2e
+ROOT = Path(__file__).resolve().parent.parent
+JFK = DATA / "jfk.wav"
+UPLOAD_CAP = 1_000_000
+START_S = 120  # a start-up on a busy machine
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+class Server:
+    def __init__(self, env: dict[str, str]) -> None:
+        self.port = free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.log = open(Path(os.environ.get("TMPDIR", "/tmp")) / f"serve-{self.port}.log", "w+")
+        full = {
+            **os.environ,
+            "PORT": str(self.port),
+            "HOST": "127.0.0.1",
+            "WHISPER_DEVICE": "cpu",
+            "WHISPER_ALLOW_PRIVATE_URLS": "true",
+            **env,
+        }
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "handler", "serve"], cwd=ROOT, env=full,
+            stdout=self.log, stderr=subprocess.STDOUT,
+        )  # fmt: skip
+        self.health: list[int] = []
+        deadline = time.time() + START_S
+        while time.time() < deadline and self.proc.poll() is None:
+            try:
+                code = requests.get(self.url + "/ping", timeout=5).status_code
+            except requests.ConnectionError:
+                code = 0
+            if not self.health or self.health[-1] != code:
+                self.health.append(code)
+            if code == 200:
+                return
+            time.sleep(0.01)
+        raise AssertionError(f"server did not get ready: {self.health} {self.logs()[-2000:]}")
+
+    def logs(self) -> str:
+        self.log.flush()
+        return Path(self.log.name).read_text()
+
+    def client(self, **kw: object) -> openai.OpenAI:
+        return openai.OpenAI(base_url=self.url + "/v1", api_key="unused", max_retries=0, **kw)
+
+    def stop(self) -> None:
+        self.proc.terminate()
+        try:
+            self.proc.wait(30)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+        self.log.close()
+
+
+@pytest.fixture(scope="module")
+def server() -> Iterator[Server]:
+    srv = Server(
+        {
+            "WHISPER_MAX_CONCURRENCY": "2",
+            "WHISPER_HTTP_MAX_QUEUE": "1",
+            "WHISPER_MAX_UPLOAD_BYTES": str(UPLOAD_CAP),
+            "WHISPER_WARMUP": "true",
+        }
+    )
+    yield srv
+    srv.stop()
+
+
+@pytest.fixture
+def slow_source() -> Iterator[tuple[LocalServer, dict[str, int]]]:
+    """A source that sends a WAV header, then drips a byte every 0.2 s until stopped."""
+    state = {"open": 0, "closed": 0}
+    with LocalServer() as src:
+
+        def drip(h) -> None:  # type: ignore[no-untyped-def]
+            state["open"] += 1
+            h.send_response(200)
+            h.send_header("Content-Length", "10000000")
+            h.end_headers()
+            try:
+                while not src.stop_event.wait(0.2):
+                    h.wfile.write(b"\0")
+                    h.wfile.flush()
+            except OSError:
+                pass
+            finally:
+                state["closed"] += 1
+
+        src.route("/slow.wav", drip)
+        yield src, state
+
+
+def test_health_answers_204_while_loading_then_200(server: Server) -> None:
+    seen = [c for c in server.health if c]
+    assert seen[0] == 204 and seen[-1] == 200, server.health
+    assert "startup {" in server.logs()
+
+
+def test_json_text_srt_vtt_through_the_openai_sdk(server: Server) -> None:
+    client = server.client()
+    with open(JFK, "rb") as f:
+        res = client.audio.transcriptions.create(model="whisper-1", file=f)
+    assert isinstance(res, Transcription)
+    assert wer(res.text, JFK_TEXT) < 0.15
+    with open(JFK, "rb") as f:
+        text = client.audio.transcriptions.create(model="tiny.en", file=f, response_format="text")
+    assert isinstance(text, str) and wer(text, JFK_TEXT) < 0.15
+    with open(JFK, "rb") as f:
+        subs = client.audio.transcriptions.create(model="whisper-1", file=f, response_format="srt")
+    cues = list(srt.parse(subs))
+    assert cues and cues[-1].end.total_seconds() <= 11.1
+    with open(JFK, "rb") as f:
+        vtt = client.audio.transcriptions.create(model="whisper-1", file=f, response_format="vtt")
+    assert vtt.startswith("WEBVTT")
+    import io
+
+    assert list(webvtt.from_buffer(io.StringIO(vtt)))
+
+
+def test_verbose_json_with_words_and_segments_matches_the_sdk_types(server: Server) -> None:
+    client = server.client()
+    with open(JFK, "rb") as f:
+        res = client.audio.transcriptions.create(
+            model="whisper-1", file=f, response_format="verbose_json",
+            timestamp_granularities=["word", "segment"],
+        )  # fmt: skip
+    assert isinstance(res, TranscriptionVerbose)
+    again = TranscriptionVerbose.model_validate(res.model_dump())
+    assert again.language == "english" and again.duration == pytest.approx(11.0, abs=0.1)
+    assert res.words and res.segments
+    assert [w.word for w in res.words][:3] == ["And", "so,", "my"]
+    assert all(a.start <= b.start for a, b in zip(res.words, res.words[1:], strict=False))
+    with open(JFK, "rb") as f:
+        words_only = client.audio.transcriptions.create(
+            model="whisper-1", file=f, response_format="verbose_json",
+            timestamp_granularities=["word"],
+        )  # fmt: skip
+    assert words_only.words and not words_only.segments
+
+
+def test_extra_body_options_reach_the_job_schema(server: Server) -> None:
+    client = server.client()
+    with open(JFK, "rb") as f:
+        res = client.audio.transcriptions.create(
+            model="whisper-1", file=f, response_format="verbose_json",
+            extra_body={"vad_filter": False, "beam_size": 2, "hotwords": "Americans",
+                        "vad_parameters": {"threshold": 0.4}},
+        )  # fmt: skip
+    assert wer(res.text, JFK_TEXT) < 0.15
+    with open(JFK, "rb") as f, pytest.raises(openai.BadRequestError) as info:
+        client.audio.transcriptions.create(model="whisper-1", file=f, extra_body={"beam_size": 99})
+    assert info.value.status_code == 400
+    assert info.value.body["code"] == "INVALID_INPUT" and "beam_size" in info.value.message
+
+
+def test_translate_is_refused_on_an_english_only_model(server: Server) -> None:
+    with open(JFK, "rb") as f, pytest.raises(openai.BadRequestError) as info:
+        server.client().audio.translations.create(model="whisper-1", file=f)
+    assert info.value.body["code"] == Code.UNSUPPORTED_FOR_MODEL.value
+
+
+def test_streaming_events_in_openai_shape(server: Server) -> None:
+    with open(JFK, "rb") as f:
+        stream = server.client().audio.transcriptions.create(model="whisper-1", file=f, stream=True)
+        events = list(stream)
+    kinds = [e.type for e in events]
+    assert kinds[-1] == "transcript.text.done" and kinds.count("transcript.text.delta") >= 2
+    deltas = "".join(e.delta for e in events if e.type == "transcript.text.delta")
+    assert deltas == events[-1].text and wer(deltas, JFK_TEXT) < 0.15
+
+
+def test_models_list(server: Server) -> None:
+    ids = [m.id for m in server.client().models.list()]
+    assert ids == ["whisper-1", "tiny.en"]
+
+
+def test_errors_map_to_openai_bodies_and_statuses(server: Server, tmp_path: Path) -> None:
+    client = server.client()
+    png = media.write_bytes(tmp_path / "a.png", media.png_bytes())
+    with open(png, "rb") as f, pytest.raises(openai.APIStatusError) as info:
+        client.audio.transcriptions.create(model="whisper-1", file=f)
+    assert info.value.status_code == 415
+    assert info.value.body["code"] == "UNSUPPORTED_OR_CORRUPT_MEDIA"
+    big = tmp_path / "big.wav"
+    big.write_bytes(b"\0" * (UPLOAD_CAP + 1))
+    with open(big, "rb") as f, pytest.raises(openai.APIStatusError) as info:
+        client.audio.transcriptions.create(model="whisper-1", file=f)
+    assert info.value.status_code == 413 and info.value.body["code"] == "INPUT_TOO_LARGE"
+    # Chunked upload (no Content-Length): counted, refused the same way.
+    head = b'--zz\r\nContent-Disposition: form-data; name="file"; filename="a.wav"\r\n\r\n'
+    chunks = [head, *(b"x" * 65536 for _ in range(UPLOAD_CAP // 65536 + 2))]
+    resp = requests.post(
+        server.url + "/v1/audio/transcriptions",
+        data=iter(chunks),
+        headers={"Content-Type": "multipart/form-data; boundary=zz"}, timeout=60,
+    )  # fmt: skip
+    assert resp.status_code == 413, resp.text
+    with pytest.raises(openai.BadRequestError) as info:
+        client.audio.transcriptions.create(model="no-such-model", file=JFK.open("rb"))
+    assert "whisper-1" in info.value.message
+    resp = requests.post(server.url + "/v1/audio/transcriptions", data={"model": "whisper-1"})
+    assert resp.status_code == 400 and resp.json()["error"]["code"] == "INVALID_INPUT"
+    assert "Traceback" not in resp.text and "Traceback" not in server.logs()
+
+
+def test_native_route_takes_a_queue_job(server: Server) -> None:
+    job = {"input": {"audio_base64": b64(JFK), "output": ["text", "srt", "segments"]}}
+    resp = requests.post(server.url + "/v1/jobs", json=job, timeout=120)
+    assert resp.status_code == 200, resp.text
+    out = resp.json()["output"]
+    assert wer(out["text"], JFK_TEXT) < 0.15 and out["timings"]["transcribe"] > 0
+    bad = requests.post(server.url + "/v1/jobs", json={"input": {"audio_url": "ftp://x/a"}})
+    assert bad.status_code == 400 and bad.json()["error_code"] == "URL_NOT_ALLOWED"
+
+
+def test_burst_beyond_the_queue_gets_429_and_a_disconnect_frees_its_slot(
+    server: Server, slow_source: tuple[LocalServer, dict[str, int]]
+) -> None:
+    src, state = slow_source
+    url = src.url("/slow.wav")
+    # Two running (max_concurrency 2) and one waiting (queue 1), each on a dripping source.
+    sessions = [requests.Session() for _ in range(3)]
+    errors: list[BaseException] = []
+
+    def hold(s: requests.Session) -> None:
+        try:
+            s.post(server.url + "/v1/audio/transcriptions",
+                   data={"model": "whisper-1", "audio_url": url}, timeout=4)  # fmt: skip
+        except requests.RequestException as exc:  # the read timeout closes the connection
+            errors.append(exc)
+
+    threads = [threading.Thread(target=hold, args=(s,)) for s in sessions]
+    for t in threads:
+        t.start()
+    wait_for(lambda: state["open"] >= 2, 30, "two jobs fetching from the slow source")
+    time.sleep(0.5)  # the third is admitted and waits for a slot
+    with open(JFK, "rb") as f, pytest.raises(openai.RateLimitError) as info:
+        server.client().audio.transcriptions.create(model="whisper-1", file=f)
+    assert info.value.response.headers["Retry-After"].isdigit()
+    assert info.value.body["code"] == "QUEUE_FULL"
+    for t in threads:
+        t.join(60)
+    assert len(errors) == 3  # each client gave up and closed its connection
+    # Their jobs were cancelled: the sources see their downloads dropped, the slots free up.
+    wait_for(lambda: state["closed"] >= state["open"], 30, "the abandoned downloads to stop")
+    with open(JFK, "rb") as f:
+        res = server.client().audio.transcriptions.create(model="whisper-1", file=f)
+    assert wer(res.text, JFK_TEXT) < 0.15
+    assert "client disconnected" in server.logs()
+
+
+# --- the pure mapping and the queue passthrough -----------------------------------------
+
+
+def test_fold_form_reads_lists_objects_and_json() -> None:
+    got = openai_api.fold_form(
+        [("timestamp_granularities[]", "word"), ("timestamp_granularities[]", "segment"),
+         ("vad_parameters[threshold]", "0.3"), ("temperature", "[0, 0.2]"), ("prompt", "[hi")]
+    )  # fmt: skip
+    assert got == {
+        "timestamp_granularities": ["word", "segment"],
+        "vad_parameters": {"threshold": "0.3"},
+        "temperature": [0, 0.2],
+        "prompt": "[hi",
+    }
+    with pytest.raises(WorkerError):
+        openai_api.fold_form([("a", "1"), ("a", "2")])
+    with pytest.raises(WorkerError):
+        openai_api.fold_form([(f"f{i}", "1") for i in range(openai_api.MAX_FIELDS + 1)])
+
+
+def test_build_request_refuses_what_whisper_cannot_do() -> None:
+    for fields in ({"response_format": "xml"}, {"chunking_strategy": "auto"},
+                   {"timestamp_granularities": ["word"]}, {"stream": "maybe"}):  # fmt: skip
+        with pytest.raises(WorkerError) as info:
+            openai_api.build_request("/v1/audio/transcriptions", fields, loaded_models=["tiny.en"],
+                                     has_file=True)  # fmt: skip
+        assert info.value.code is Code.INVALID_INPUT
+
+
+def test_every_error_code_has_an_http_status() -> None:
+    assert set(openai_api.HTTP_STATUS) == set(Code)
+
+
+@pytest.mark.model
+def test_queue_job_in_runpod_openai_passthrough_shape(worker) -> None:  # type: ignore[no-untyped-def]
+    from handler.job import run_openai_job
+
+    job = {
+        "openai_route": "/v1/audio/transcriptions",
+        "openai_input": {"file": b64(JFK), "model": "whisper-1", "response_format": "verbose_json"},
+    }
+    body = run_openai_job(job, worker)
+    TranscriptionVerbose.model_validate(body)
+    assert wer(body["text"], JFK_TEXT) < 0.15
+    text = run_openai_job({**job, "openai_input": {"file": b64(JFK), "response_format": "text"}},
+                          worker)  # fmt: skip
+    assert isinstance(text, str) and wer(text, JFK_TEXT) < 0.15
+    err = run_openai_job({"openai_route": "/v1/chat/completions", "openai_input": {}}, worker)
+    assert err["error_code"] == "INVALID_INPUT" and err["retryable"] is False
+    assert json.dumps(err)
