@@ -4,6 +4,7 @@
     python -m bench remote --endpoint ID [scenario options] [rates]       a deployed endpoint
     python -m bench report RUN.json [RUN.json ...] [rates]                 re-price saved runs
     python -m bench single [...]                                           the model alone
+    python -m bench http [...]                            HTTP mode against queue mode
 
 Rates are per-second prices you pay (``--flex-rate``, ``--active-rate`` or ``--rates FILE``
 with ``{"flex_per_s": .., "active_per_s": .., "currency": ..}``); none is built in.
@@ -125,6 +126,11 @@ def build_parser() -> argparse.ArgumentParser:
 
     sub.add_parser(
         "single", help="the model alone (see python -m bench single --help)", add_help=False
+    )
+    sub.add_parser(
+        "http",
+        help="HTTP mode against queue mode (see python -m bench http --help)",
+        add_help=False,
     )
     return parser
 
@@ -330,6 +336,10 @@ def _scenario_meta(args: argparse.Namespace, arrivals) -> dict[str, Any]:
 
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
+    if argv[:1] == ["http"]:
+        from bench.http_vs_queue import main as http_main
+
+        return int(http_main(argv[1:]) or 0)
     if argv[:1] == ["single"]:
         from bench.single import main as single_main
 

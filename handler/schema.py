@@ -14,7 +14,8 @@ so the library's defaults apply and are not restated here.
 
 from __future__ import annotations
 
-from typing import Any, Literal
+import math
+from typing import Annotated, Any, Literal
 
 from pydantic import (
     BaseModel,
@@ -23,11 +24,19 @@ from pydantic import (
     PrivateAttr,
     ValidationError,
     ValidationInfo,
+    field_validator,
     model_validator,
 )
 
 from handler.contract import OutputFormat
 from handler.errors import Code, WorkerError
+
+MAX_TEMPERATURES = 20
+"""Temperatures one job may fall back through (a list or the official worker's increment)."""
+MAX_CLIP_TIMESTAMPS = 200
+MAX_CLIP_SECONDS = 24 * 3600.0
+MAX_TOKEN_ID = 51865
+"""The largest token id of any Whisper vocabulary (large-v3's has 51866 entries)."""
 
 LegacyFormat = Literal["plain_text", "formatted_text", "srt", "vtt"]
 
@@ -89,7 +98,7 @@ class JobInput(BaseModel):
     task: Literal["transcribe", "translate"] | None = None
     beam_size: int | None = Field(None, ge=1, le=20)
     best_of: int | None = Field(None, ge=1, le=20)
-    patience: float | None = Field(None, gt=0, le=10)
+    patience: float | None = Field(None, ge=0.5, le=10)
     length_penalty: float | None = Field(None, ge=0, le=10)
     repetition_penalty: float | None = Field(None, gt=0, le=10)
     no_repeat_ngram_size: int | None = Field(None, ge=0, le=20)
@@ -102,7 +111,9 @@ class JobInput(BaseModel):
     initial_prompt: str | None = Field(None, max_length=2000)
     prefix: str | None = Field(None, max_length=500)
     suppress_blank: bool | None = None
-    suppress_tokens: list[int] | None = Field(None, max_length=2000)
+    suppress_tokens: list[Annotated[int, Field(ge=-1, le=MAX_TOKEN_ID)]] | None = Field(
+        None, max_length=2000
+    )
     without_timestamps: bool | None = None
     max_initial_timestamp: float | None = Field(None, ge=0, le=30)
     word_timestamps: bool | None = None
@@ -115,6 +126,7 @@ class JobInput(BaseModel):
     max_new_tokens: int | None = Field(None, ge=1, le=448)
     chunk_length: int | None = Field(None, ge=1, le=30)
     clip_timestamps: str | list[float] | None = None
+    """Seconds, start,end,start,end,...: at most MAX_CLIP_TIMESTAMPS values, in order."""
     hallucination_silence_threshold: float | None = Field(None, gt=0)
     hotwords: str | None = Field(None, max_length=1000)
     language_detection_threshold: float | None = Field(None, ge=0, le=1)
@@ -131,7 +143,8 @@ class JobInput(BaseModel):
     def _aliases(cls, data: Any) -> Any:
         if not isinstance(data, dict):
             raise ValueError("input must be a JSON object")
-        data = dict(data)
+        # null means "not set" (clients of the official worker send nulls for defaults).
+        data = {k: v for k, v in data.items() if v is not None}
         for old, new in ALIASES.items():
             if old in data:
                 if new in data:
@@ -150,6 +163,29 @@ class JobInput(BaseModel):
                 raise ValueError("suppress_tokens must be integers") from None
         return data
 
+    @field_validator("clip_timestamps", mode="after")
+    @classmethod
+    def _clips(cls, v: str | list[float] | None) -> list[float] | None:
+        if v is None:
+            return None
+        if isinstance(v, str):
+            parts = [p for p in v.split(",") if p.strip()]
+            if len(parts) > MAX_CLIP_TIMESTAMPS:
+                raise ValueError(f"at most {MAX_CLIP_TIMESTAMPS} values")
+            try:
+                v = [float(p) for p in parts]
+            except ValueError:
+                raise ValueError("must be numbers separated by commas") from None
+        if not v:
+            raise ValueError("give at least one value")
+        if len(v) > MAX_CLIP_TIMESTAMPS:
+            raise ValueError(f"at most {MAX_CLIP_TIMESTAMPS} values")
+        if any(not math.isfinite(t) or not 0 <= t <= MAX_CLIP_SECONDS for t in v):
+            raise ValueError(f"values must be seconds between 0 and {MAX_CLIP_SECONDS:g}")
+        if any(b < a for a, b in zip(v, v[1:])):
+            raise ValueError("values must be in increasing order (start,end,start,end,...)")
+        return v
+
     @model_validator(mode="after")
     def _rules(self, info: ValidationInfo) -> JobInput:
         if (info.context or {}).get("audio_given"):
@@ -166,10 +202,18 @@ class JobInput(BaseModel):
             raise ValueError("temperature must be between 0 and 1.5")
         if isinstance(self.temperature, list) and not 1 <= len(self.temperature) <= 20:
             raise ValueError("temperature list must have 1 to 20 values")
-        if self.temperature_increment_on_fallback is not None and isinstance(
-            self.temperature, list
-        ):
-            raise ValueError("temperature_increment_on_fallback needs a single temperature")
+        if self.temperature_increment_on_fallback is not None:
+            if isinstance(self.temperature, list):
+                raise ValueError("temperature_increment_on_fallback needs a single temperature")
+            n = self._temperature_count()
+            if n > MAX_TEMPERATURES:
+                raise ValueError(
+                    f"temperature_increment_on_fallback expands to {n} temperatures; at most "
+                    f"{MAX_TEMPERATURES} (use an increment of 0.05 or more)"
+                )
+        beam = self.beam_size or 5
+        if self.patience is not None and beam * self.patience < 1:
+            raise ValueError("beam_size x patience must be at least 1")
         return self
 
     @property
@@ -199,12 +243,24 @@ class JobInput(BaseModel):
         if self.vad_filter is None:
             kwargs["vad_filter"] = vad_default
         if self.temperature_increment_on_fallback is not None:
-            first = self.temperature if self.temperature is not None else 0.0
-            start = first[0] if isinstance(first, list) else first
-            step = self.temperature_increment_on_fallback
-            n = int(round((1.0 - start) / step)) if start < 1.0 else 0
-            kwargs["temperature"] = [round(start + i * step, 6) for i in range(n + 1)]
+            kwargs["temperature"] = self._expanded_temperatures()
         return kwargs
+
+    def _fallback_start_step(self) -> tuple[float, float, int]:
+        first = self.temperature if self.temperature is not None else 0.0
+        start = first[0] if isinstance(first, list) else first
+        step = self.temperature_increment_on_fallback or 1.0
+        n = int(round((1.0 - start) / step)) if start < 1.0 else 0
+        return start, step, n
+
+    def _temperature_count(self) -> int:
+        """How many temperatures the official worker's increment gives, without building them."""
+        return self._fallback_start_step()[2] + 1
+
+    def _expanded_temperatures(self) -> list[float]:
+        """The official worker's temperature, +step, ... up to 1.0 (validated count)."""
+        start, step, n = self._fallback_start_step()
+        return [round(start + i * step, 6) for i in range(n + 1)]
 
 
 # Options passed straight to WhisperModel.transcribe (tests check each is a real parameter).

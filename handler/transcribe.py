@@ -45,6 +45,7 @@ def check_request(model: LoadedModel, kwargs: dict[str, Any]) -> None:
             f"model '{model.spec.name}' cannot translate; use a multilingual model such as "
             "large-v3 or medium",
         )
+    _check_prompt_budget(model, kwargs)
     lang = kwargs.get("language")
     if lang is not None:
         if lang not in model.languages:
@@ -52,6 +53,52 @@ def check_request(model: LoadedModel, kwargs: dict[str, Any]) -> None:
                 Code.INVALID_INPUT if model.multilingual else Code.UNSUPPORTED_FOR_MODEL,
                 f"language '{lang}' is not supported by model '{model.spec.name}'",
             )
+
+
+MAX_LENGTH = 448
+"""Whisper's decoder context (tokens): prompt + prefix + generated tokens must fit."""
+MAX_PREFIX_TOKENS = 100
+
+
+def _tokens(model: LoadedModel, text: str) -> int:
+    tokenizer = getattr(model.instances[0], "hf_tokenizer", None)
+    if tokenizer is None:  # not a WhisperModel (a test double): count bytes, an upper bound
+        return len(text.encode())
+    return len(tokenizer.encode(" " + text.strip(), add_special_tokens=False).ids)
+
+
+def _check_prompt_budget(model: LoadedModel, kwargs: dict[str, Any]) -> None:
+    """Refuse a prompt, prefix or max_new_tokens the decoder context cannot hold.
+
+    The worst prompt faster-whisper builds (get_prompt): sot_prev, hotwords (without a
+    prefix) or the previous text, each cut to 223 tokens; the 3-token start sequence and
+    no-timestamps; then timestamp_begin and the prefix, cut to 223. A longer request fails
+    inside the model after the audio was fetched and decoded (INTERNAL before), and a long
+    prefix multiplies decoding time, so it is refused before any audio is fetched.
+    """
+    half = MAX_LENGTH // 2 - 1
+    prefix = kwargs.get("prefix")
+    prefix_n = _tokens(model, prefix) if prefix else 0
+    if prefix_n > MAX_PREFIX_TOKENS:
+        raise WorkerError(
+            Code.INVALID_INPUT,
+            f"invalid input: prefix: {prefix_n} tokens; at most {MAX_PREFIX_TOKENS}",
+        )
+    max_new = kwargs.get("max_new_tokens")
+    if max_new is None:
+        return
+    previous = 0
+    if kwargs.get("condition_on_previous_text", True) or kwargs.get("initial_prompt"):
+        previous = half
+    hot = kwargs.get("hotwords")
+    hot_n = min(half, _tokens(model, hot)) if hot and not prefix else 0
+    prompt = 1 + max(previous, 0) + hot_n + 3 + 1 + (1 + prefix_n if prefix else 0)
+    if prompt + max_new > MAX_LENGTH:
+        raise WorkerError(
+            Code.INVALID_INPUT,
+            f"invalid input: max_new_tokens: at most {max(0, MAX_LENGTH - prompt)} with these "
+            f"prompt options (the decoder holds {MAX_LENGTH} tokens, the prompt up to {prompt})",
+        )
 
 
 def segment_dict(seg: Any) -> Segment:

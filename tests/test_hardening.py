@@ -1,0 +1,173 @@
+"""Options that could exhaust a worker or fail deep inside the model are refused up front.
+
+Each case below was found by a probe of the worker (issue 12): it built a 100-million-entry
+temperature list, ran for minutes, or came back INTERNAL/retryable after the audio was
+fetched and decoded. Now each is INVALID_INPUT before any audio is fetched (a local
+source counts its hits), or is simply accepted (null means "not set"). A property-based
+test throws generated inputs at the real pipeline on the real model.
+"""
+
+from __future__ import annotations
+
+import base64
+import os
+import time
+from typing import Any
+
+import numpy as np
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from bench.corpus import wav_bytes
+from handler.errors import RETRYABLE, Code
+from handler.job import run_job
+from handler.schema import parse_job_input
+from tests.conftest import DATA, JFK_TEXT, b64, wer
+from tests.httpserver import LocalServer, respond
+
+JFK_B64 = b64(DATA / "jfk.wav")
+
+REFUSED = {
+    "temperature_increment_on_fallback 1e-8": {"temperature_increment_on_fallback": 1e-8},
+    "temperature_increment_on_fallback 1e-9": {"temperature_increment_on_fallback": 1e-9},
+    "clip_timestamps 100000 values": {"clip_timestamps": list(range(100_000))},
+    "clip_timestamps 10000-entry string": {"clip_timestamps": ",".join(["1"] * 10_000)},
+    "clip_timestamps garbage": {"clip_timestamps": "garbage"},
+    "clip_timestamps nan": {"clip_timestamps": "nan"},
+    "clip_timestamps Infinity": {"clip_timestamps": [float("inf")]},
+    "clip_timestamps 1e308": {"clip_timestamps": [1e308]},
+    "clip_timestamps out of order": {"clip_timestamps": [5, 1]},
+    "suppress_tokens 10**18": {"suppress_tokens": [10**18]},
+    "patience 1e-300": {"patience": 1e-300},
+    "max_new_tokens 448": {"max_new_tokens": 448},
+    "max_new_tokens 300 with a prompt": {"max_new_tokens": 300, "initial_prompt": "hello"},
+    "prefix of 500 emoji": {"prefix": "\U0001f600" * 500},
+}
+
+
+@pytest.mark.parametrize("name", list(REFUSED))
+def test_schema_bombs_are_refused_at_once(name: str) -> None:
+    """Pure tier: the schema alone (the token budget needs the model: see below)."""
+    if name.startswith(("max_new_tokens", "prefix")):
+        pytest.skip("needs the model's tokenizer: test_refused_before_any_fetch")
+    t = time.perf_counter()
+    with pytest.raises(Exception) as info:
+        parse_job_input({"audio_base64": JFK_B64, **REFUSED[name]}).transcribe_kwargs(
+            vad_default=True
+        )
+    assert time.perf_counter() - t < 2.0
+    assert getattr(info.value, "code", None) is Code.INVALID_INPUT, info.value
+
+
+@pytest.fixture
+def counting_source():
+    with LocalServer() as srv:
+        srv.route("/a.wav", lambda h: respond(h, 200, (DATA / "jfk.wav").read_bytes()))
+        yield srv
+
+
+@pytest.mark.model
+@pytest.mark.parametrize("name", list(REFUSED))
+def test_refused_before_any_fetch(worker, counting_source: LocalServer, name: str) -> None:
+    t = time.perf_counter()
+    out = run_job({"audio_url": counting_source.url("/a.wav"), **REFUSED[name]}, worker)
+    assert out.get("error_code") == "INVALID_INPUT", out
+    assert out["retryable"] is False
+    assert counting_source.hits.get("/a.wav", 0) == 0, "the audio was fetched first"
+    assert time.perf_counter() - t < 5.0
+
+
+NULLABLE = [
+    "beam_size", "patience", "length_penalty", "repetition_penalty", "no_repeat_ngram_size",
+    "temperature", "prompt_reset_on_temperature", "max_initial_timestamp", "clip_timestamps",
+    "prepend_punctuations", "append_punctuations", "language", "initial_prompt", "vad_parameters",
+    "temperature_increment_on_fallback", "suppress_tokens", "best_of", "max_new_tokens",
+]  # fmt: skip
+
+
+@pytest.mark.model
+def test_null_means_not_set(worker) -> None:
+    job = {"audio_base64": JFK_B64, "word_timestamps": True, **dict.fromkeys(NULLABLE)}
+    out = run_job(job, worker)
+    assert "error" not in out, out
+    assert wer(out["text"], JFK_TEXT) < 0.15
+
+
+@pytest.mark.model
+def test_a_prompt_within_budget_still_runs(worker) -> None:
+    out = run_job({"audio_base64": JFK_B64, "max_new_tokens": 128, "prefix": "And so"}, worker)
+    assert "error" not in out, out
+
+
+# --- property: every generated input ends as a result or a documented, honest code -----
+
+ONE_SECOND = base64.b64encode(
+    wav_bytes(np.concatenate([np.zeros(4000, np.float32),
+                              np.sin(np.arange(12000) / 8).astype(np.float32) * 0.1]))
+).decode()  # fmt: skip
+
+ANY_JSON = st.recursive(
+    st.none() | st.booleans() | st.integers(-(10**20), 10**20)
+    | st.floats(allow_nan=True, allow_infinity=True) | st.text(max_size=30),
+    lambda inner: st.lists(inner, max_size=5) | st.dictionaries(st.text(max_size=8), inner, max_size=3),
+    max_leaves=8,
+)  # fmt: skip
+OPTIONS = [
+    "beam_size", "best_of", "patience", "length_penalty", "repetition_penalty",
+    "no_repeat_ngram_size", "temperature", "compression_ratio_threshold", "log_prob_threshold",
+    "no_speech_threshold", "condition_on_previous_text", "prompt_reset_on_temperature",
+    "initial_prompt", "prefix", "suppress_blank", "suppress_tokens", "without_timestamps",
+    "max_initial_timestamp", "word_timestamps", "vad_filter", "vad_parameters",
+    "max_new_tokens", "chunk_length", "clip_timestamps", "hallucination_silence_threshold",
+    "hotwords", "language", "language_detection_threshold", "language_detection_segments",
+    "temperature_increment_on_fallback", "output", "task", "batch_size", "transcription",
+]  # fmt: skip
+PLAUSIBLE = {
+    "beam_size": st.integers(-1, 25), "best_of": st.integers(-1, 25),
+    "patience": st.floats(0, 12), "temperature": st.floats(-1, 2) | st.lists(st.floats(0, 1), max_size=25),
+    "clip_timestamps": st.lists(st.floats(-1, 20), max_size=6) | st.text(max_size=20),
+    "max_new_tokens": st.integers(0, 500), "suppress_tokens": st.lists(st.integers(-2, 60000), max_size=4),
+    "temperature_increment_on_fallback": st.floats(0, 1.5), "language": st.sampled_from(["en", "xx", "de", ""]),
+    "prefix": st.text(max_size=40), "initial_prompt": st.text(max_size=40),
+    "chunk_length": st.integers(-1, 40), "output": st.lists(st.sampled_from(["text", "srt", "bogus"]), max_size=3),
+    "length_penalty": st.floats(-1, 11), "repetition_penalty": st.floats(0, 11),
+    "no_repeat_ngram_size": st.integers(-1, 21), "compression_ratio_threshold": st.floats(0, 5),
+    "log_prob_threshold": st.floats(-5, 1e9), "no_speech_threshold": st.floats(-0.5, 1.5),
+    "prompt_reset_on_temperature": st.floats(-0.5, 1.5), "max_initial_timestamp": st.floats(-1, 40),
+    "hallucination_silence_threshold": st.floats(-1, 5), "hotwords": st.text(max_size=40),
+    "language_detection_threshold": st.floats(-0.5, 1.5), "language_detection_segments": st.integers(-1, 120),
+    "vad_parameters": st.fixed_dictionaries({}, optional={"threshold": st.floats(-0.5, 1.5),
+        "min_silence_duration_ms": st.integers(-10, 70000), "speech_pad_ms": st.integers(-10, 20000)}),
+    "task": st.sampled_from(["transcribe", "translate", "x"]), "batch_size": st.integers(0, 130),
+    "transcription": st.sampled_from(["plain_text", "srt", "vtt", "formatted_text", "x"]),
+}  # fmt: skip
+BOOLEAN_OPTIONS = {"condition_on_previous_text", "suppress_blank", "without_timestamps",
+                   "word_timestamps", "vad_filter"}  # fmt: skip
+
+
+@st.composite
+def job_inputs(draw: Any) -> dict[str, Any]:
+    names = draw(st.lists(st.sampled_from(OPTIONS), max_size=4, unique=True))
+    job: dict[str, Any] = {"audio_base64": ONE_SECOND, "beam_size": 1, "vad_filter": False}
+    for name in names:
+        plausible = st.booleans() if name in BOOLEAN_OPTIONS else PLAUSIBLE.get(name, ANY_JSON)
+        # Mostly values of the right type (they reach the model), sometimes any JSON at all.
+        job[name] = draw(ANY_JSON if draw(st.integers(0, 4)) == 0 else plausible)
+    return job
+
+
+@pytest.mark.model
+@settings(
+    max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+)
+@given(job=job_inputs())
+def test_generated_inputs_never_end_internal(worker, job: dict[str, Any]) -> None:
+    out = run_job(job, worker)
+    if "error" in out:
+        code = Code(out["error_code"])
+        assert code is not Code.INTERNAL, (job, out)
+        assert out["retryable"] is (code in RETRYABLE)
+        assert "Traceback" not in out["error"]
+    else:
+        assert isinstance(out["text"], str)
