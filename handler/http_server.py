@@ -231,6 +231,13 @@ def add_health_route(app: FastAPI, state: ServerState, path: str) -> None:
             return Response(status_code=204)  # loading: the load balancer waits
         return JSONResponse({"status": "healthy"})
 
+    @app.get("/ready")
+    async def ready() -> Response:
+        # For probes that take any 2xx as ready (Kubernetes): 503 until the model serves.
+        if state.worker is None:
+            return JSONResponse({"status": "loading"}, status_code=503)
+        return JSONResponse({"status": "ready"})
+
 
 def _ready_worker(state: ServerState) -> Worker | Response:
     if state.worker is None:

@@ -182,7 +182,7 @@ class JobInput(BaseModel):
             raise ValueError(f"at most {MAX_CLIP_TIMESTAMPS} values")
         if any(not math.isfinite(t) or not 0 <= t <= MAX_CLIP_SECONDS for t in v):
             raise ValueError(f"values must be seconds between 0 and {MAX_CLIP_SECONDS:g}")
-        if any(b < a for a, b in zip(v, v[1:])):
+        if any(b < a for a, b in zip(v, v[1:], strict=False)):
             raise ValueError("values must be in increasing order (start,end,start,end,...)")
         return v
 

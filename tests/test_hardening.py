@@ -10,7 +10,6 @@ test throws generated inputs at the real pipeline on the real model.
 from __future__ import annotations
 
 import base64
-import os
 import time
 from typing import Any
 
@@ -108,40 +107,90 @@ ONE_SECOND = base64.b64encode(
 ).decode()  # fmt: skip
 
 ANY_JSON = st.recursive(
-    st.none() | st.booleans() | st.integers(-(10**20), 10**20)
-    | st.floats(allow_nan=True, allow_infinity=True) | st.text(max_size=30),
-    lambda inner: st.lists(inner, max_size=5) | st.dictionaries(st.text(max_size=8), inner, max_size=3),
+    st.none()
+    | st.booleans()
+    | st.integers(-(10**20), 10**20)
+    | st.floats(allow_nan=True, allow_infinity=True)
+    | st.text(max_size=30),
+    lambda inner: (
+        st.lists(inner, max_size=5) | st.dictionaries(st.text(max_size=8), inner, max_size=3)
+    ),
     max_leaves=8,
-)  # fmt: skip
+)
 OPTIONS = [
-    "beam_size", "best_of", "patience", "length_penalty", "repetition_penalty",
-    "no_repeat_ngram_size", "temperature", "compression_ratio_threshold", "log_prob_threshold",
-    "no_speech_threshold", "condition_on_previous_text", "prompt_reset_on_temperature",
-    "initial_prompt", "prefix", "suppress_blank", "suppress_tokens", "without_timestamps",
-    "max_initial_timestamp", "word_timestamps", "vad_filter", "vad_parameters",
-    "max_new_tokens", "chunk_length", "clip_timestamps", "hallucination_silence_threshold",
-    "hotwords", "language", "language_detection_threshold", "language_detection_segments",
-    "temperature_increment_on_fallback", "output", "task", "batch_size", "transcription",
-]  # fmt: skip
+    "beam_size",
+    "best_of",
+    "patience",
+    "length_penalty",
+    "repetition_penalty",
+    "no_repeat_ngram_size",
+    "temperature",
+    "compression_ratio_threshold",
+    "log_prob_threshold",
+    "no_speech_threshold",
+    "condition_on_previous_text",
+    "prompt_reset_on_temperature",
+    "initial_prompt",
+    "prefix",
+    "suppress_blank",
+    "suppress_tokens",
+    "without_timestamps",
+    "max_initial_timestamp",
+    "word_timestamps",
+    "vad_filter",
+    "vad_parameters",
+    "max_new_tokens",
+    "chunk_length",
+    "clip_timestamps",
+    "hallucination_silence_threshold",
+    "hotwords",
+    "language",
+    "language_detection_threshold",
+    "language_detection_segments",
+    "temperature_increment_on_fallback",
+    "output",
+    "task",
+    "batch_size",
+    "transcription",
+]
 PLAUSIBLE = {
-    "beam_size": st.integers(-1, 25), "best_of": st.integers(-1, 25),
-    "patience": st.floats(0, 12), "temperature": st.floats(-1, 2) | st.lists(st.floats(0, 1), max_size=25),
+    "beam_size": st.integers(-1, 25),
+    "best_of": st.integers(-1, 25),
+    "patience": st.floats(0, 12),
+    "temperature": st.floats(-1, 2) | st.lists(st.floats(0, 1), max_size=25),
     "clip_timestamps": st.lists(st.floats(-1, 20), max_size=6) | st.text(max_size=20),
-    "max_new_tokens": st.integers(0, 500), "suppress_tokens": st.lists(st.integers(-2, 60000), max_size=4),
-    "temperature_increment_on_fallback": st.floats(0, 1.5), "language": st.sampled_from(["en", "xx", "de", ""]),
-    "prefix": st.text(max_size=40), "initial_prompt": st.text(max_size=40),
-    "chunk_length": st.integers(-1, 40), "output": st.lists(st.sampled_from(["text", "srt", "bogus"]), max_size=3),
-    "length_penalty": st.floats(-1, 11), "repetition_penalty": st.floats(0, 11),
-    "no_repeat_ngram_size": st.integers(-1, 21), "compression_ratio_threshold": st.floats(0, 5),
-    "log_prob_threshold": st.floats(-5, 1e9), "no_speech_threshold": st.floats(-0.5, 1.5),
-    "prompt_reset_on_temperature": st.floats(-0.5, 1.5), "max_initial_timestamp": st.floats(-1, 40),
-    "hallucination_silence_threshold": st.floats(-1, 5), "hotwords": st.text(max_size=40),
-    "language_detection_threshold": st.floats(-0.5, 1.5), "language_detection_segments": st.integers(-1, 120),
-    "vad_parameters": st.fixed_dictionaries({}, optional={"threshold": st.floats(-0.5, 1.5),
-        "min_silence_duration_ms": st.integers(-10, 70000), "speech_pad_ms": st.integers(-10, 20000)}),
-    "task": st.sampled_from(["transcribe", "translate", "x"]), "batch_size": st.integers(0, 130),
+    "max_new_tokens": st.integers(0, 500),
+    "suppress_tokens": st.lists(st.integers(-2, 60000), max_size=4),
+    "temperature_increment_on_fallback": st.floats(0, 1.5),
+    "language": st.sampled_from(["en", "xx", "de", ""]),
+    "prefix": st.text(max_size=40),
+    "initial_prompt": st.text(max_size=40),
+    "chunk_length": st.integers(-1, 40),
+    "output": st.lists(st.sampled_from(["text", "srt", "bogus"]), max_size=3),
+    "length_penalty": st.floats(-1, 11),
+    "repetition_penalty": st.floats(0, 11),
+    "no_repeat_ngram_size": st.integers(-1, 21),
+    "compression_ratio_threshold": st.floats(0, 5),
+    "log_prob_threshold": st.floats(-5, 1e9),
+    "no_speech_threshold": st.floats(-0.5, 1.5),
+    "prompt_reset_on_temperature": st.floats(-0.5, 1.5),
+    "max_initial_timestamp": st.floats(-1, 40),
+    "hallucination_silence_threshold": st.floats(-1, 5),
+    "hotwords": st.text(max_size=40),
+    "language_detection_threshold": st.floats(-0.5, 1.5),
+    "language_detection_segments": st.integers(-1, 120),
+    "vad_parameters": st.fixed_dictionaries(
+        {},
+        optional={
+            "threshold": st.floats(-0.5, 1.5),
+            "min_silence_duration_ms": st.integers(-10, 70000),
+            "speech_pad_ms": st.integers(-10, 20000),
+        },
+    ),
+    "task": st.sampled_from(["transcribe", "translate", "x"]),
+    "batch_size": st.integers(0, 130),
     "transcription": st.sampled_from(["plain_text", "srt", "vtt", "formatted_text", "x"]),
-}  # fmt: skip
+}
 BOOLEAN_OPTIONS = {"condition_on_previous_text", "suppress_blank", "without_timestamps",
                    "word_timestamps", "vad_filter"}  # fmt: skip
 

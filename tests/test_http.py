@@ -44,11 +44,13 @@ def free_port() -> int:
 class Server:
     def __init__(self, env: dict[str, str]) -> None:
         self.port = free_port()
+        self.health_port = free_port()  # RunPod's load balancer may probe another port
         self.url = f"http://127.0.0.1:{self.port}"
         self.log = open(Path(os.environ.get("TMPDIR", "/tmp")) / f"serve-{self.port}.log", "w+")
         full = {
             **os.environ,
             "PORT": str(self.port),
+            "PORT_HEALTH": str(self.health_port),
             "HOST": "127.0.0.1",
             "WHISPER_DEVICE": "cpu",
             "WHISPER_ALLOW_PRIVATE_URLS": "true",
@@ -62,7 +64,9 @@ class Server:
         deadline = time.time() + START_S
         while time.time() < deadline and self.proc.poll() is None:
             try:
-                code = requests.get(self.url + "/ping", timeout=5).status_code
+                code = requests.get(
+                    f"http://127.0.0.1:{self.health_port}/ping", timeout=5
+                ).status_code
             except requests.ConnectionError:
                 code = 0
             if not self.health or self.health[-1] != code:
@@ -129,6 +133,7 @@ def slow_source() -> Iterator[tuple[LocalServer, dict[str, int]]]:
 def test_health_answers_204_while_loading_then_200(server: Server) -> None:
     seen = [c for c in server.health if c]
     assert seen[0] == 204 and seen[-1] == 200, server.health
+    assert requests.get(server.url + "/ready", timeout=10).status_code == 200
     assert "startup {" in server.logs()
 
 
