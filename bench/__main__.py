@@ -5,6 +5,7 @@
     python -m bench report RUN.json [RUN.json ...] [rates]                 re-price saved runs
     python -m bench single [...]                                           the model alone
     python -m bench http [...]                            HTTP mode against queue mode
+    python -m bench threads [...]       queue worker vs in-process transcribe time per audio s
 
 Rates are per-second prices you pay (``--flex-rate``, ``--active-rate`` or ``--rates FILE``
 with ``{"flex_per_s": .., "active_per_s": .., "currency": ..}``); none is built in.
@@ -126,6 +127,11 @@ def build_parser() -> argparse.ArgumentParser:
 
     sub.add_parser(
         "single", help="the model alone (see python -m bench single --help)", add_help=False
+    )
+    sub.add_parser(
+        "threads",
+        help="queue worker vs in-process speed (see python -m bench threads --help)",
+        add_help=False,
     )
     sub.add_parser(
         "http",
@@ -336,6 +342,10 @@ def _scenario_meta(args: argparse.Namespace, arrivals) -> dict[str, Any]:
 
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
+    if argv[:1] == ["threads"]:
+        from bench.threads_check import main as threads_main
+
+        return int(threads_main(argv[1:]) or 0)
     if argv[:1] == ["http"]:
         from bench.http_vs_queue import main as http_main
 

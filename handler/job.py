@@ -20,6 +20,7 @@ from typing import Any
 from handler import formats, openai_api, transcribe
 from handler.contract import Segment
 from handler.decode import decode_audio
+from handler.engine import Engine
 from handler.errors import Code, WorkerError
 from handler.models import ModelPool
 from handler.schema import JobInput, parse_job_input
@@ -40,6 +41,8 @@ class Worker:
     settings: Settings
     pool: ModelPool
     jobs_done: int = 0
+    engine: Engine = field(default_factory=Engine)
+    """Schedulers that batch windows of many jobs per model instance (batch_size > 1)."""
     refresh_wanted: bool = False
     """Set when the worker should be replaced (GPU OOM, job or memory budget reached)."""
     _lock: threading.Lock = field(default_factory=threading.Lock)
@@ -206,10 +209,12 @@ def _run(
             if progress is not None:
                 progress(seg["end"])
 
-        with worker.pool.acquire(model, cancel) as (instance, waited):
-            timings["queue_model"] = waited
-            tr = transcribe.run(
-                instance,
+        blocker = transcribe.batch_blocker(kwargs, duration) if batch_size > 1 else None
+        if batch_size > 1 and blocker is None:
+            timings["queue_model"] = 0.0  # the engine shares instances: no exclusive wait
+            tr = transcribe.run_engine(
+                worker.engine,
+                model,
                 audio.samples,
                 kwargs,
                 batch_size=batch_size,
@@ -217,6 +222,19 @@ def _run(
                 on_segment=each_segment,
             )
             timings["transcribe"] = tr.seconds
+            timings["batch_wait"] = tr.batch_wait or 0.0
+        else:
+            with worker.pool.acquire(model, cancel) as (instance, waited):
+                timings["queue_model"] = waited
+                tr = transcribe.run(
+                    instance,
+                    audio.samples,
+                    kwargs,
+                    batch_size=batch_size,
+                    cancel=cancel,
+                    on_segment=each_segment,
+                )
+                timings["transcribe"] = tr.seconds
         warnings += tr.warnings
     del audio
 
@@ -225,6 +243,8 @@ def _run(
     timings["format"] = time.perf_counter() - t
     timings["total"] = time.perf_counter() - start
     output["timings"] = {k: round(v, 4) for k, v in timings.items()}
+    if tr.batch_sizes is not None:
+        output["batch_sizes"] = tr.batch_sizes
     output = deliver(output, settings, job_id)
     log.info(
         "job %s done: %.1fs audio in %.2fs (transcribe %.2fs, RTF %.3f, model %s, batch %d)",

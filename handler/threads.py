@@ -19,10 +19,9 @@ from pathlib import Path
 log = logging.getLogger(__name__)
 
 PASSIVE_ENV = {
-    # Idle OpenMP threads sleep at once instead of spinning (GNU and Intel runtimes).
+    # Idle OpenMP threads sleep at once instead of spinning. CTranslate2's wheels bundle GNU
+    # libgomp, which reads this when it starts; Intel's runtime honours it too.
     "OMP_WAIT_POLICY": "PASSIVE",
-    # Intel's runtime (the one CTranslate2's wheels bundle) also honours its own knob.
-    "KMP_BLOCKTIME": "0",
 }
 
 

@@ -18,7 +18,9 @@ from typing import Any
 
 import numpy as np
 
+from handler import fw_batch
 from handler.contract import Segment, Word
+from handler.engine import Engine, EngineJob
 from handler.errors import Code, WorkerError
 from handler.guard import raise_if_cancelled
 from handler.models import LoadedModel
@@ -35,6 +37,10 @@ class Transcript:
     language_probability: float
     seconds: float
     warnings: list[str] = field(default_factory=list)
+    batch_wait: float | None = None
+    """Engine only: seconds this job's windows waited for a batch, summed."""
+    batch_sizes: list[int] | None = None
+    """Engine only: the size of each batch this job's windows rode in."""
 
 
 def check_request(model: LoadedModel, kwargs: dict[str, Any]) -> None:
@@ -130,6 +136,9 @@ NOT_BATCHABLE = frozenset(
         "condition_on_previous_text",
         "prompt_reset_on_temperature",
         "hallucination_silence_threshold",
+        # Sequential decoding puts a prefix on the first window only; batched would put
+        # it on every window.
+        "prefix",
     }
 )
 
@@ -139,9 +148,6 @@ def batch_blocker(kwargs: dict[str, Any], audio_seconds: float) -> str | None:
     given = sorted(NOT_BATCHABLE & kwargs.keys())
     if given:
         return f"option(s) {', '.join(given)} need sequential decoding"
-    if not kwargs.get("vad_filter", True) and audio_seconds >= 30:
-        # The batched pipeline splits long audio with VAD only; without it it raises.
-        return "batching audio of 30 s or more needs vad_filter"
     return None
 
 
@@ -196,4 +202,45 @@ def run(
         language_probability=float(info.language_probability),
         seconds=time.perf_counter() - start,
         warnings=warnings,
+    )
+
+
+def run_engine(
+    engine: Engine,
+    model: LoadedModel,
+    audio: np.ndarray,
+    kwargs: dict[str, Any],
+    *,
+    batch_size: int,
+    cancel: threading.Event | None = None,
+    on_segment: SegmentCallback | None = None,
+) -> Transcript:
+    """Transcribe through the engine: windows prepared here, decoded in shared batches."""
+    start = time.perf_counter()
+    instance, scheduler = engine.scheduler_for(model.instances)
+    prepared = fw_batch.prepare(instance, audio, kwargs)
+    raise_if_cancelled(cancel)
+    job = EngineJob(prepared, batch_size, cancel)
+    scheduler.submit(job)
+
+    def windows() -> Any:
+        for index in range(len(prepared.features)):
+            yield scheduler.result(job, index)
+
+    segments: list[Segment] = []
+    try:
+        for seg in fw_batch.to_segments(windows(), prepared):
+            item = segment_dict(seg)
+            segments.append(item)
+            if on_segment is not None:
+                on_segment(item)
+    finally:
+        scheduler.drop(job)
+    return Transcript(
+        segments=segments,
+        language=prepared.language,
+        language_probability=prepared.language_probability,
+        seconds=time.perf_counter() - start,
+        batch_wait=sum(job.waits),
+        batch_sizes=list(job.batch_sizes),
     )

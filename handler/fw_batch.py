@@ -1,0 +1,280 @@
+"""The pieces of faster-whisper's batched pipeline that the engine reuses, behind one module.
+
+``BatchedInferencePipeline.transcribe`` splits one file into VAD chunks of at most 30 s,
+computes their features and decodes them ``batch_size`` at a time. The engine
+(``handler.engine``) needs the same steps apart, because windows of *many* jobs share a
+batch: :func:`prepare` does a job's part (VAD, chunks, features, language, tokenizer,
+options, prompt) in the job's own thread; :func:`decode_batch` does one batched encode +
+generate over windows of any jobs, with one prompt per window, so language, task and
+prompt may differ per window; :func:`segments_of` turns a window's output back into
+faster-whisper ``Segment`` objects on the original time line.
+
+The private faster-whisper names used here are pinned by tests/test_engine.py against the
+installed version (a drift test), the way faster-whisper's own signature test does.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+from faster_whisper.audio import pad_or_trim
+from faster_whisper.tokenizer import Tokenizer
+from faster_whisper.transcribe import (
+    Segment,
+    TranscriptionOptions,
+    Word,
+    get_compression_ratio,
+    get_suppressed_tokens,
+    restore_speech_timestamps,
+)
+from faster_whisper.vad import VadOptions, collect_chunks, get_speech_timestamps
+
+SAMPLE_RATE = 16000
+WINDOW_S = 30
+
+# Options one batched generate() call must share; everything else may differ per window.
+GENERATE_KEYS = (
+    "beam_size",
+    "patience",
+    "length_penalty",
+    "repetition_penalty",
+    "no_repeat_ngram_size",
+    "suppress_blank",
+    "suppress_tokens",
+    "max_new_tokens",
+    "word_timestamps",
+    "prepend_punctuations",
+    "append_punctuations",
+    "multilingual",
+)
+
+
+@dataclass
+class PreparedJob:
+    """A job's windows and what decoding them needs; built in the job's thread."""
+
+    features: list[np.ndarray]
+    """(n_mels, 3000) float32 per window."""
+    metadata: list[dict[str, Any]]
+    """offset and duration (seconds) of each window."""
+    speech_chunks: list[dict[str, int]]
+    """VAD speech spans (samples) to map window times back to the file's time line."""
+    tokenizer: Tokenizer
+    options: TranscriptionOptions
+    prompt: list[int]
+    language: str
+    language_probability: float
+    key: tuple[Any, ...] = field(default=())
+    """Windows with equal keys may share one batched call."""
+
+
+def _temperature(kwargs: dict[str, Any]) -> float:
+    t = kwargs.get("temperature", 0.0)
+    return float(t[0] if isinstance(t, (list, tuple)) else t)
+
+
+def _speech_chunks(audio: np.ndarray, kwargs: dict[str, Any], chunk_length: int) -> list[dict]:
+    duration = len(audio) / SAMPLE_RATE
+    if kwargs.get("vad_filter", True):
+        params = dict(kwargs.get("vad_parameters") or {})
+        params["max_speech_duration_s"] = chunk_length  # as the batched pipeline does
+        if not kwargs.get("vad_parameters"):
+            params["min_silence_duration_ms"] = 160
+        return get_speech_timestamps(audio, VadOptions(**params))
+    if duration <= chunk_length:
+        return [{"start": 0, "end": len(audio)}]
+    # Without VAD the batched pipeline refuses long audio; fixed windows keep it working.
+    step = chunk_length * SAMPLE_RATE
+    return [{"start": s, "end": min(s + step, len(audio))} for s in range(0, len(audio), step)]
+
+
+def prepare(model: Any, audio: np.ndarray, kwargs: dict[str, Any]) -> PreparedJob:
+    """VAD, windows, features, language and prompt for one job (no batched decode yet)."""
+    chunk_length = int(kwargs.get("chunk_length") or model.feature_extractor.chunk_length)
+    chunks = _speech_chunks(audio, kwargs, chunk_length)
+    audio_chunks, metadata = collect_chunks(audio, chunks, max_duration=chunk_length)
+    speech = sum(c["end"] - c["start"] for c in chunks)
+    features = (
+        [pad_or_trim(model.feature_extractor(c)[..., :-1]) for c in audio_chunks] if speech else []
+    )
+    multilingual_model = bool(model.model.is_multilingual)
+    language = kwargs.get("language")
+    probability = 1.0
+    if language is None:
+        if not multilingual_model or not features:
+            language = "en"
+        else:
+            language, probability, _ = model.detect_language(
+                features=np.concatenate(
+                    [*features, np.full((model.model.n_mels, 1), -1.5, dtype="float32")], axis=1
+                ),
+                language_detection_segments=kwargs.get("language_detection_segments", 1),
+                language_detection_threshold=kwargs.get("language_detection_threshold", 0.5),
+            )
+    task = kwargs.get("task", "transcribe")
+    tokenizer = Tokenizer(model.hf_tokenizer, multilingual_model, task=task, language=language)
+    suppress = kwargs.get("suppress_tokens", [-1])
+    options = TranscriptionOptions(
+        beam_size=kwargs.get("beam_size", 5),
+        best_of=kwargs.get("best_of", 5),
+        patience=kwargs.get("patience", 1.0),
+        length_penalty=kwargs.get("length_penalty", 1.0),
+        repetition_penalty=kwargs.get("repetition_penalty", 1.0),
+        no_repeat_ngram_size=kwargs.get("no_repeat_ngram_size", 0),
+        log_prob_threshold=kwargs.get("log_prob_threshold", -1.0),
+        no_speech_threshold=kwargs.get("no_speech_threshold", 0.6),
+        compression_ratio_threshold=kwargs.get("compression_ratio_threshold", 2.4),
+        temperatures=[_temperature(kwargs)],
+        initial_prompt=kwargs.get("initial_prompt"),
+        prefix=None,
+        suppress_blank=kwargs.get("suppress_blank", True),
+        suppress_tokens=get_suppressed_tokens(tokenizer, suppress) if suppress else suppress,
+        prepend_punctuations=kwargs.get("prepend_punctuations", "\"'“¿([{-"),
+        append_punctuations=kwargs.get("append_punctuations", "\"'.。,，!！?？:：”)]}、"),
+        max_new_tokens=kwargs.get("max_new_tokens"),
+        hotwords=kwargs.get("hotwords"),
+        word_timestamps=bool(kwargs.get("word_timestamps", False)),
+        hallucination_silence_threshold=None,
+        condition_on_previous_text=False,
+        clip_timestamps=chunks,
+        prompt_reset_on_temperature=0.5,
+        multilingual=bool(kwargs.get("multilingual", False)) and multilingual_model,
+        without_timestamps=bool(kwargs.get("without_timestamps", False)),
+        max_initial_timestamp=0.0,
+    )
+    initial = options.initial_prompt
+    prompt = model.get_prompt(
+        tokenizer,
+        previous_tokens=tokenizer.encode(initial) if initial is not None else [],
+        without_timestamps=options.without_timestamps,
+        hotwords=options.hotwords,
+    )
+    key: tuple[Any, ...] = (
+        tuple(
+            tuple(v) if isinstance(v := getattr(options, k), list) else v for k in GENERATE_KEYS
+        ),
+        options.temperatures[0],
+        len(prompt),
+    )
+    if options.word_timestamps:
+        # Word alignment runs once per batch with one tokenizer: same language and task.
+        key += (language, task)
+    return PreparedJob(features, metadata, chunks, tokenizer, options, prompt, language,
+                       float(probability), key)  # fmt: skip
+
+
+@dataclass
+class BatchItem:
+    """One window of one job in a batch."""
+
+    job: PreparedJob
+    index: int
+
+
+def decode_batch(model: Any, items: list[BatchItem]) -> list[list[dict[str, Any]]]:
+    """One batched encode + generate over windows of any jobs sharing a key.
+
+    Returns each window's segments as dicts (window-relative times), as
+    ``BatchedInferencePipeline.forward`` does, but with one prompt per window.
+    """
+    first = items[0].job
+    options = first.options
+    features = np.stack([it.job.features[it.index] for it in items])
+    max_length = model.max_length
+    if options.max_new_tokens is not None:
+        max_length = len(first.prompt) + options.max_new_tokens  # equal lengths: in the key
+    encoder_output = model.encode(features)
+    prompts = [list(it.job.prompt) for it in items]
+    if options.multilingual:
+        detected = model.model.detect_language(encoder_output)
+        for prompt, it, langs in zip(prompts, items, detected, strict=True):
+            index = prompt.index(it.job.tokenizer.language)
+            prompt[index] = it.job.tokenizer.tokenizer.token_to_id(langs[0][0])
+    results = model.model.generate(
+        encoder_output,
+        prompts,
+        beam_size=options.beam_size,
+        patience=options.patience,
+        length_penalty=options.length_penalty,
+        max_length=max_length,
+        suppress_blank=options.suppress_blank,
+        suppress_tokens=options.suppress_tokens,
+        return_scores=True,
+        return_no_speech_prob=True,
+        sampling_temperature=options.temperatures[0],
+        repetition_penalty=options.repetition_penalty,
+        no_repeat_ngram_size=options.no_repeat_ngram_size,
+    )
+    out: list[list[dict[str, Any]]] = []
+    sizes = []
+    for it, result in zip(items, results, strict=True):
+        tokens = result.sequences_ids[0]
+        seq_len = len(tokens)
+        avg_logprob = result.scores[0] * (seq_len**options.length_penalty) / (seq_len + 1)
+        meta = it.job.metadata[it.index]
+        size = int(math.ceil(meta["duration"]) * model.frames_per_second)
+        sizes.append(size)
+        tok = it.job.tokenizer
+        subsegments, _, _ = model._split_segments_by_timestamps(
+            tokenizer=tok,
+            tokens=tokens,
+            time_offset=meta["offset"],
+            segment_size=size,
+            segment_duration=meta["duration"],
+            seek=0,
+        )
+        out.append(
+            [
+                {
+                    "text": (text := tok.decode(sub["tokens"])),
+                    "avg_logprob": avg_logprob,
+                    "no_speech_prob": result.no_speech_prob,
+                    "tokens": sub["tokens"],
+                    "start": sub["start"],
+                    "end": sub["end"],
+                    "compression_ratio": get_compression_ratio(text),
+                    "seek": int(meta["offset"] * model.frames_per_second),
+                }
+                for sub in subsegments
+            ]
+        )
+    if options.word_timestamps:
+        model.add_word_timestamps(
+            out,
+            first.tokenizer,
+            encoder_output,
+            sizes,
+            options.prepend_punctuations,
+            options.append_punctuations,
+            0.0,
+        )
+    return out
+
+
+def to_segments(window_outputs: Any, job: PreparedJob) -> Any:
+    """faster-whisper Segments, numbered across windows, on the file's time line."""
+
+    def numbered() -> Any:
+        n = 0
+        for window in window_outputs:
+            for seg in window:
+                n += 1
+                yield Segment(
+                    seek=seg["seek"],
+                    id=n,
+                    text=seg["text"],
+                    start=round(seg["start"], 3),
+                    end=round(seg["end"], 3),
+                    words=[Word(**w) for w in seg["words"]] if job.options.word_timestamps
+                    else None,
+                    tokens=seg["tokens"],
+                    avg_logprob=seg["avg_logprob"],
+                    no_speech_prob=seg["no_speech_prob"],
+                    compression_ratio=seg["compression_ratio"],
+                    temperature=job.options.temperatures[0],
+                )  # fmt: skip
+
+    return restore_speech_timestamps(numbered(), job.speech_chunks, SAMPLE_RATE)
