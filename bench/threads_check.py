@@ -64,7 +64,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--load", type=int, default=0, help="stress-ng --cpu N beside (default 0)")
     parser.add_argument("--tolerance", type=float, default=0.10)
     parser.add_argument("--env", action="append", default=[], metavar="KEY=VALUE",
-                        help="worker environment (PYTHONPATH=<old checkout>: the old code)")  # fmt: skip
+                        help="worker env (PYTHONPATH=<old checkout>: old code)")  # fmt: skip
     args = parser.parse_args(argv)
     env = {**os.environ, "WHISPER_DEVICE": "cpu", "RUNPOD_LOG_LEVEL": "INFO"}
     env.pop("RUNPOD_WEBHOOK_GET_JOB", None)

@@ -153,9 +153,7 @@ def prepare(model: Any, audio: np.ndarray, kwargs: dict[str, Any]) -> PreparedJo
         hotwords=options.hotwords,
     )
     key: tuple[Any, ...] = (
-        tuple(
-            tuple(v) if isinstance(v := getattr(options, k), list) else v for k in GENERATE_KEYS
-        ),
+        tuple(tuple(v) if isinstance(v := getattr(options, k), list) else v for k in GENERATE_KEYS),
         options.temperatures[0],
         len(prompt),
     )

@@ -1,0 +1,202 @@
+"""The throughput engine on the real models: windows of many jobs share batches.
+
+Model tier: tiny.en and the multilingual base model on real speech. Jobs run in threads at
+once, as the worker runs them; the scheduler's own counters (batch sizes per job, the
+histogram) show what rode together.
+"""
+
+from __future__ import annotations
+
+import inspect
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+
+from bench.corpus import long_clip
+from handler import fw_batch
+from handler.decode import decode_audio
+from handler.engine import EngineJob, Scheduler
+from handler.errors import Code, WorkerError
+from handler.job import run_job
+from handler.settings import Settings
+from tests.conftest import DATA, JFK_TEXT, b64, make_settings, wer, words
+from tests.test_multilingual import CLIPS
+
+pytestmark = pytest.mark.model
+
+
+def audio_of(name: str) -> np.ndarray:
+    return decode_audio(Path(DATA / name), Settings()).samples
+
+
+def run_all(jobs: list[dict[str, Any]], worker: Any) -> list[dict[str, Any]]:
+    """Run jobs in threads at once (as the worker's executor does); results in order."""
+    results: list[dict[str, Any] | None] = [None] * len(jobs)
+    barrier = threading.Barrier(len(jobs))
+
+    def one(i: int) -> None:
+        barrier.wait()
+        results[i] = run_job(jobs[i], worker, job_id=f"t{i}")
+
+    threads = [threading.Thread(target=one, args=(i,)) for i in range(len(jobs))]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(600)
+    assert all(r is not None for r in results)
+    return results  # type: ignore[return-value]
+
+
+def test_the_faster_whisper_pieces_still_exist() -> None:
+    """Drift test: fw_batch uses these faster-whisper internals; a release that renames
+    them must fail here, not in production."""
+    from faster_whisper import transcribe as fwt
+    from faster_whisper import vad
+
+    for name in ("encode", "get_prompt", "_split_segments_by_timestamps", "add_word_timestamps",
+                 "detect_language"):  # fmt: skip
+        assert callable(getattr(fwt.WhisperModel, name)), name
+    params = inspect.signature(fwt.WhisperModel._split_segments_by_timestamps).parameters
+    assert {
+        "tokenizer",
+        "tokens",
+        "time_offset",
+        "segment_size",
+        "segment_duration",
+        "seek",
+    } <= set(params)
+    fields = set(inspect.signature(fwt.TranscriptionOptions).parameters)
+    assert {"temperatures", "multilingual", "hotwords", "without_timestamps"} <= fields
+    assert callable(vad.collect_chunks) and callable(fwt.restore_speech_timestamps)
+
+
+def test_a_lone_job_equals_faster_whispers_batched_pipeline(worker) -> None:
+    from faster_whisper import BatchedInferencePipeline
+
+    clip = long_clip(70)
+    job = {"audio_base64": b64_samples(clip.samples), "batch_size": 8, "without_timestamps": True,
+           "output": ["segments"]}  # fmt: skip
+    out = run_job(job, worker)
+    inst = worker.pool.get(None).instances[0]
+    ref, _ = BatchedInferencePipeline(inst).transcribe(
+        clip.samples, batch_size=8, vad_filter=True, without_timestamps=True
+    )
+    assert [(s.start, s.end, s.text) for s in ref] == [
+        (s["start"], s["end"], s["text"]) for s in out["segments"]
+    ]
+    assert out["batch_sizes"] == [3, 3, 3]  # its three windows in one batch
+    assert out["timings"]["batch_wait"] >= 0
+
+
+def b64_samples(samples: np.ndarray) -> str:
+    import base64
+
+    from bench.corpus import wav_bytes
+
+    return base64.b64encode(wav_bytes(samples)).decode()
+
+
+def test_jobs_in_different_languages_share_a_batch_and_keep_their_own(base_model_dir) -> None:
+    from handler.startup import start_worker
+
+    w = start_worker(make_settings(device="cpu", model=str(base_model_dir), batch_size=8))
+    jobs = [
+        {"audio_base64": b64(DATA / CLIPS[lang][0]), "output": ["text"]} for lang in ("de", "es")
+    ]
+    jobs.append({"audio_base64": b64(DATA / "jfk.wav"), "output": ["text"]})
+    results = run_all(jobs, w)
+    assert [r["language"] for r in results] == ["de", "es", "en"], results
+    for lang, r in zip(("de", "es"), results, strict=False):
+        ref = words(CLIPS[lang][1])
+        assert len(set(words(r["text"])) & set(ref)) >= len(set(ref)) * 0.6, r["text"]
+    assert wer(results[2]["text"], JFK_TEXT) < 0.2
+    assert max(max(r["batch_sizes"]) for r in results) >= 2, [r["batch_sizes"] for r in results]
+
+
+def test_segments_stream_in_order_and_progress_counts_windows(worker) -> None:
+    clip = long_clip(70)
+    seen: list[dict[str, Any]] = []
+    out = run_job({"audio_base64": b64_samples(clip.samples), "batch_size": 2,
+                   "output": ["segments"]}, worker, on_segment=seen.append)  # fmt: skip
+    assert [s["id"] for s in seen] == [s["id"] for s in out["segments"]]
+    starts = [s["start"] for s in out["segments"]]
+    assert starts == sorted(starts) and len(out["batch_sizes"]) == 3
+
+
+def _prepared(worker: Any, samples: np.ndarray, **kw: Any) -> fw_batch.PreparedJob:
+    inst = worker.pool.get(None).instances[0]
+    return fw_batch.prepare(inst, samples, {"vad_filter": True, "beam_size": 1, **kw})
+
+
+def test_round_robin_a_long_file_does_not_starve_a_short_job(worker) -> None:
+    inst = worker.pool.get(None).instances[0]
+    sched = Scheduler(inst)
+    try:
+        long_job = EngineJob(_prepared(worker, long_clip(240).samples), 2, None)
+        short_job = EngineJob(_prepared(worker, audio_of("jfk.wav")), 2, None)
+        sched.submit(long_job)
+        sched.submit(short_job)
+        sched.result(short_job, 0)
+        # The short job rode in the first batches, not after the long file's windows: at
+        # most the batch that ran before it arrived, its own, and the next one starting.
+        # Oldest-first would have run 4 or more of the long file's batches first.
+        assert len(long_job.batch_sizes) <= 3, long_job.batch_sizes
+        assert len(long_job.prepared.features) >= 8
+    finally:
+        sched.close()
+
+
+def test_a_cancelled_jobs_windows_never_run(worker) -> None:
+    inst = worker.pool.get(None).instances[0]
+    sched = Scheduler(inst)
+    try:
+        busy = EngineJob(_prepared(worker, long_clip(90).samples), 1, None)
+        cancel = threading.Event()
+        victim = EngineJob(_prepared(worker, long_clip(90).samples), 1, cancel)
+        sched.submit(busy)
+        sched.submit(victim)
+        cancel.set()
+        t = time.perf_counter()
+        with pytest.raises(WorkerError) as info:
+            sched.result(victim, len(victim.prepared.features) - 1)
+        assert info.value.code is Code.CANCELLED
+        assert time.perf_counter() - t < 1.0  # freed at once, not after its windows
+        sched.result(busy, len(busy.prepared.features) - 1)
+        assert len(victim.batch_sizes) <= 1, victim.batch_sizes  # at most the one in flight
+    finally:
+        sched.close()
+
+
+def test_a_bad_window_in_a_batch_does_not_touch_the_others(worker) -> None:
+    inst = worker.pool.get(None).instances[0]
+    sched = Scheduler(inst, collect_s=0.2)  # let both arrive before the first batch
+    try:
+        good = EngineJob(_prepared(worker, audio_of("jfk.wav")), 4, None)
+        bad_prep = _prepared(worker, audio_of("jfk.wav"))
+        # A window the encoder cannot take (a mel count the model was not trained on): the
+        # batch raises, and so does the window alone.
+        mels, frames = bad_prep.features[0].shape
+        bad_prep.features = [np.zeros((mels + 3, frames), np.float32)]
+        bad = EngineJob(bad_prep, 4, None)
+        sched.submit(good)
+        sched.submit(bad)
+        text = "".join(s["text"] for s in sched.result(good, 0))
+        assert wer(text, JFK_TEXT) < 0.2
+        with pytest.raises(WorkerError) as info:
+            sched.result(bad, 0)
+        assert info.value.code is Code.INTERNAL
+        assert good.batch_sizes == [2] and bad.batch_sizes == [2]
+    finally:
+        sched.close()
+
+
+def test_eight_short_jobs_ride_together(worker) -> None:
+    w = type(worker)(settings=make_settings(device="cpu", batch_size=8), pool=worker.pool)
+    jobs = [{"audio_base64": b64(DATA / "jfk.wav"), "output": ["text"], "beam_size": 1}] * 8
+    results = run_all(jobs, w)
+    assert all(wer(r["text"], JFK_TEXT) < 0.2 for r in results), results
+    assert max(w.engine.histogram()) >= 2, w.engine.histogram()
