@@ -33,10 +33,32 @@ def _load(args: argparse.Namespace) -> Worker:
         sys.exit(1)
 
 
-def _run(worker, job_input: Any) -> dict:
+def _run(worker: Worker, job_input: Any, **callbacks: Any) -> dict:
     from handler.job import run_job
 
-    return run_job(job_input, worker, job_id="cli")
+    return run_job(job_input, worker, job_id="cli", **callbacks)
+
+
+class _Progress:
+    """A progress bar on a terminal (audio done of total, rate, ETA); silent when piped."""
+
+    def __init__(self, enabled: bool) -> None:
+        self.bar: Any = None
+        self.enabled = enabled
+
+    def __call__(self, percent: float) -> None:
+        if not self.enabled:
+            return
+        if self.bar is None:
+            from tqdm import tqdm
+
+            fmt = "{l_bar}{bar}| {n:.0f}/{total:.0f}% of the audio [{elapsed}<{remaining}]"
+            self.bar = tqdm(total=100.0, file=sys.stderr, leave=False, bar_format=fmt)
+        self.bar.update(percent - self.bar.n)
+
+    def close(self) -> None:
+        if self.bar is not None:
+            self.bar.close()
 
 
 def cmd_transcribe(args: argparse.Namespace) -> int:
@@ -47,14 +69,16 @@ def cmd_transcribe(args: argparse.Namespace) -> int:
     data = path.read_bytes()
     worker = _load(args)
     # The inline cap protects the platform's request size; a local file is the user's own.
+    # Progress every half second on a terminal (the worker's default is minutes apart).
     worker.settings = worker.settings.model_copy(
-        update={"max_inline_bytes": max(worker.settings.max_inline_bytes, len(data))}
+        update={
+            "max_inline_bytes": max(worker.settings.max_inline_bytes, len(data)),
+            "progress_interval_s": 0.5,
+        }
     )
     fmt = args.format
-    job: dict[str, Any] = {
-        "audio_base64": base64.b64encode(data).decode(),
-        "output": ["text"] if fmt == "text" else ["text", "segments"] if fmt == "json" else [fmt],
-    }
+    outputs = {"text": ["text", "segments"], "json": ["text", "segments"]}.get(fmt, [fmt])
+    job: dict[str, Any] = {"audio_base64": base64.b64encode(data).decode(), "output": outputs}
     for name in ("language", "task", "beam_size", "batch_size", "model", "initial_prompt"):
         value = getattr(args, name)
         if value is not None:
@@ -65,22 +89,61 @@ def cmd_transcribe(args: argparse.Namespace) -> int:
             job["output"].append("words")
     if args.no_vad:
         job["vad_filter"] = False
-    result = _run(worker, job)
+    progress = _Progress(sys.stderr.isatty() and not args.stream)
+
+    def stream(seg: Any) -> None:
+        print(f"[{seg['start']:7.2f} -> {seg['end']:7.2f}] {seg['text'].strip()}", flush=True)
+
+    try:
+        result = _run(worker, job, on_progress=progress,
+                      on_segment=stream if args.stream else None)  # fmt: skip
+    finally:
+        progress.close()
     if "error" in result:
         print(f"whisper-worker: {result['error_code']}: {result['error']}", file=sys.stderr)
         return 1
+    for warning in result.get("warnings", []):
+        print(f"whisper-worker: warning: {warning}", file=sys.stderr)
+    if args.stream:
+        return 0
     if fmt == "json":
         print(json.dumps(result, indent=2, ensure_ascii=False))
+    elif fmt == "text":
+        # One line per segment: a long recording is readable, not one 4000-character line.
+        for seg in result["segments"]:
+            print(seg["text"].strip())
     else:
         out = result[fmt]
         print(out, end="" if out.endswith("\n") else "\n")
     return 0
 
 
+def _read_job_file(name: str) -> str | None:
+    try:
+        if name == "-":
+            return sys.stdin.read()
+        return Path(name).read_text(encoding="utf-8")
+    except FileNotFoundError:
+        print(f"whisper-worker: no such file: {name}", file=sys.stderr)
+    except IsADirectoryError:
+        print(f"whisper-worker: {name} is a folder, not a job file", file=sys.stderr)
+    except UnicodeDecodeError:
+        print(f"whisper-worker: {name} is not a JSON text file (for audio use: whisper-worker "
+              "transcribe FILE)", file=sys.stderr)  # fmt: skip
+    except OSError as exc:
+        print(f"whisper-worker: cannot read {name}: {exc.strerror}", file=sys.stderr)
+    return None
+
+
 def cmd_job(args: argparse.Namespace) -> int:
-    raw = sys.stdin.read() if args.file == "-" else Path(args.file).read_text()
+    raw = _read_job_file(args.file)
+    if raw is None:
+        return 2
     try:
         job = json.loads(raw)
+    except RecursionError:
+        print("whisper-worker: the job file is nested too deeply", file=sys.stderr)
+        return 2
     except ValueError as exc:
         print(f"whisper-worker: the job file is not JSON: {exc}", file=sys.stderr)
         return 2
@@ -106,23 +169,39 @@ def cmd_serve(args: argparse.Namespace) -> int:
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="whisper-worker", description=__doc__.split("\n")[0])
     parser.add_argument("-v", "--verbose", action="store_true", help="log at DEBUG")
+    # -v after the subcommand too; SUPPRESS keeps a -v given before it from being reset.
+    common = argparse.ArgumentParser(add_help=False)
+    common.add_argument("-v", "--verbose", action="store_true", default=argparse.SUPPRESS,
+                        help="log at DEBUG")  # fmt: skip
     sub = parser.add_subparsers(dest="command", required=True)
 
-    t = sub.add_parser("transcribe", help="transcribe a local audio file")
-    t.add_argument("file")
-    t.add_argument("-f", "--format", choices=["text", "json", "srt", "vtt"], default="text")
-    t.add_argument("--model")
-    t.add_argument("--language")
-    t.add_argument("--task", choices=["transcribe", "translate"])
-    t.add_argument("--beam-size", type=int)
-    t.add_argument("--batch-size", type=int)
-    t.add_argument("--initial-prompt")
-    t.add_argument("--word-timestamps", action="store_true")
-    t.add_argument("--no-vad", action="store_true")
+    t = sub.add_parser(
+        "transcribe",
+        parents=[common],
+        help="transcribe a local audio file",
+        description="Transcribe a local audio file in-process, through the worker's own job "
+        "pipeline, and print text (one line per segment), JSON, SRT or WebVTT.",
+    )
+    t.add_argument("file", help="audio or video file (wav, mp3, flac, m4a, ogg, webm, ...)")
+    t.add_argument("-f", "--format", choices=["text", "json", "srt", "vtt"], default="text",
+                   help="what to print (default: text)")  # fmt: skip
+    t.add_argument("--model", help="a model the worker loaded (default: WHISPER_MODEL's)")
+    t.add_argument("--language", help="language code such as en or de (default: detected)")
+    t.add_argument("--task", choices=["transcribe", "translate"],
+                   help="translate: into English (multilingual models only)")  # fmt: skip
+    t.add_argument("--beam-size", type=int, help="beam search width, 1-20 (default 5)")
+    t.add_argument("--batch-size", type=int,
+                   help="above 1: batched decoding of VAD windows (faster on a GPU)")  # fmt: skip
+    t.add_argument("--initial-prompt", help="text that primes spelling and style")
+    t.add_argument("--word-timestamps", action="store_true", help="compute per-word times")
+    t.add_argument("--no-vad", action="store_true", help="keep the audio the VAD would cut")
+    t.add_argument("--stream", action="store_true",
+                   help="print each segment as it is decoded, with its times")  # fmt: skip
     t.set_defaults(func=cmd_transcribe)
 
     s = sub.add_parser(
         "serve",
+        parents=[common],
         help="serve OpenAI's /v1/audio/transcriptions over HTTP (see the README's HTTP mode)",
         description="Serve the OpenAI-compatible HTTP API on $PORT (default 80), health on "
         "$PORT_HEALTH at $HEALTH_CHECK_PATH (default /ping): 204 while loading, 200 ready.",
@@ -130,10 +209,15 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--port", type=int, help="listen on this port (default: $PORT, else 80)")
     s.set_defaults(func=cmd_serve)
 
-    j = sub.add_parser("job", help="run a job JSON ({'input': {...}}) from a file or '-'")
-    j.add_argument("file")
+    j = sub.add_parser(
+        "job",
+        parents=[common],
+        help="run a job JSON ({'input': {...}}) from a file or '-'",
+        description="Run a job exactly as the platform delivers it and print the output JSON; "
+        "exit 0 on success, 1 on a job error, 2 on a bad command line or job file.",
+    )
+    j.add_argument("file", help="job JSON file, or - for stdin")
     j.set_defaults(func=cmd_job)
-
     return parser
 
 

@@ -67,6 +67,11 @@ def device_and_compute(settings: Settings) -> tuple[str, str]:
     device = settings.device
     if device == "auto":
         device = "cuda" if cuda_device_count() > 0 else "cpu"
+    elif device == "cuda" and cuda_device_count() == 0:
+        raise ModelLoadError(
+            "WHISPER_DEVICE=cuda but no CUDA device is visible to this process (no GPU, no "
+            "driver, or CUDA_VISIBLE_DEVICES hides it); WHISPER_DEVICE=auto would run on the CPU"
+        )
     compute = settings.compute_type
     if compute == "auto":
         compute = "float16" if device == "cuda" else "int8"
@@ -200,6 +205,15 @@ def load_one(spec: ModelSpec, settings: Settings, device: str, compute: str) -> 
                 )
     except Exception as exc:
         reason = str(exc).splitlines()[0][:300] if str(exc) else type(exc).__name__
+        if "local_files_only" in str(exc) or "snapshot folder" in str(exc):
+            # faster-whisper's advice ("pass local_files_only=False") is not ours to give:
+            # the worker never downloads at run time. Say how to put the model in place.
+            reason = (
+                "it is not on this machine and the worker never downloads at run time. Fetch "
+                f"it once with: python -m builder.fetch_model --model {spec.name} --dest "
+                "./models, then set WHISPER_DOWNLOAD_ROOT=./models/hf and the same "
+                "WHISPER_MODEL loads offline"
+            )
         raise ModelLoadError(
             f"cannot load model {spec.name!r} ({spec.tried}) on {device}/{compute}: {reason}"
         ) from None

@@ -72,8 +72,13 @@ def main(argv: list[str] | None = None) -> int:
     signal.signal(signal.SIGTERM, lambda *_: done.set())
     emulator = Emulator(config).start()
     try:
-        print(f"client URL: {emulator.client_url}")
-        print(f"  header:   Authorization: Bearer {emulator.api_key}")
+        print(f"endpoint: {emulator.client_url}  (Authorization: Bearer {emulator.api_key})")
+        print("send a job with the client (copy and paste):")
+        print(
+            f"  RUNPOD_API_KEY={shlex.quote(emulator.api_key)} python -m whisper_client "
+            f"tests/data/jfk.wav --endpoint {shlex.quote(emulator.config.endpoint_id)} "
+            f"--base-url {shlex.quote(emulator.base_url)}"
+        )
         print(f"worker logs: {emulator.log_dir}")
         print("environment for a worker started by hand (pick any RUNPOD_POD_ID):")
         for key, value in emulator.worker_env("my-worker").items():

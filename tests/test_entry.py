@@ -108,3 +108,66 @@ def test_the_loader_thread_imports_nothing():
     proc = run(["-c", script], env={"WHISPER_DEVICE": "cpu", "WHISPER_WARMUP": "true"})
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert proc.stdout.strip() == "[]", proc.stdout
+
+
+# --- what a new user hits (issue 13) -------------------------------------------------------
+
+
+def test_offline_model_error_says_how_to_fetch_it(tmp_path):
+    proc = run(["-m", "handler.cli", "transcribe", str(DATA / "jfk.wav")],
+               env={"WHISPER_MODEL": "large-v3", "HF_HOME": str(tmp_path)})  # fmt: skip
+    assert proc.returncode == 1
+    line = proc.stderr.strip().splitlines()[-1]
+    assert "python -m builder.fetch_model --model large-v3" in line
+    assert "local_files_only" not in line
+
+
+def test_cuda_asked_on_a_machine_without_one_says_so():
+    from handler.models import cuda_device_count
+
+    if cuda_device_count():
+        pytest.skip("this machine has a GPU")
+    proc = run(["-m", "handler.cli", "transcribe", str(DATA / "jfk.wav")],
+               env={"WHISPER_DEVICE": "cuda"})  # fmt: skip
+    assert proc.returncode == 1
+    assert "no CUDA device" in proc.stderr and "WHISPER_DEVICE=auto" in proc.stderr
+    assert "snapshot" not in proc.stderr
+
+
+@pytest.mark.parametrize(
+    ("make", "needle"),
+    [
+        (lambda p: p / "missing.json", "no such file"),
+        (lambda p: DATA / "jfk.wav", "not a JSON text file"),
+        (lambda p: (p / "deep.json").write_text("[" * 100_000) and p / "deep.json", "nested"),
+    ],
+    ids=["missing", "audio-instead-of-json", "deeply-nested"],
+)
+def test_cli_job_bad_files_give_one_line_and_exit_two(tmp_path, make, needle):
+    proc = run(["-m", "handler.cli", "job", str(make(tmp_path))])
+    assert proc.returncode == 2, proc.stderr[-2000:]
+    assert proc.stderr.strip().count("\n") == 0 and needle in proc.stderr
+    assert "Traceback" not in proc.stderr
+
+
+def test_cli_transcribe_streams_segments_and_breaks_text_at_segment_ends():
+    proc = run(["-m", "handler.cli", "transcribe", str(DATA / "jfk.wav"), "--stream", "-v"])
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    lines = proc.stdout.strip().splitlines()
+    assert len(lines) >= 2 and all(line.startswith("[") and "->" in line for line in lines)
+    proc = run(["-m", "handler.cli", "transcribe", str(DATA / "jfk.wav")])
+    lines = proc.stdout.strip().splitlines()
+    assert len(lines) >= 2 and wer(" ".join(lines), JFK_TEXT) < 0.15
+    assert "%" not in proc.stderr  # no progress bar when stderr is not a terminal
+
+
+def test_every_cli_option_has_help():
+    from handler.cli import build_parser
+
+    parser = build_parser()
+    sub = next(a for a in parser._actions if a.dest == "command")
+    for name, p in sub.choices.items():
+        assert p.description, name
+        for action in p._actions:
+            assert action.help, (name, action.dest)
+            assert "``" not in action.help
