@@ -6,6 +6,7 @@
     python -m bench single [...]                                           the model alone
     python -m bench http [...]                            HTTP mode against queue mode
     python -m bench accuracy [...]          WER beside plain faster-whisper on a real corpus
+    python -m bench throughput [...]        a burst of short clips: one job at a time vs engine
     python -m bench threads [...]       queue worker vs in-process transcribe time per audio s
 
 Rates are per-second prices you pay (``--flex-rate``, ``--active-rate`` or ``--rates FILE``
@@ -128,6 +129,11 @@ def build_parser() -> argparse.ArgumentParser:
 
     sub.add_parser(
         "single", help="the model alone (see python -m bench single --help)", add_help=False
+    )
+    sub.add_parser(
+        "throughput",
+        help="burst throughput, engine vs one job at a time (see --help)",
+        add_help=False,
     )
     sub.add_parser(
         "accuracy",
@@ -348,6 +354,10 @@ def _scenario_meta(args: argparse.Namespace, arrivals) -> dict[str, Any]:
 
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
+    if argv[:1] == ["throughput"]:
+        from bench.throughput import main as throughput_main
+
+        return int(throughput_main(argv[1:]) or 0)
     if argv[:1] == ["accuracy"]:
         from bench.accuracy import main as accuracy_main
 

@@ -31,6 +31,7 @@ from handler.storage import deliver
 log = logging.getLogger(__name__)
 
 MIN_AUDIO_SECONDS = 0.1
+JOB_DIR_PREFIX = "whisper-job-"
 ProgressCallback = Callable[[float], None]
 
 
@@ -55,6 +56,30 @@ class Worker:
                 self.refresh_wanted = True
             if self.settings.max_rss_mb and rss_mb() > self.settings.max_rss_mb:
                 self.refresh_wanted = True
+
+
+def sweep_stale_job_dirs(settings: Settings) -> int:
+    """Remove job folders a killed worker left behind (partial downloads); returns how many.
+
+    A job's folder lives only while it fetches and decodes, so one older than both
+    deadlines together cannot belong to a running job, even of another worker sharing
+    this temporary folder.
+    """
+    import shutil
+
+    limit = settings.download_timeout_s + settings.decode_timeout_s + 60
+    now = time.time()
+    removed = 0
+    for path in Path(tempfile.gettempdir()).glob(JOB_DIR_PREFIX + "*"):
+        try:
+            if path.is_dir() and not path.is_symlink() and now - path.stat().st_mtime > limit:
+                shutil.rmtree(path, ignore_errors=True)
+                removed += 1
+        except OSError:
+            continue
+    if removed:
+        log.info("removed %d job folder(s) left by an earlier worker", removed)
+    return removed
 
 
 def rss_mb() -> float:
@@ -176,7 +201,7 @@ def _run(
     transcribe.check_request(model, kwargs)
     timings: dict[str, float] = {}
 
-    with tempfile.TemporaryDirectory(prefix="whisper-job-") as tmp:
+    with tempfile.TemporaryDirectory(prefix=JOB_DIR_PREFIX) as tmp:
         src = Path(tmp) / "audio"
         t = time.perf_counter()
         if audio_bytes is not None:

@@ -89,12 +89,20 @@ def blocked_reason(ip: str, allow_private: bool = False) -> str | None:
         addr = ipaddress.ip_address(ip)
     except ValueError:
         return "unparseable address"
-    candidates = [addr]
+    candidates: list[ipaddress.IPv4Address | ipaddress.IPv6Address] = [addr]
     if isinstance(addr, ipaddress.IPv6Address):
+        # Every IPv6 form that carries an IPv4 address is judged by that address too: a
+        # relay or gateway on the way dials the IPv4 host.
         if addr.ipv4_mapped is not None:
             candidates = [addr.ipv4_mapped]  # ::ffff:a.b.c.d is only an envelope
         elif addr in _NAT64:  # so is 64:ff9b::a.b.c.d (a NAT64 gateway dials a.b.c.d)
             candidates = [ipaddress.IPv4Address(int(addr) & 0xFFFFFFFF)]
+        if addr.sixtofour is not None:  # 2002:AABB:CCDD::/48 (6to4)
+            candidates.append(addr.sixtofour)
+        if addr.teredo is not None:  # 2001:0::/32 (Teredo: server and obfuscated client)
+            candidates.extend(addr.teredo)
+        if int(addr) >> 32 == 0 and int(addr) > 1:  # ::a.b.c.d (IPv4-compatible, deprecated)
+            candidates.append(ipaddress.IPv4Address(int(addr) & 0xFFFFFFFF))
     for a in candidates:
         if a.is_multicast:
             return "multicast"

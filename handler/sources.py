@@ -20,7 +20,7 @@ from urllib.parse import urlsplit
 from handler.errors import Code, WorkerError
 from handler.guard import Guard
 from handler.netfetch import CHUNK_BYTES, blocked_reason, fetch_url, redact_url, too_large
-from handler.settings import Settings
+from handler.settings import Settings, no_instance_metadata
 
 __all__ = [
     "blocked_reason",
@@ -151,6 +151,7 @@ def _fetch_s3(
         retries={"max_attempts": 3, "mode": "standard"},
     )
     try:
+        no_instance_metadata()
         client = boto3.client("s3", endpoint_url=settings.s3_endpoint_url, config=config)
         head = client.head_object(Bucket=bucket, Key=key)
         size = int(head["ContentLength"])

@@ -12,7 +12,7 @@ import logging
 from typing import Any
 
 from handler.errors import Code, WorkerError
-from handler.settings import Settings
+from handler.settings import Settings, no_instance_metadata
 
 log = logging.getLogger(__name__)
 
@@ -40,6 +40,7 @@ def deliver(output: dict[str, Any], settings: Settings, job_id: str) -> dict[str
 
     key = f"results/{job_id}.json"
     try:
+        no_instance_metadata()
         s3 = boto3.client("s3", endpoint_url=settings.s3_endpoint_url)
         s3.put_object(
             Bucket=settings.result_bucket,

@@ -301,3 +301,25 @@ def test_memory_stays_flat_over_many_jobs(worker):
             run_job(job, worker)
     growth = rss_mb() - before
     assert growth < 40, f"resident memory grew {growth:.1f} MiB over 20 jobs"
+
+
+def test_start_up_removes_job_folders_a_killed_worker_left(tmp_path, monkeypatch):
+    import os
+    import tempfile
+    import time
+
+    from handler.startup import StartupTimes, prepare
+
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+    stale = tmp_path / "whisper-job-abc"
+    stale.mkdir()
+    (stale / "audio").write_bytes(b"partial download")
+    old = time.time() - 3600
+    os.utime(stale, (old, old))
+    fresh = tmp_path / "whisper-job-def"  # a job of another worker, still fetching
+    fresh.mkdir()
+    other = tmp_path / "not-ours"
+    other.mkdir()
+    os.utime(other, (old, old))
+    prepare(StartupTimes(), make_settings(device="cpu"))
+    assert not stale.exists() and fresh.exists() and other.exists()

@@ -305,6 +305,11 @@ def test_redact_url(url: str, expected: str) -> None:
         ("64:ff9b::a9fe:a9fe", "link-local (cloud metadata)", "link-local (cloud metadata)"),
         ("64:ff9b::808:808", None, None),
         ("64:ff9b::a00:1", "private", None),
+        # 6to4, Teredo and IPv4-compatible forms carry an IPv4 host too (issue 12).
+        ("2002:a9fe:a9fe::1", "link-local (cloud metadata)", "link-local (cloud metadata)"),
+        ("2002:a00:1::", "private", None),
+        ("2002:7f00:1::", "loopback", None),
+        ("::10.0.0.1", "reserved", "reserved"),
         ("fe80::1", "link-local (cloud metadata)", "link-local (cloud metadata)"),
         ("fd00:ec2::254", "reserved", "reserved"),
         ("224.0.0.1", "multicast", "multicast"),
@@ -336,6 +341,7 @@ ALWAYS_BLOCKED_HOSTS = [
     "[::ffff:169.254.169.254]",
     "[::ffff:a9fe:a9fe]",
     "[64:ff9b::a9fe:a9fe]",
+    "[2002:a9fe:a9fe::1]",
     "[fd00:ec2::254]",
     "224.0.0.1",
     "[ff02::1]",
@@ -712,3 +718,20 @@ def test_cancel_already_set_connects_nowhere(srv, net_events, dest) -> None:
     cancel.set()
     fails(Code.CANCELLED, fetch_url, srv.url("/ok"), dest, settings(), cancel=cancel)
     assert connects(net_events) == [] and srv.connections == 0 and not dest.exists()
+
+
+def test_no_credentials_never_dials_the_metadata_service(net_events, dest, monkeypatch) -> None:
+    """boto3's credential chain falls back to 169.254.169.254; the worker turns that off."""
+    for key in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN", "AWS_PROFILE",
+                "AWS_EC2_METADATA_DISABLED", "AWS_CONTAINER_CREDENTIALS_RELATIVE_URI"):  # fmt: skip
+        monkeypatch.delenv(key, raising=False)
+    monkeypatch.setenv("AWS_SHARED_CREDENTIALS_FILE", str(dest.parent / "none"))
+    monkeypatch.setenv("AWS_CONFIG_FILE", str(dest.parent / "none"))
+    s = settings(s3_allowed_buckets="b", s3_endpoint_url="http://127.0.0.1:9")
+    from handler.sources import fetch_s3
+
+    with pytest.raises(WorkerError) as info:
+        fetch_s3("s3://b/key.wav", dest, s)
+    assert info.value.code is Code.INTERNAL and info.value.retryable is False
+    assert not [a for a in connects(net_events) if "169.254" in str(a)], connects(net_events)
+    assert all(e[1][0] != "169.254.169.254" for e in net_events if e[0] == "socket.getaddrinfo")
