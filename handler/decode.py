@@ -143,6 +143,8 @@ def decode_audio(
         log.warning("decode failed: %s", type(exc).__name__)
         raise WorkerError(Code.UNSUPPORTED_OR_CORRUPT_MEDIA, _GENERIC) from None
 
+    if result.format_name == "wav":
+        result.warnings += _wav_length_warnings(path, result.duration)
     log.info(
         "decoded %.2fs of audio (%s) in %.3fs, %d warning(s)",
         result.duration,
@@ -151,6 +153,44 @@ def decode_audio(
         len(result.warnings),
     )
     return result
+
+
+def _wav_length_warnings(path: pathlib.Path, decoded: float) -> list[str]:
+    """A WAV's own header against its bytes: FFmpeg estimates a truncated WAV's length from
+    the file size (so the declared-duration check cannot see the cut), and stops at the end
+    of a data chunk that declares less than the file holds. Either way the transcript would
+    be silently short."""
+    import struct
+
+    try:
+        with open(path, "rb") as f:
+            head = f.read(65536)
+            size = os.fstat(f.fileno()).st_size
+    except OSError:
+        return []
+    if len(head) < 12 or head[:4] not in (b"RIFF", b"RF64") or head[8:12] != b"WAVE":
+        return []
+    pos, byte_rate, data_at, data_size = 12, 0, 0, 0
+    while pos + 8 <= len(head):
+        cid, csize = head[pos : pos + 4], struct.unpack("<I", head[pos + 4 : pos + 8])[0]
+        if cid == b"fmt " and pos + 20 <= len(head):
+            byte_rate = struct.unpack("<I", head[pos + 16 : pos + 20])[0]
+        if cid == b"data":
+            data_at, data_size = pos + 8, csize
+            break
+        pos += 8 + csize + (csize & 1)
+    if not byte_rate or not data_at or data_size in (0, 0xFFFFFFFF):
+        return []  # a streamed WAV (size unknown) or no header we understand
+    declared = data_size / byte_rate
+    present = (size - data_at) / byte_rate
+    slack = max(_SHORTFALL_S, _SHORTFALL_FRACTION * declared)
+    if declared - present > slack:
+        return [f"The WAV header declares {declared:.1f} s but the file holds {present:.1f} s: "
+                "the file is truncated."]  # fmt: skip
+    if present - declared > slack and present - decoded > slack:
+        return [f"The WAV header declares {declared:.1f} s of audio but the file holds "
+                f"{present:.1f} s; only the declared part was decoded."]  # fmt: skip
+    return []
 
 
 def _require_regular_file(path: pathlib.Path) -> None:

@@ -348,3 +348,24 @@ def test_tiny_audio_decodes(tmp_path: pathlib.Path, seconds: float, expected: in
     got = decode_audio(media.write_tone_wav(tmp_path / "tiny.wav", seconds), CAPPED)
     assert len(got.samples) == expected
     assert got.samples.dtype == np.float32
+
+
+@pytest.mark.parametrize("seed", range(10))
+def test_a_truncated_wav_always_warns(tmp_path: pathlib.Path, seed: int) -> None:
+    """Issue 12: 10 of 10 random cuts of a WAV used to decode silently short."""
+    data = JFK_WAV.read_bytes()
+    cut = int(np.random.default_rng(seed).uniform(0.1, 0.9) * len(data))
+    path = media.write_bytes(tmp_path / "cut.wav", data[:cut])
+    got = decode_audio(path, Settings())
+    assert any("truncated" in w for w in got.warnings), (cut, got.warnings)
+
+
+def test_a_wav_whose_data_chunk_declares_less_than_it_holds_warns(tmp_path: pathlib.Path) -> None:
+    import struct
+
+    data = bytearray(JFK_WAV.read_bytes())
+    at = data.find(b"data")
+    data[at + 4 : at + 8] = struct.pack("<I", 32000)  # 1 s of the 11 s
+    got = decode_audio(media.write_bytes(tmp_path / "short.wav", bytes(data)), Settings())
+    assert got.duration == pytest.approx(1.0, abs=0.05)
+    assert any("only the declared part" in w for w in got.warnings), got.warnings
