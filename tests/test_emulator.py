@@ -449,7 +449,7 @@ def test_cli_prints_urls_and_stops_on_sigterm() -> None:
     )
     try:
         first = proc.stdout.readline()
-        assert first.startswith("client URL: http://127.0.0.1:")
+        assert first.startswith("endpoint: http://127.0.0.1:")
         proc.send_signal(signal.SIGTERM)
         assert proc.wait(timeout=20) == 0
         assert "RUNPOD_WEBHOOK_GET_JOB=" in proc.stdout.read()

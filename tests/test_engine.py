@@ -200,3 +200,22 @@ def test_eight_short_jobs_ride_together(worker) -> None:
     results = run_all(jobs, w)
     assert all(wer(r["text"], JFK_TEXT) < 0.2 for r in results), results
     assert max(w.engine.histogram()) >= 2, w.engine.histogram()
+
+
+def test_the_gpu_check_runs_on_the_cpu(tmp_path) -> None:
+    """bench/gpu_check.sh is prepared for a lent GPU; the same code runs here on the CPU."""
+    import json
+    import subprocess
+
+    out = tmp_path / "gpu.json"
+    proc = subprocess.run(
+        ["bash", "bench/gpu_check.sh", "--device", "cpu", "--models", "tiny.en,no-such-model",
+         "--batches", "1,4", "--long-seconds", "35", "--burst", "6", "--out", str(out)],
+        cwd=Path(__file__).resolve().parent.parent, capture_output=True, text=True, timeout=480,
+    )  # fmt: skip
+    report = json.loads(out.read_text())
+    tiny, missing = report["models"]
+    assert proc.returncode == 1  # one model was not on this machine, and it says so
+    assert "skipped" in missing and "| no-such-model | skipped" in proc.stdout
+    assert set(tiny["rtf_by_batch"]) == {"1", "4"} and tiny["rtf_by_batch"]["4"]["wer"] < 0.2
+    assert tiny["burst_engine"]["clips"] == 6 and tiny["cold_start"]["ready"] > 0

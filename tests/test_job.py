@@ -275,12 +275,26 @@ def test_batched_falls_back_to_sequential_when_it_cannot_batch(worker):
         {
             "audio_base64": base64.b64encode(audio.wav_bytes()).decode(),
             "batch_size": 4,
-            "vad_filter": False,
+            "condition_on_previous_text": False,
         },
         worker,
     )
     assert "error" not in result, result
     assert any("sequentially" in w for w in result["warnings"])
+    assert "batch_sizes" not in result
+    assert wer(audio.text, result["text"]) < 0.3
+
+
+def test_batched_without_vad_cuts_long_audio_into_windows(worker):
+    # faster-whisper's batched pipeline refuses 30 s or more without VAD; the engine cuts it.
+    audio = bench_long_clip(35)
+    result = run_job(
+        {"audio_base64": base64.b64encode(audio.wav_bytes()).decode(), "batch_size": 4,
+         "vad_filter": False},
+        worker,
+    )  # fmt: skip
+    assert "error" not in result, result
+    assert result["batch_sizes"] == [2, 2] and "warnings" not in result
     assert wer(audio.text, result["text"]) < 0.3
 
 

@@ -27,7 +27,12 @@ ROOT = Path(__file__).resolve().parent.parent
 PRODUCTS = ("handler", "whisper_client", "runpod_emulator", "bench")
 PUBLIC_WORKER_MODULES = {"handler.contract", "handler.schema"}
 # Where the worker may import these (startup only pre-imports faster_whisper: see prepare).
-FASTER_WHISPER_OK = {"handler/models.py", "handler/transcribe.py", "handler/startup.py"}
+FASTER_WHISPER_OK = {
+    "handler/models.py",
+    "handler/transcribe.py",
+    "handler/fw_batch.py",
+    "handler/startup.py",
+}
 RUNPOD_OK = {"handler/__main__.py", "handler/worker.py"}
 
 
