@@ -7,6 +7,7 @@
     python -m bench http [...]                            HTTP mode against queue mode
     python -m bench accuracy [...]          WER beside plain faster-whisper on a real corpus
     python -m bench throughput [...]        a burst of short clips: one job at a time vs engine
+    python -m bench memory [...]                 peak RSS of one job against audio length
     python -m bench threads [...]       queue worker vs in-process transcribe time per audio s
 
 Rates are per-second prices you pay (``--flex-rate``, ``--active-rate`` or ``--rates FILE``
@@ -129,6 +130,11 @@ def build_parser() -> argparse.ArgumentParser:
 
     sub.add_parser(
         "single", help="the model alone (see python -m bench single --help)", add_help=False
+    )
+    sub.add_parser(
+        "memory",
+        help="peak RSS against audio length (see python -m bench memory --help)",
+        add_help=False,
     )
     sub.add_parser(
         "throughput",
@@ -354,6 +360,10 @@ def _scenario_meta(args: argparse.Namespace, arrivals) -> dict[str, Any]:
 
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
+    if argv[:1] == ["memory"]:
+        from bench.memory import main as memory_main
+
+        return int(memory_main(argv[1:]) or 0)
     if argv[:1] == ["throughput"]:
         from bench.throughput import main as throughput_main
 

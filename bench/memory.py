@@ -1,0 +1,109 @@
+"""Peak memory of one job against audio length: sequential decoding vs the engine.
+
+``python -m bench memory --lengths 600,3600,7200``: for each length, real speech (the
+bench.corpus clips repeated) encoded as FLAC and served from 127.0.0.1, one job per fresh
+``whisper-worker job`` process, at ``batch_size`` 1 (sequential: faster-whisper computes
+the features of the whole file at once) and 8 (the engine: features per 30-s window).
+Reports each process's peak RSS (getrusage of the child) beside the idle worker's and
+writes a JSON (and a plot with ``--plot``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import http.server
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+import av
+import numpy as np
+
+from bench.corpus import RATE, long_clip
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def write_flac(path: Path, samples: np.ndarray) -> None:
+    pcm = (np.clip(samples, -1, 1) * 32767).astype(np.int16)
+    with av.open(str(path), "w", format="flac") as out:
+        stream = out.add_stream("flac", rate=RATE, layout="mono")
+        for start in range(0, len(pcm), RATE * 10):
+            block = np.ascontiguousarray(pcm[start : start + RATE * 10]).reshape(1, -1)
+            frame = av.AudioFrame.from_ndarray(block, format="s16", layout="mono")
+            frame.rate = RATE
+            for p in stream.encode(frame):
+                out.mux(p)
+        for p in stream.encode(None):
+            out.mux(p)
+
+
+def child_peak_mib(cmd: list[str], env: dict[str, str], stdin: str) -> tuple[float, float, int]:
+    """(peak RSS MiB, seconds, exit code) of one child process (its own rusage, wait4)."""
+    t = time.perf_counter()
+    proc = subprocess.Popen(cmd, env=env, stdin=subprocess.PIPE, stdout=subprocess.DEVNULL,
+                            stderr=subprocess.DEVNULL, text=True, cwd=ROOT)  # fmt: skip
+    assert proc.stdin is not None
+    proc.stdin.write(stdin)
+    proc.stdin.close()
+    _, status, usage = os.wait4(proc.pid, 0)
+    proc.returncode = os.waitstatus_to_exitcode(status)
+    return usage.ru_maxrss / 1024, time.perf_counter() - t, proc.returncode
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        prog="python -m bench memory", description=__doc__.split("\n")[0]
+    )
+    parser.add_argument("--lengths", default="600,3600", help="seconds, default 600,3600")
+    parser.add_argument("--batches", default="8,1", help="batch sizes to compare (default 8,1)")
+    parser.add_argument("--out", default=str(ROOT / "bench" / "out" / "memory.json"))
+    args = parser.parse_args(argv)
+    lengths = sorted(float(x) for x in args.lengths.split(","))
+    batches = [int(b) for b in args.batches.split(",")]
+    env = {**os.environ, "WHISPER_DEVICE": "cpu", "WHISPER_ALLOW_PRIVATE_URLS": "true",
+           "WHISPER_WARMUP": "false", "WHISPER_LOG_LEVEL": "WARNING"}  # fmt: skip
+    rows = []
+    with tempfile.TemporaryDirectory() as tmp:
+        handler = lambda *a, **k: http.server.SimpleHTTPRequestHandler(*a, directory=tmp, **k)  # noqa: E731
+        server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
+        threading.Thread(target=server.serve_forever, daemon=True).start()
+        try:
+            idle, _, _ = child_peak_mib(
+                [sys.executable, "-c", "from handler.startup import start_worker; start_worker()"],
+                env, "")  # fmt: skip
+            for seconds in lengths:
+                name = f"speech-{int(seconds)}.flac"
+                write_flac(Path(tmp) / name, long_clip(seconds).samples)
+                url = f"http://127.0.0.1:{server.server_port}/{name}"
+                for b in batches:
+                    job = json.dumps({"input": {"audio_url": url, "batch_size": b,
+                                                "output": ["text"]}})  # fmt: skip
+                    peak, dt, rc = child_peak_mib(
+                        [sys.executable, "-m", "handler.cli", "job", "-"], env, job
+                    )
+                    row = {"seconds": seconds, "batch_size": b, "peak_mib": round(peak),
+                           "over_idle_mib": round(peak - idle), "wall_s": round(dt, 1),
+                           "rc": rc}  # fmt: skip
+                    rows.append(row)
+                    print(json.dumps(row), flush=True)
+        finally:
+            server.shutdown()
+    print(f"idle worker: {idle:.0f} MiB")
+    print("| audio | batch | peak MiB | over idle MiB | wall s |\n|---|---|---|---|---|")
+    for r in rows:
+        print(f"| {r['seconds'] / 60:.0f} min | {r['batch_size']} | {r['peak_mib']} | "
+              f"{r['over_idle_mib']} | {r['wall_s']} |")  # fmt: skip
+    out = Path(args.out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps({"idle_mib": round(idle), "rows": rows}, indent=2))
+    return 0 if all(r["rc"] == 0 for r in rows) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
