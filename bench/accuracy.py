@@ -190,8 +190,9 @@ def main(argv: list[str] | None = None) -> int:
         "--model", default="base", help="base (PyPI, multilingual), tiny.en or a folder"
     )
     parser.add_argument("--config", action="append", default=[], metavar="NAME=JSON",
-                        help='job options, e.g. nolang=\'{"vad_filter": false}\'; "$language" '
-                             "stands for the file's language (repeatable)")  # fmt: skip
+                        help='job options, e.g. novad=\'{"vad_filter": false}\'; "$language" '
+                             "stands for the file's language; \"$env\": {...} sets worker "
+                             "settings (repeatable)")  # fmt: skip
     parser.add_argument("--languages", help="comma-separated subset, e.g. en,es")
     parser.add_argument("--no-plain", action="store_true", help="skip plain faster-whisper")
     parser.add_argument("--out", default=str(ROOT / "bench" / "out" / "accuracy.json"))
@@ -241,7 +242,13 @@ def main(argv: list[str] | None = None) -> int:
     worker = start_worker(load_settings({"WHISPER_DEVICE": "cpu", "WHISPER_MODEL": str(model_dir),
                                          "WHISPER_WARMUP": "false"}))  # fmt: skip
     for name, options in configs.items():
-        runs.append(run_worker(name, worker, options, items, progress))
+        options = dict(options)
+        env = options.pop("$env", None)
+        w = worker
+        if env:  # deploy-time settings for this config: a worker of its own
+            base = {"WHISPER_DEVICE": "cpu", "WHISPER_MODEL": str(model_dir)}
+            w = start_worker(load_settings({**base, "WHISPER_WARMUP": "false", **env}))
+        runs.append(run_worker(name, w, options, items, progress))
     if tty:
         print(file=sys.stderr)
     print(

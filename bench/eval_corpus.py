@@ -151,7 +151,8 @@ def build(dest: Path = DEFAULT_DIR, per_language: int = 0, seed: int = 0) -> lis
         for p in files:
             group = "short" if _seconds(p) < 2.0 else "prompt"
             items.append(Item(p, texts[p.stem], lang, group, "asterisk"))
-    items += _hard_cases(dest / "hard", items, rng)
+    # Per sample size: a smaller run must never overwrite the files a larger one is reading.
+    items += _hard_cases(dest / f"hard-{per_language or 'all'}", items, rng)
     for p in sorted((DATA / "librivox").glob("*.wav")):
         items.append(Item(p, p.with_suffix(".txt").read_text().strip(), "en", "read", "librivox"))
     items.append(Item(DATA / "jfk.wav", JFK_TEXT, "en", "read", "jfk"))

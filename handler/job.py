@@ -198,6 +198,9 @@ def _run(
     job = parse_job_input(raw_input, audio_given=audio_bytes is not None)
     model = worker.pool.get(job.model)
     kwargs = job.transcribe_kwargs(vad_default=settings.vad_default)
+    if settings.language and "language" not in kwargs and model.multilingual:
+        kwargs["language"] = settings.language
+    languages = [x for x in settings.languages if x in model.languages] or None
     transcribe.check_request(model, kwargs)
     timings: dict[str, float] = {}
 
@@ -245,6 +248,7 @@ def _run(
                 batch_size=batch_size,
                 cancel=cancel,
                 on_segment=each_segment,
+                languages=languages,
             )
             timings["transcribe"] = tr.seconds
             timings["batch_wait"] = tr.batch_wait or 0.0
@@ -258,6 +262,7 @@ def _run(
                     batch_size=batch_size,
                     cancel=cancel,
                     on_segment=each_segment,
+                    languages=languages,
                 )
                 timings["transcribe"] = tr.seconds
         warnings += tr.warnings

@@ -64,6 +64,12 @@ class Settings(BaseModel):
     """Batch size for jobs that do not set one; > 1 uses faster-whisper's batched pipeline.
     1 on every device by default: batching was 1.4-1.8x faster on minute-long audio here, but
     its segments are whole VAD chunks (up to 30 s), poor for subtitles. See the README."""
+    language: str | None = Field(None, min_length=2, max_length=8, pattern=r"^[a-zA-Z_-]+$")
+    """Language of jobs that set none: a deployment that serves one language says so once
+    (detection on a few seconds of audio is fragile). Unset: detected."""
+    languages: list[str] = Field(default_factory=list)
+    """Detect only among these languages (comma separated, e.g. en,es,fr): short clips are
+    then never heard as a language nobody sends. Empty: any language the model knows."""
     vad_default: bool = True
     """VAD is on unless a job turns it off (silence must not come back as 'you you')."""
     warmup: bool = True
@@ -145,7 +151,12 @@ class Settings(BaseModel):
     """Ask for a fresh worker when resident memory grows past this (MiB); 0 never."""
 
     @field_validator(
-        "device_index", "allowed_models", "allowed_formats", "s3_allowed_buckets", mode="before"
+        "device_index",
+        "allowed_models",
+        "allowed_formats",
+        "s3_allowed_buckets",
+        "languages",
+        mode="before",
     )
     @classmethod
     def _split_csv(cls, v: object) -> object:

@@ -107,6 +107,18 @@ def _check_prompt_budget(model: LoadedModel, kwargs: dict[str, Any]) -> None:
         )
 
 
+def detect_among(model: Any, audio: np.ndarray, allowed: list[str], kwargs: dict[str, Any]) -> str:
+    """The most probable of the ``allowed`` languages (faster-whisper's own detection)."""
+    _lang, _prob, probs = model.detect_language(
+        audio=audio,
+        vad_filter=bool(kwargs.get("vad_filter", True)),
+        language_detection_segments=kwargs.get("language_detection_segments", 1),
+        language_detection_threshold=kwargs.get("language_detection_threshold", 0.5),
+    )
+    ranked = [lang for lang, _p in probs if lang in allowed]
+    return ranked[0] if ranked else allowed[0]
+
+
 def segment_dict(seg: Any) -> Segment:
     words: list[Word] | None = None
     if seg.words is not None:
@@ -164,10 +176,16 @@ def run(
     batch_size: int,
     cancel: threading.Event | None = None,
     on_segment: SegmentCallback | None = None,
+    languages: list[str] | None = None,
 ) -> Transcript:
-    """Transcribe ``audio`` (float32, 16 kHz mono) and return every segment."""
+    """Transcribe ``audio`` (float32, 16 kHz mono) and return every segment.
+
+    ``languages``: detect only among these (when the job set no language).
+    """
     start = time.perf_counter()
     warnings = []
+    if languages and "language" not in kwargs and instance.model.is_multilingual:
+        kwargs = {**kwargs, "language": detect_among(instance, audio, languages, kwargs)}
     if batch_size > 1 and (why := batch_blocker(kwargs, len(audio) / 16000)):
         warnings.append(f"ran sequentially instead of batched: {why}")
         batch_size = 1
@@ -214,10 +232,13 @@ def run_engine(
     batch_size: int,
     cancel: threading.Event | None = None,
     on_segment: SegmentCallback | None = None,
+    languages: list[str] | None = None,
 ) -> Transcript:
     """Transcribe through the engine: windows prepared here, decoded in shared batches."""
     start = time.perf_counter()
     instance, scheduler = engine.scheduler_for(model.instances)
+    if languages and "language" not in kwargs and model.multilingual:
+        kwargs = {**kwargs, "language": detect_among(instance, audio, languages, kwargs)}
     prepared = fw_batch.prepare(instance, audio, kwargs)
     raise_if_cancelled(cancel)
     job = EngineJob(prepared, batch_size, cancel)
