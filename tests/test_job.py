@@ -337,3 +337,43 @@ def test_start_up_removes_job_folders_a_killed_worker_left(tmp_path, monkeypatch
     os.utime(other, (old, old))
     prepare(StartupTimes(), make_settings(device="cpu"))
     assert not stale.exists() and fresh.exists() and other.exists()
+
+
+# --- what the defaults promise (issue 11): pinned on real speech with the default options ---
+
+
+def _job_of(samples):
+    from bench.corpus import wav_bytes
+
+    return {"audio_base64": base64.b64encode(wav_bytes(samples)).decode()}
+
+
+@pytest.mark.parametrize("kind", ["silence", "noise", "hum"])
+def test_defaults_give_empty_text_on_silence_and_noise(worker, kind):
+    import numpy as np
+
+    rng = np.random.default_rng(0)
+    t = np.arange(16000 * 8) / 16000
+    samples = {
+        "silence": np.zeros(len(t)),
+        "noise": rng.standard_normal(len(t)) * 0.05,
+        "hum": np.sin(2 * np.pi * 50 * t) * 0.2,
+    }[kind].astype("float32")
+    out = run_job(_job_of(samples), worker)
+    assert "error" not in out and out["text"] == "", out["text"]
+
+
+def test_defaults_keep_the_first_word_of_a_clip_cut_mid_word(worker):
+    from bench.corpus import read_wav
+
+    jfk = read_wav(DATA / "jfk.wav")
+    out = run_job(_job_of(jfk[int(0.2 * 16000) :]), worker)  # 200 ms into "And"
+    assert words(out["text"])[:3] == ["and", "so", "my"], out["text"]
+
+
+def test_defaults_transcribe_a_one_second_clip(worker):
+    from bench.corpus import read_wav
+
+    clip = read_wav(sorted((DATA / "librivox").glob("*.wav"))[0])[:16000]
+    out = run_job(_job_of(clip), worker)
+    assert words(out["text"])[:2] == ["and", "mr"], out["text"]

@@ -71,3 +71,21 @@ def test_a_second_allowed_model_is_chosen_per_job(base_model_dir):
     assert result["language"] == "de" and result["model"] == base_model_dir.name
     default = run_job({"audio_base64": b64(DATA / "jfk.mp3")}, w)
     assert default["model"] == "tiny.en"
+
+
+def test_deployment_language_and_detection_set(base_model_dir):
+    from handler.startup import start_worker
+
+    de, es = b64(DATA / CLIPS["de"][0]), b64(DATA / CLIPS["es"][0])
+    forced = start_worker(make_settings(device="cpu", model=str(base_model_dir), language="es"))
+    assert run_job({"audio_base64": es}, forced)["language"] == "es"
+    # A job's own language still wins over the deployment's.
+    assert run_job({"audio_base64": de, "language": "de"}, forced)["language"] == "de"
+    among = start_worker(
+        make_settings(device="cpu", model=str(base_model_dir), languages="en,es,fr")
+    )
+    for batch in (1, 8):
+        out = run_job({"audio_base64": es, "batch_size": batch}, among)
+        assert out["language"] == "es", out
+        out = run_job({"audio_base64": de, "batch_size": batch}, among)
+        assert out["language"] in {"en", "es", "fr"}, out  # German is not on the list
