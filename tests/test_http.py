@@ -25,7 +25,7 @@ from openai.types.audio import Transcription, TranscriptionVerbose
 from handler import openai_api
 from handler.errors import Code, WorkerError
 from tests import media
-from tests.conftest import DATA, JFK_TEXT, b64, wait_for, wer
+from tests.conftest import DATA, JFK_TEXT, b64, wait_for, wer, words
 from tests.httpserver import LocalServer
 
 pytestmark = pytest.mark.e2e
@@ -340,3 +340,22 @@ def test_queue_job_in_runpod_openai_passthrough_shape(worker) -> None:  # type: 
     err = run_openai_job({"openai_route": "/v1/chat/completions", "openai_input": {}}, worker)
     assert err["error_code"] == "INVALID_INPUT" and err["retryable"] is False
     assert json.dumps(err)
+
+
+@pytest.mark.model
+def test_translate_through_http_on_a_multilingual_model(base_model_dir) -> None:
+    srv = Server({"WHISPER_MODEL": str(base_model_dir), "WHISPER_WARMUP": "false"})
+    try:
+        from tests.test_multilingual import CLIPS
+
+        with open(DATA / CLIPS["de"][0], "rb") as f:
+            res = srv.client().audio.translations.create(model="whisper-1", file=f)
+        english = {"good", "morning", "weather", "berlin", "park", "today", "afternoon"}
+        assert len(english & set(words(res.text))) >= 3, res.text
+        with open(DATA / CLIPS["de"][0], "rb") as f:
+            verbose = srv.client().audio.translations.create(
+                model="whisper-1", file=f, response_format="verbose_json"
+            )
+        assert verbose.model_dump().get("language") == "english"
+    finally:
+        srv.stop()
