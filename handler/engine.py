@@ -30,7 +30,7 @@ from typing import Any
 
 from handler import fw_batch
 from handler.errors import Code, WorkerError
-from handler.guard import raise_if_cancelled
+from handler.guard import Guard, raise_if_cancelled
 
 log = logging.getLogger(__name__)
 
@@ -44,6 +44,8 @@ class EngineJob:
     prepared: fw_batch.PreparedJob
     batch_size: int
     cancel: threading.Event | None
+    guard: Guard | None = None
+    """Cancel and compute budget: checked while the job waits and before each batch."""
     id: int = field(default_factory=lambda: next(_ids))
     next_window: int = 0
     results: dict[int, list[dict[str, Any]] | BaseException] = field(default_factory=dict)
@@ -59,6 +61,8 @@ class EngineJob:
 
     @property
     def cancelled(self) -> bool:
+        if self.guard is not None:
+            return self.guard.cancelled() or self.guard.expired()
         return self.cancel is not None and self.cancel.is_set()
 
 
@@ -96,6 +100,8 @@ class Scheduler:
                 if job.cancelled:
                     self._drop(job)
                     raise_if_cancelled(job.cancel)
+                    if job.guard is not None:
+                        job.guard.check()  # the compute budget
                 self._cond.wait(0.1)
             value = job.results.pop(index)
         if isinstance(value, BaseException):

@@ -201,6 +201,7 @@ def _run(
     if settings.language and "language" not in kwargs and model.multilingual:
         kwargs["language"] = settings.language
     languages = [x for x in settings.languages if x in model.languages] or None
+    budget_floor, budget_factor = settings.compute_budget_floor_s, settings.compute_budget_factor
     transcribe.check_request(model, kwargs)
     timings: dict[str, float] = {}
 
@@ -237,6 +238,9 @@ def _run(
             if progress is not None:
                 progress(seg["end"])
 
+        budget = None
+        if budget_floor or budget_factor:
+            budget = budget_floor + budget_factor * duration
         blocker = transcribe.batch_blocker(kwargs, duration) if batch_size > 1 else None
         if batch_size > 1 and blocker is None:
             timings["queue_model"] = 0.0  # the engine shares instances: no exclusive wait
@@ -249,6 +253,7 @@ def _run(
                 cancel=cancel,
                 on_segment=each_segment,
                 languages=languages,
+                budget_s=budget,
             )
             timings["transcribe"] = tr.seconds
             timings["batch_wait"] = tr.batch_wait or 0.0
@@ -263,6 +268,7 @@ def _run(
                     cancel=cancel,
                     on_segment=each_segment,
                     languages=languages,
+                    budget_s=budget,
                 )
                 timings["transcribe"] = tr.seconds
         warnings += tr.warnings

@@ -217,6 +217,10 @@ def load_one(spec: ModelSpec, settings: Settings, device: str, compute: str) -> 
         raise ModelLoadError(
             f"cannot load model {spec.name!r} ({spec.tried}) on {device}/{compute}: {reason}"
         ) from None
+    from handler.transcribe import GuardedModel
+
+    for inst in instances:
+        inst.model = GuardedModel(inst.model)  # cancel and budget checked per model call
     first = instances[0]
     multilingual = bool(first.model.is_multilingual)
     loaded = LoadedModel(

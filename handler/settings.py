@@ -64,6 +64,12 @@ class Settings(BaseModel):
     """Batch size for jobs that do not set one; > 1 uses faster-whisper's batched pipeline.
     1 on every device by default: batching was 1.4-1.8x faster on minute-long audio here, but
     its segments are whole VAD chunks (up to 30 s), poor for subtitles. See the README."""
+    compute_budget_floor_s: float = Field(120.0, ge=0)
+    """Each job may spend this many seconds in the model, plus compute_budget_factor x its
+    audio duration; past that it fails with COMPUTE_BUDGET_EXCEEDED (options that make the
+    decoder fall back forever cannot hold a model slot). 0 and 0: no budget."""
+    compute_budget_factor: float = Field(3.0, ge=0)
+    """Seconds of model time allowed per second of audio, on top of the floor."""
     language: str | None = Field(None, min_length=2, max_length=8, pattern=r"^[a-zA-Z_-]+$")
     """Language of jobs that set none: a deployment that serves one language says so once
     (detection on a few seconds of audio is fragile). Unset: detected."""

@@ -22,7 +22,7 @@ from handler import fw_batch
 from handler.contract import Segment, Word
 from handler.engine import Engine, EngineJob
 from handler.errors import Code, WorkerError
-from handler.guard import raise_if_cancelled
+from handler.guard import Guard, raise_if_cancelled
 from handler.models import LoadedModel
 
 log = logging.getLogger(__name__)
@@ -107,6 +107,46 @@ def _check_prompt_budget(model: LoadedModel, kwargs: dict[str, Any]) -> None:
         )
 
 
+_LOCAL = threading.local()
+
+
+class GuardedModel:
+    """Wraps a CTranslate2 Whisper model: every encode/generate/align call first checks the
+    calling job's guard (cancel and compute budget).
+
+    faster-whisper checks nothing inside a 30-s window, where a forced temperature fallback
+    with a wide beam can spend minutes; each call into the model is at most one window of
+    one temperature, so cancel and the budget take effect within one such call.
+    """
+
+    def __init__(self, inner: Any) -> None:
+        self._inner = inner
+
+    def __getattr__(self, name: str) -> Any:
+        value = getattr(self._inner, name)
+        if name in ("generate", "encode", "align", "detect_language"):
+
+            def guarded(*args: Any, **kwargs: Any) -> Any:
+                guard = getattr(_LOCAL, "guard", None)
+                if guard is not None:
+                    guard.check()
+                return value(*args, **kwargs)
+
+            return guarded
+        return value
+
+
+def budget_guard(cancel: threading.Event | None, budget_s: float | None) -> Guard:
+    return Guard(
+        cancel,
+        None if budget_s is None else time.monotonic() + budget_s,
+        Code.COMPUTE_BUDGET_EXCEEDED,
+        f"the job used its compute budget ({budget_s or 0:.0f} s in the model) and was "
+        "stopped; options that force decoding fallbacks (tiny compression_ratio_threshold, "
+        "huge log_prob_threshold, wide beams) cost this",
+    )
+
+
 def detect_among(model: Any, audio: np.ndarray, allowed: list[str], kwargs: dict[str, Any]) -> str:
     """The most probable of the ``allowed`` languages (faster-whisper's own detection)."""
     _lang, _prob, probs = model.detect_language(
@@ -177,11 +217,29 @@ def run(
     cancel: threading.Event | None = None,
     on_segment: SegmentCallback | None = None,
     languages: list[str] | None = None,
+    budget_s: float | None = None,
 ) -> Transcript:
     """Transcribe ``audio`` (float32, 16 kHz mono) and return every segment.
 
-    ``languages``: detect only among these (when the job set no language).
+    ``languages``: detect only among these (when the job set no language). ``budget_s``:
+    seconds this job may spend in the model (COMPUTE_BUDGET_EXCEEDED past it).
     """
+    _LOCAL.guard = budget_guard(cancel, budget_s)
+    try:
+        return _run_sequential(instance, audio, kwargs, batch_size, cancel, on_segment, languages)
+    finally:
+        _LOCAL.guard = None
+
+
+def _run_sequential(
+    instance: Any,
+    audio: np.ndarray,
+    kwargs: dict[str, Any],
+    batch_size: int,
+    cancel: threading.Event | None,
+    on_segment: SegmentCallback | None,
+    languages: list[str] | None,
+) -> Transcript:
     start = time.perf_counter()
     warnings = []
     if languages and "language" not in kwargs and instance.model.is_multilingual:
@@ -233,6 +291,7 @@ def run_engine(
     cancel: threading.Event | None = None,
     on_segment: SegmentCallback | None = None,
     languages: list[str] | None = None,
+    budget_s: float | None = None,
 ) -> Transcript:
     """Transcribe through the engine: windows prepared here, decoded in shared batches."""
     start = time.perf_counter()
@@ -241,7 +300,7 @@ def run_engine(
         kwargs = {**kwargs, "language": detect_among(instance, audio, languages, kwargs)}
     prepared = fw_batch.prepare(instance, audio, kwargs)
     raise_if_cancelled(cancel)
-    job = EngineJob(prepared, batch_size, cancel)
+    job = EngineJob(prepared, batch_size, cancel, guard=budget_guard(cancel, budget_s))
     scheduler.submit(job)
 
     def windows() -> Any:

@@ -220,3 +220,38 @@ def test_generated_inputs_never_end_internal(worker, job: dict[str, Any]) -> Non
         assert "Traceback" not in out["error"]
     else:
         assert isinstance(out["text"], str)
+
+
+# --- compute: cancel and the budget reach inside a 30-s window --------------------------
+
+BOMB = {"beam_size": 20, "best_of": 20, "patience": 10, "compression_ratio_threshold": 1e-4,
+        "temperature": [round(i * 0.05, 2) for i in range(20)]}  # fmt: skip
+
+
+@pytest.mark.model
+def test_cancel_takes_effect_within_one_model_call_at_the_worst_settings(worker) -> None:
+    """The probe: a cancel sent at 2 s took effect at 143 s. Now it is checked before every
+    call into the model (one window at one temperature)."""
+    import threading
+
+    cancel = threading.Event()
+    threading.Timer(1.0, cancel.set).start()
+    t = time.perf_counter()
+    out = run_job({"audio_base64": JFK_B64, **BOMB}, worker, cancel=cancel)
+    assert out["error_code"] == "CANCELLED", out
+    assert time.perf_counter() - t < 15  # measured 1.9-4.7 s on a loaded 2-core machine
+
+
+@pytest.mark.model
+def test_a_job_past_its_compute_budget_fails_and_frees_the_slot(worker) -> None:
+    from handler.job import Worker
+    from tests.conftest import make_settings
+
+    tight = Worker(settings=make_settings(device="cpu", compute_budget_floor_s=2,
+                                          compute_budget_factor=0), pool=worker.pool)  # fmt: skip
+    t = time.perf_counter()
+    out = run_job({"audio_base64": JFK_B64, **BOMB}, tight)
+    assert out["error_code"] == "COMPUTE_BUDGET_EXCEEDED" and out["retryable"] is False, out
+    assert time.perf_counter() - t < 30
+    # The slot is free again and an ordinary job within the same budget still runs.
+    assert wer(run_job({"audio_base64": JFK_B64}, tight)["text"], JFK_TEXT) < 0.15
