@@ -13,6 +13,7 @@ from decimal import ROUND_HALF_UP, Decimal
 from typing import Any
 
 from handler.contract import OUTPUT_FORMATS, SEGMENT_FIELDS, Segment
+from handler.cues import Layout, word_cues
 
 FORMATS = OUTPUT_FORMATS
 
@@ -96,8 +97,25 @@ def to_text(segments: Iterable[Segment]) -> str:
     return " ".join(t for t in (str(s["text"]).strip() for s in segments) if t)
 
 
-def _cues(segments: Iterable[Segment], words_per_cue: int | None) -> list[tuple[float, float, str]]:
-    """(start, end, one-line text) per cue; empty cues dropped, end never before start."""
+def _cues(
+    segments: Iterable[Segment], words_per_cue: int | None, layout: Layout | None = None
+) -> list[tuple[float, float, str]]:
+    """(start, end, text) per cue; empty cues dropped, end never before start.
+
+    With a ``layout`` and words on every segment that has text, cues are built from the
+    words (handler.cues: line width, line count, seconds on screen); otherwise one cue per
+    segment, on one line.
+    """
+    segments = list(segments)
+    spoken = [s for s in segments if str(s["text"]).strip()]
+    if layout is not None and spoken and all(s.get("words") for s in spoken):
+        out = []
+        for start, end, text in word_cues(segments, layout):
+            lines = [line for line in (_one_line(x) for x in text.split("\n")) if line]
+            if lines:
+                start_ms = _to_ms(start)
+                out.append((start_ms / 1000, max(_to_ms(end), start_ms) / 1000, "\n".join(lines)))
+        return out
     if words_per_cue is not None and words_per_cue < 1:
         raise ValueError(f"words_per_cue must be at least 1, got {words_per_cue}")
     cues: list[tuple[float, float, str]] = []
@@ -128,10 +146,12 @@ def _srt_safe(text: str) -> str:
     return text
 
 
-def to_srt(segments: Iterable[Segment], *, words_per_cue: int | None = None) -> str:
+def to_srt(
+    segments: Iterable[Segment], *, words_per_cue: int | None = None, layout: Layout | None = None
+) -> str:
     """SubRip: cues numbered from 1; with words_per_cue, segments with words are split."""
     blocks = []
-    for n, (start, end, text) in enumerate(_cues(segments, words_per_cue), start=1):
+    for n, (start, end, text) in enumerate(_cues(segments, words_per_cue, layout), start=1):
         blocks.append(
             f"{n}\n{format_timestamp(start)} --> {format_timestamp(end)}\n{_srt_safe(text)}\n"
         )
@@ -143,10 +163,10 @@ def _vtt_escape(text: str) -> str:
     return text.replace("&", "&amp;").replace("<", "&lt;").replace(">", "&gt;")
 
 
-def to_vtt(segments: Iterable[Segment]) -> str:
+def to_vtt(segments: Iterable[Segment], *, layout: Layout | None = None) -> str:
     """WebVTT with its mandatory header; cue text escaped."""
     blocks = ["WEBVTT\n"]
-    for start, end, text in _cues(segments, None):
+    for start, end, text in _cues(segments, None, layout):
         blocks.append(
             f"{format_timestamp(start, decimal_marker='.')} --> "
             f"{format_timestamp(end, decimal_marker='.')}\n{_vtt_escape(text)}\n"
@@ -237,6 +257,7 @@ def render(
     language: str,
     duration: float,
     task: str,
+    layout: Layout | None = None,
 ) -> dict[str, Any]:
     """{format: value} for each requested format, in request order, duplicates once."""
     unknown = [f for f in outputs if f not in FORMATS]
@@ -253,9 +274,9 @@ def render(
         elif fmt == "words":
             result[fmt] = words(segments)
         elif fmt == "srt":
-            result[fmt] = to_srt(segments)
+            result[fmt] = to_srt(segments, layout=layout)
         elif fmt == "vtt":
-            result[fmt] = to_vtt(segments)
+            result[fmt] = to_vtt(segments, layout=layout)
         else:
             has_words = want_words or any(s.get("words") for s in segments)
             result[fmt] = to_verbose_json(

@@ -19,6 +19,7 @@ from typing import Any
 
 from handler import formats, openai_api, transcribe
 from handler.contract import Segment
+from handler.cues import Layout
 from handler.decode import decode_audio
 from handler.engine import Engine
 from handler.errors import Code, WorkerError
@@ -321,7 +322,12 @@ def _shape(
 ) -> dict[str, Any]:
     task = job.effective_task
     rendered = formats.render(
-        list(job.output), tr.segments, language=tr.language, duration=duration, task=task
+        list(job.output),
+        tr.segments,
+        language=tr.language,
+        duration=duration,
+        task=task,
+        layout=job.layout,
     )
     out: dict[str, Any] = {
         "text": formats.to_text(tr.segments),
@@ -339,11 +345,11 @@ def _shape(
     return out
 
 
-def _legacy_format(kind: str, segments: list[Segment]) -> str:
+def _legacy_format(kind: str, segments: list[Segment], layout: Layout | None = None) -> str:
     if kind == "srt":
-        return formats.to_srt(segments)
+        return formats.to_srt(segments, layout=layout)
     if kind == "vtt":
-        return formats.to_vtt(segments)
+        return formats.to_vtt(segments, layout=layout)
     sep = "\n" if kind == "formatted_text" else " "
     return sep.join(s["text"].strip() for s in segments)
 
@@ -351,13 +357,13 @@ def _legacy_format(kind: str, segments: list[Segment]) -> str:
 def _legacy_keys(job: JobInput, segments: list[Segment], language: str) -> dict[str, Any]:
     """The official worker's output keys, so its clients keep working unchanged."""
     keys: dict[str, Any] = {
-        "transcription": _legacy_format(job.transcription or "plain_text", segments),
+        "transcription": _legacy_format(job.transcription or "plain_text", segments, job.layout),
         "detected_language": language or None,
         "segments": formats.segments_public(segments, include_words=False),
     }
     if job.translate:
         # One translate pass: its text is the translation (the official worker ran two).
-        keys["translation"] = _legacy_format(job.translation or "plain_text", segments)
+        keys["translation"] = _legacy_format(job.translation or "plain_text", segments, job.layout)
     if job.word_timestamps:
         keys["word_timestamps"] = [
             {"word": w["word"], "start": w["start"], "end": w["end"]}

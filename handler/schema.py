@@ -29,6 +29,7 @@ from pydantic import (
 )
 
 from handler.contract import OutputFormat
+from handler.cues import Layout
 from handler.errors import Code, WorkerError
 
 MAX_TEMPERATURES = 20
@@ -131,6 +132,15 @@ class JobInput(BaseModel):
     hotwords: str | None = Field(None, max_length=1000)
     language_detection_threshold: float | None = Field(None, ge=0, le=1)
     language_detection_segments: int | None = Field(None, ge=1, le=100)
+
+    # --- subtitle layout (the openai-whisper CLI's names) --------------------------------
+    max_line_width: int | None = Field(None, ge=10, le=200)
+    """Characters per subtitle line (default 42). Cues come from word timestamps, which
+    are computed whenever srt or vtt is asked for."""
+    max_line_count: int | None = Field(None, ge=1, le=10)
+    """Lines per cue (default 2)."""
+    max_cue_seconds: float | None = Field(None, ge=1, le=60)
+    """Longest time one cue stays on screen (default 7 s)."""
 
     # --- the official worker's options ---------------------------------------------------
     transcription: LegacyFormat | None = None
@@ -244,7 +254,22 @@ class JobInput(BaseModel):
             kwargs["vad_filter"] = vad_default
         if self.temperature_increment_on_fallback is not None:
             kwargs["temperature"] = self._expanded_temperatures()
+        if self.wants_subtitles and self.word_timestamps is None:
+            kwargs["word_timestamps"] = True  # cues are built from words
         return kwargs
+
+    @property
+    def wants_subtitles(self) -> bool:
+        legacy = {self.transcription, self.translation} & {"srt", "vtt"}
+        return bool({"srt", "vtt"} & set(self.output) or legacy)
+
+    @property
+    def layout(self) -> Layout:
+        return Layout(
+            max_line_width=self.max_line_width or 42,
+            max_line_count=self.max_line_count or 2,
+            max_cue_seconds=self.max_cue_seconds or 7.0,
+        )
 
     def _fallback_start_step(self) -> tuple[float, float, int]:
         first = self.temperature if self.temperature is not None else 0.0
@@ -278,6 +303,9 @@ DECODING_OPTIONS: frozenset[str] = frozenset(
         "translate",
         "translation",
         "temperature_increment_on_fallback",
+        "max_line_width",
+        "max_line_count",
+        "max_cue_seconds",
     }
 )
 

@@ -394,3 +394,36 @@ def test_render_empty_segments():
     assert out["text"] == "" and out["srt"] == "" and out["vtt"] == "WEBVTT\n\n"
     assert out["segments"] == [] and out["words"] == []
     assert out["verbose_json"]["segments"] == [] and out["verbose_json"]["words"] == []
+
+
+# --- cues from word timestamps (model tier: real speech) -----------------------------
+
+
+@pytest.mark.model
+@pytest.mark.parametrize("batch", [1, 8])
+def test_subtitle_cues_keep_the_layout_limits_on_real_speech(worker, batch) -> None:
+    import base64
+    import io
+
+    import srt as srt_lib
+    import webvtt
+
+    from bench.corpus import long_clip
+    from handler.job import run_job
+
+    clip = long_clip(60)
+    job = {"audio_base64": base64.b64encode(clip.wav_bytes()).decode(), "batch_size": batch,
+           "output": ["srt", "vtt", "segments"], "max_line_width": 32}  # fmt: skip
+    out = run_job(job, worker)
+    cues = list(srt_lib.parse(out["srt"]))
+    assert len(cues) >= 8
+    for cue in cues:
+        lines = cue.content.split("\n")
+        assert len(lines) <= 2, cue
+        assert all(len(line) <= 32 or " " not in line for line in lines), cue
+        assert (cue.end - cue.start).total_seconds() <= 7.0 + 1e-6, cue
+    vtt = list(webvtt.from_buffer(io.StringIO(out["vtt"])))
+    assert [c.text for c in vtt] == [c.content for c in cues]
+    # Words were computed for the cues but not asked for: the segments stay as they were.
+    assert "words" not in out["segments"][0]
+    assert "-sposed" not in out["srt"].replace("old-sposed", "")  # continuations stay attached
