@@ -70,8 +70,15 @@ def main(argv: list[str] | None = None) -> int:
            "WHISPER_WARMUP": "false", "WHISPER_LOG_LEVEL": "WARNING"}  # fmt: skip
     rows = []
     with tempfile.TemporaryDirectory() as tmp:
-        handler = lambda *a, **k: http.server.SimpleHTTPRequestHandler(*a, directory=tmp, **k)  # noqa: E731
-        server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
+
+        class Quiet(http.server.SimpleHTTPRequestHandler):
+            def __init__(self, *a: object, **k: object) -> None:
+                super().__init__(*a, directory=tmp, **k)  # type: ignore[arg-type]
+
+            def log_message(self, format: str, *args: object) -> None:  # noqa: A002
+                pass
+
+        server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Quiet)
         threading.Thread(target=server.serve_forever, daemon=True).start()
         try:
             idle, _, _ = child_peak_mib(
