@@ -35,7 +35,7 @@ class Layout:
 
 
 def _words(segments: Iterable[Any]) -> list[dict[str, Any]]:
-    out = []
+    out: list[dict[str, Any]] = []
     for seg in segments:
         for w in seg.get("words") or []:
             raw = str(w["word"])
