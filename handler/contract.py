@@ -8,6 +8,7 @@ library, so importing it costs nothing and pulls in no model code.
 
 from __future__ import annotations
 
+import json
 from typing import Final, Literal, TypedDict, get_args
 
 TERMINAL_JOB_STATES: Final = frozenset({"COMPLETED", "FAILED", "CANCELLED", "TIMED_OUT"})
@@ -23,8 +24,6 @@ OUTPUT_FORMATS: Final[tuple[str, ...]] = get_args(OutputFormat)
 
 def parse_startup_line(line: str) -> dict | None:
     """The JSON of a worker's start-up timing line, or None when ``line`` is not one."""
-    import json
-
     marker = f" {STARTUP_LOG_TAG} " + "{"
     at = line.find(marker)
     if at < 0:

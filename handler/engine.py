@@ -29,7 +29,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from handler import fw_batch
-from handler.errors import Code, WorkerError
+from handler.errors import Code, WorkerError, is_oom
 from handler.guard import Guard, raise_if_cancelled
 
 log = logging.getLogger(__name__)
@@ -188,7 +188,7 @@ class Scheduler:
     def _isolate(
         self, batch: list[tuple[EngineJob, int]], exc: Exception
     ) -> list[list[dict[str, Any]] | BaseException]:
-        if _is_oom(exc):
+        if is_oom(exc):
             log.error("GPU out of memory in a batch of %d windows", len(batch))
             oom = WorkerError(Code.GPU_OOM, "the GPU ran out of memory; the job can be retried")
             return [oom for _ in batch]
@@ -203,11 +203,6 @@ class Scheduler:
             except Exception as single:
                 out.extend(self._isolate([one], single))
         return out
-
-
-def _is_oom(exc: BaseException) -> bool:
-    text = str(exc).lower()
-    return "out of memory" in text or "cuda_error_out_of_memory" in text
 
 
 class Engine:

@@ -51,6 +51,12 @@ RETRYABLE: frozenset[Code] = frozenset(
 )
 
 
+def is_oom(exc: BaseException) -> bool:
+    """Whether an exception from the model is CUDA running out of memory."""
+    text = str(exc).lower()
+    return "out of memory" in text or "cuda_error_out_of_memory" in text
+
+
 class WorkerError(Exception):
     """A job failure with a stable code and a message safe to show to the client.
 

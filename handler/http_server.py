@@ -247,6 +247,15 @@ def _ready_worker(state: ServerState) -> Worker | Response:
     return state.worker
 
 
+def _queue_full(state: ServerState) -> JSONResponse:
+    return _error_response(
+        WorkerError(
+            Code.QUEUE_FULL,
+            f"the server is busy ({state.capacity} requests running or waiting); retry later",
+        ).to_result()
+    )
+
+
 async def _run_admitted(
     state: ServerState, request: Request, job: Callable[[threading.Event], Any]
 ) -> Any:
@@ -255,12 +264,7 @@ async def _run_admitted(
     A client that disconnects meanwhile sets the job's cancel event.
     """
     if state.admitted >= state.capacity:
-        return _error_response(
-            WorkerError(
-                Code.QUEUE_FULL,
-                f"the server is busy ({state.capacity} requests running or waiting); retry later",
-            ).to_result()
-        )
+        return _queue_full(state)
     assert state.slots is not None
     state.admitted += 1
     cancel = threading.Event()
@@ -290,7 +294,7 @@ async def _stream(
 ) -> Response:
     """Server-sent events in OpenAI's shape: text deltas as segments decode, then done."""
     if state.admitted >= state.capacity:
-        return await _run_admitted(state, request, lambda _c: None)  # the 429 answer
+        return _queue_full(state)
     loop = asyncio.get_running_loop()
     queue: asyncio.Queue[Any] = asyncio.Queue()
     first = [True]

@@ -242,36 +242,22 @@ def _run(
         budget = None
         if budget_floor or budget_factor:
             budget = budget_floor + budget_factor * duration
-        blocker = transcribe.batch_blocker(kwargs, duration) if batch_size > 1 else None
-        if batch_size > 1 and blocker is None:
+        options: dict[str, Any] = {
+            "batch_size": batch_size,
+            "cancel": cancel,
+            "on_segment": each_segment,
+            "languages": languages,
+            "budget_s": budget,
+        }
+        if batch_size > 1 and transcribe.batch_blocker(kwargs, duration) is None:
             timings["queue_model"] = 0.0  # the engine shares instances: no exclusive wait
-            tr = transcribe.run_engine(
-                worker.engine,
-                model,
-                audio.samples,
-                kwargs,
-                batch_size=batch_size,
-                cancel=cancel,
-                on_segment=each_segment,
-                languages=languages,
-                budget_s=budget,
-            )
-            timings["transcribe"] = tr.seconds
+            tr = transcribe.run_engine(worker.engine, model, audio.samples, kwargs, **options)
             timings["batch_wait"] = tr.batch_wait or 0.0
         else:
             with worker.pool.acquire(model, cancel) as (instance, waited):
                 timings["queue_model"] = waited
-                tr = transcribe.run(
-                    instance,
-                    audio.samples,
-                    kwargs,
-                    batch_size=batch_size,
-                    cancel=cancel,
-                    on_segment=each_segment,
-                    languages=languages,
-                    budget_s=budget,
-                )
-                timings["transcribe"] = tr.seconds
+                tr = transcribe.run(instance, audio.samples, kwargs, **options)
+        timings["transcribe"] = tr.seconds
         warnings += tr.warnings
     del audio
 

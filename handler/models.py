@@ -18,10 +18,11 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from handler import threads
 from handler.errors import Code, WorkerError
-from handler.guard import raise_if_cancelled
+from handler.guard import Guard, raise_if_cancelled
 from handler.settings import Settings
 
 log = logging.getLogger(__name__)
@@ -217,8 +218,6 @@ def load_one(spec: ModelSpec, settings: Settings, device: str, compute: str) -> 
         raise ModelLoadError(
             f"cannot load model {spec.name!r} ({spec.tried}) on {device}/{compute}: {reason}"
         ) from None
-    from handler.transcribe import GuardedModel
-
     for inst in instances:
         inst.model = GuardedModel(inst.model)  # cancel and budget checked per model call
     first = instances[0]
@@ -244,6 +243,46 @@ def load_one(spec: ModelSpec, settings: Settings, device: str, compute: str) -> 
         loaded.load_seconds,
     )
     return loaded
+
+
+_LOCAL = threading.local()
+"""The calling job's Guard (cancel and compute budget), set by guarded_calls."""
+
+
+class GuardedModel:
+    """Wraps a CTranslate2 Whisper model: every encode/generate/align call first checks the
+    calling job's guard (cancel and compute budget).
+
+    faster-whisper checks nothing inside a 30-s window, where a forced temperature fallback
+    with a wide beam can spend minutes; each call into the model is at most one window of
+    one temperature, so cancel and the budget take effect within one such call.
+    """
+
+    def __init__(self, inner: Any) -> None:
+        self._inner = inner
+
+    def __getattr__(self, name: str) -> Any:
+        value = getattr(self._inner, name)
+        if name in ("generate", "encode", "align", "detect_language"):
+
+            def guarded(*args: Any, **kwargs: Any) -> Any:
+                guard = getattr(_LOCAL, "guard", None)
+                if guard is not None:
+                    guard.check()
+                return value(*args, **kwargs)
+
+            return guarded
+        return value
+
+
+@contextmanager
+def guarded_calls(guard: Guard) -> Iterator[None]:
+    """Calls into any GuardedModel from this thread check ``guard`` first."""
+    _LOCAL.guard = guard
+    try:
+        yield
+    finally:
+        _LOCAL.guard = None
 
 
 class ModelPool:

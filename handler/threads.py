@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import logging
 import os
-from collections.abc import Mapping, MutableMapping
+from collections.abc import MutableMapping
 from pathlib import Path
 
 log = logging.getLogger(__name__)
@@ -62,8 +62,3 @@ def configure(env: MutableMapping[str, str] | None = None) -> None:
     for key, value in PASSIVE_ENV.items():
         env.setdefault(key, value)
     log.debug("OpenMP: %s", {k: env.get(k) for k in PASSIVE_ENV})
-
-
-def policy(env: Mapping[str, str] | None = None) -> dict[str, str | None]:
-    env = os.environ if env is None else env
-    return {k: env.get(k) for k in PASSIVE_ENV}

@@ -21,9 +21,9 @@ import numpy as np
 from handler import fw_batch
 from handler.contract import Segment, Word
 from handler.engine import Engine, EngineJob
-from handler.errors import Code, WorkerError
+from handler.errors import Code, WorkerError, is_oom
 from handler.guard import Guard, raise_if_cancelled
-from handler.models import LoadedModel
+from handler.models import LoadedModel, guarded_calls
 
 log = logging.getLogger(__name__)
 
@@ -107,35 +107,6 @@ def _check_prompt_budget(model: LoadedModel, kwargs: dict[str, Any]) -> None:
         )
 
 
-_LOCAL = threading.local()
-
-
-class GuardedModel:
-    """Wraps a CTranslate2 Whisper model: every encode/generate/align call first checks the
-    calling job's guard (cancel and compute budget).
-
-    faster-whisper checks nothing inside a 30-s window, where a forced temperature fallback
-    with a wide beam can spend minutes; each call into the model is at most one window of
-    one temperature, so cancel and the budget take effect within one such call.
-    """
-
-    def __init__(self, inner: Any) -> None:
-        self._inner = inner
-
-    def __getattr__(self, name: str) -> Any:
-        value = getattr(self._inner, name)
-        if name in ("generate", "encode", "align", "detect_language"):
-
-            def guarded(*args: Any, **kwargs: Any) -> Any:
-                guard = getattr(_LOCAL, "guard", None)
-                if guard is not None:
-                    guard.check()
-                return value(*args, **kwargs)
-
-            return guarded
-        return value
-
-
 def budget_guard(cancel: threading.Event | None, budget_s: float | None) -> Guard:
     return Guard(
         cancel,
@@ -145,6 +116,15 @@ def budget_guard(cancel: threading.Event | None, budget_s: float | None) -> Guar
         "stopped; options that force decoding fallbacks (tiny compression_ratio_threshold, "
         "huge log_prob_threshold, wide beams) cost this",
     )
+
+
+def with_language(
+    model: Any, audio: np.ndarray, kwargs: dict[str, Any], allowed: list[str] | None
+) -> dict[str, Any]:
+    """``kwargs`` with the language detected among ``allowed`` when the job set none."""
+    if not allowed or "language" in kwargs or not model.model.is_multilingual:
+        return kwargs
+    return {**kwargs, "language": detect_among(model, audio, allowed, kwargs)}
 
 
 def detect_among(model: Any, audio: np.ndarray, allowed: list[str], kwargs: dict[str, Any]) -> str:
@@ -203,11 +183,6 @@ def batch_blocker(kwargs: dict[str, Any], audio_seconds: float) -> str | None:
     return None
 
 
-def is_oom(exc: BaseException) -> bool:
-    text = str(exc).lower()
-    return "out of memory" in text or "cuda_error_out_of_memory" in text
-
-
 def run(
     instance: Any,
     audio: np.ndarray,
@@ -224,11 +199,8 @@ def run(
     ``languages``: detect only among these (when the job set no language). ``budget_s``:
     seconds this job may spend in the model (COMPUTE_BUDGET_EXCEEDED past it).
     """
-    _LOCAL.guard = budget_guard(cancel, budget_s)
-    try:
+    with guarded_calls(budget_guard(cancel, budget_s)):
         return _run_sequential(instance, audio, kwargs, batch_size, cancel, on_segment, languages)
-    finally:
-        _LOCAL.guard = None
 
 
 def _run_sequential(
@@ -242,8 +214,7 @@ def _run_sequential(
 ) -> Transcript:
     start = time.perf_counter()
     warnings = []
-    if languages and "language" not in kwargs and instance.model.is_multilingual:
-        kwargs = {**kwargs, "language": detect_among(instance, audio, languages, kwargs)}
+    kwargs = with_language(instance, audio, kwargs, languages)
     if batch_size > 1 and (why := batch_blocker(kwargs, len(audio) / 16000)):
         warnings.append(f"ran sequentially instead of batched: {why}")
         batch_size = 1
@@ -296,8 +267,7 @@ def run_engine(
     """Transcribe through the engine: windows prepared here, decoded in shared batches."""
     start = time.perf_counter()
     instance, scheduler = engine.scheduler_for(model.instances)
-    if languages and "language" not in kwargs and model.multilingual:
-        kwargs = {**kwargs, "language": detect_among(instance, audio, languages, kwargs)}
+    kwargs = with_language(instance, audio, kwargs, languages)
     prepared = fw_batch.prepare(instance, audio, kwargs)
     raise_if_cancelled(cancel)
     job = EngineJob(prepared, batch_size, cancel, guard=budget_guard(cancel, budget_s))

@@ -45,11 +45,13 @@ REFUSED = {
 }
 
 
-@pytest.mark.parametrize("name", list(REFUSED))
+# The token budget (max_new_tokens, prefix) needs the model's tokenizer: tested below only.
+SCHEMA_REFUSED = [n for n in REFUSED if not n.startswith(("max_new_tokens", "prefix"))]
+
+
+@pytest.mark.parametrize("name", SCHEMA_REFUSED)
 def test_schema_bombs_are_refused_at_once(name: str) -> None:
-    """Pure tier: the schema alone (the token budget needs the model: see below)."""
-    if name.startswith(("max_new_tokens", "prefix")):
-        pytest.skip("needs the model's tokenizer: test_refused_before_any_fetch")
+    """Pure tier: the schema alone."""
     t = time.perf_counter()
     with pytest.raises(Exception) as info:
         parse_job_input({"audio_base64": JFK_B64, **REFUSED[name]}).transcribe_kwargs(
@@ -253,5 +255,7 @@ def test_a_job_past_its_compute_budget_fails_and_frees_the_slot(worker) -> None:
     out = run_job({"audio_base64": JFK_B64, **BOMB}, tight)
     assert out["error_code"] == "COMPUTE_BUDGET_EXCEEDED" and out["retryable"] is False, out
     assert time.perf_counter() - t < 30
-    # The slot is free again and an ordinary job within the same budget still runs.
-    assert wer(run_job({"audio_base64": JFK_B64}, tight)["text"], JFK_TEXT) < 0.15
+    # The slot is free again: an ordinary job on the same model instance runs (with a budget
+    # a busy machine cannot overrun; 2 s is the bomb's, not a real job's).
+    roomy = Worker(settings=make_settings(device="cpu"), pool=worker.pool)
+    assert wer(run_job({"audio_base64": JFK_B64}, roomy)["text"], JFK_TEXT) < 0.15
