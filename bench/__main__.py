@@ -9,6 +9,7 @@
     python -m bench throughput [...]        a burst of short clips: one job at a time vs engine
     python -m bench memory [...]                 peak RSS of one job against audio length
     python -m bench threads [...]       queue worker vs in-process transcribe time per audio s
+    python -m bench english-only [...]   the English-only model's warning on other languages
 
 Rates are per-second prices you pay (``--flex-rate``, ``--active-rate`` or ``--rates FILE``
 with ``{"flex_per_s": .., "active_per_s": .., "currency": ..}``); none is built in.
@@ -152,6 +153,11 @@ def build_parser() -> argparse.ArgumentParser:
         add_help=False,
     )
     sub.add_parser(
+        "english-only",
+        help="the English-only model's doubt warning on other languages (see --help)",
+        add_help=False,
+    )
+    sub.add_parser(
         "http",
         help="HTTP mode against queue mode (see python -m bench http --help)",
         add_help=False,
@@ -229,6 +235,15 @@ def _finish(written, args: argparse.Namespace, started: float) -> int:
         shown = path.relative_to(ROOT) if path.is_relative_to(ROOT) else path
         print(f"{key:<12}{shown}")
     print(f"wall time   {time.time() - started:.0f} s")
+    if written.skipped_plots:
+        print(written.skipped_plots, file=sys.stderr)
+    if written.failed:
+        print(
+            f"bench: {written.failed} job(s) did not complete (codes in the table and the"
+            " JSON's summary.failed_by_code)",
+            file=sys.stderr,
+        )
+        return 1
     return 0
 
 
@@ -326,6 +341,7 @@ def cmd_remote(args: argparse.Namespace) -> int:
 
 
 def cmd_report(args: argparse.Namespace) -> int:
+    from bench.plots import plot_cost_vs_load
     from bench.results import draw, price, table_text
 
     rates = rates_from(args)
@@ -335,12 +351,18 @@ def cmd_report(args: argparse.Namespace) -> int:
         print(f"== {path} (load {cost.load:.3f} audio h per h)")
         print(table_text(record, cost, rates))
         print()
-    if not args.no_plots and rates is not None:
+    if not args.no_plots:
         out = Path(args.out)
         out.mkdir(parents=True, exist_ok=True)
         name = args.name or "report"
-        paths = draw(records[0], costs[0], out, name, rates, others=costs[1:])
-        print(f"cost_png    {paths['cost_png']}")
+        labels = [Path(p).stem for p in args.runs]
+        # Every run named gets its own latency and billed plots; the cost plot has them all.
+        for label, record, cost in zip(labels, records, costs, strict=True):
+            for key, path in draw(record, cost, out, f"{name}-{label}", None).items():
+                print(f"{key:<12}{path}")
+        if rates is not None:
+            cost_png = plot_cost_vs_load(costs, out / f"{name}-cost.png", labels=labels)
+            print(f"cost_png    {cost_png}")
     return 0
 
 
@@ -376,6 +398,10 @@ def main(argv: list[str] | None = None) -> int:
         from bench.threads_check import main as threads_main
 
         return int(threads_main(argv[1:]) or 0)
+    if argv[:1] == ["english-only"]:
+        from bench.english_only import main as english_only_main
+
+        return int(english_only_main(argv[1:]) or 0)
     if argv[:1] == ["http"]:
         from bench.http_vs_queue import main as http_main
 

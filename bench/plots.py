@@ -113,21 +113,45 @@ def plot_billed_split(cost_report: CostReport, path: str | Path) -> Path:
     return _save(fig, path)
 
 
+def _money_axis(ax: Any) -> None:
+    """Log axes whose ticks read as plain amounts and loads (0.05, 0.2, 1, 5), not 6x10^0;
+    the currency is in the axis label."""
+    from matplotlib.ticker import FuncFormatter, LogLocator, NullFormatter
+
+    for axis in (ax.yaxis, ax.xaxis):
+        axis.set_major_locator(LogLocator(base=10, subs=(1.0, 2.0, 5.0)))
+        axis.set_major_formatter(FuncFormatter(lambda v, _pos: f"{v:.4g}"))
+        axis.set_minor_formatter(NullFormatter())
+
+
 def plot_cost_vs_load(
     reports: CostReport | Sequence[CostReport],
     path: str | Path,
     *,
     loads: Sequence[float] | None = None,
+    labels: Sequence[str] | None = None,
 ) -> Path:
+    """Cost per audio hour against load (see :func:`cost_figure`), saved as a PNG."""
+    return _save(cost_figure(reports, loads=loads, labels=labels), path)
+
+
+def cost_figure(
+    reports: CostReport | Sequence[CostReport],
+    *,
+    loads: Sequence[float] | None = None,
+    labels: Sequence[str] | None = None,
+) -> Figure:
     """Cost per audio hour against load, flex against active workers.
 
     Lines come from the cost model (:func:`bench.cost.break_even`) of the first run that
     has one: flex pays its measured billed seconds per audio second at any load; active
     pays for as many always-on workers as the load needs (ceil(load x working seconds
     per audio second), at least one), so its line falls as 1/load with a step where one
-    more worker is needed. Dots are the measured runs at their own loads.
+    more worker is needed: that is the sawtooth. Dots are the measured runs at their own
+    loads, each labelled (``labels``, default run 1, run 2, ...).
     """
     runs = [reports] if isinstance(reports, CostReport) else list(reports)
+    names = list(labels) if labels is not None else [f"run {i + 1}" for i in range(len(runs))]
     model = next((r for r in runs if r.break_even is not None), None)
     fig = _figure()
     ax = fig.add_subplot()
@@ -143,7 +167,12 @@ def plot_cost_vs_load(
         flex = [rates.flex_per_s * be.flex_billed_s_per_audio_s * 3600.0 for _ in grid]
         active = [max(1, math.ceil(x * w - 1e-9)) * rates.active_per_s * 3600.0 / x for x in grid]
         ax.plot(grid, flex, color=COLOURS["flex"], label="flex (measured overhead per job)")
-        ax.plot(grid, active, color=COLOURS["active"], label="active (workers the load needs)")
+        ax.plot(
+            grid,
+            active,
+            color=COLOURS["active"],
+            label="active: falls as 1/load, steps up where one more worker is needed",
+        )
         if be.reachable:
             ax.axvline(be.load, color="black", ls=":", lw=1)
             ax.annotate(
@@ -155,7 +184,16 @@ def plot_cost_vs_load(
             )
         ax.set_xscale("log")
         ax.set_yscale("log")
-    for r in runs:
+        _money_axis(ax)
+    for r, label in zip(runs, names, strict=True):
+        if r.load > 0 and (r.cost_per_audio_hour or r.active_cost_per_audio_hour) is not None:
+            ax.annotate(
+                label,
+                (r.load, r.cost_per_audio_hour or r.active_cost_per_audio_hour),
+                textcoords="offset points",
+                xytext=(6, -12),
+                fontsize="x-small",
+            )
         if r.cost_per_audio_hour is not None and r.load > 0:
             ax.scatter(
                 [r.load],
@@ -179,8 +217,9 @@ def plot_cost_vs_load(
         [], [], color="white", edgecolor="black", label="measured runs (dot flex, square active)"
     )
     ax.set_xlabel("load (audio hours per hour)")
-    ax.set_ylabel(f"cost per audio hour ({cur})")
+    ax.set_ylabel(f"cost per audio hour ({cur} per hour of audio)")
     ax.set_title("Cost per audio hour against load: flex vs active")
     ax.grid(alpha=0.3, which="both")
     ax.legend(fontsize="small")
-    return _save(fig, path)
+    fig.canvas.draw()
+    return fig

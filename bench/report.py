@@ -13,6 +13,7 @@ import importlib.metadata
 import math
 import platform
 import re
+from collections import Counter
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import asdict, dataclass
 from typing import Any
@@ -210,17 +211,44 @@ def _money(v: float | None) -> str:
     return "-" if v is None else f"{v:.4g}"
 
 
+_CODE = re.compile(r"\b([A-Z][A-Z0-9]*(?:_[A-Z0-9]+)+|[A-Z]{4,})\b")
+
+
+def failure_code(job: Mapping[str, Any]) -> str:
+    """What a failed job's entry says went wrong: the worker's error code, the client's
+    (``ClientError: CONNECTION_ERROR: ...``), or the platform status."""
+    if job.get("error_code"):
+        return str(job["error_code"])
+    m = _CODE.search(str(job.get("client_error") or "").removeprefix("ClientError: "))
+    if m:
+        return m.group(1)
+    return str(job.get("status") or "UNKNOWN")
+
+
+def failures(record: Mapping[str, Any]) -> Counter[str]:
+    """Failed jobs by code, those no worker took (unreachable endpoint, lost) included."""
+    jobs = [j for w in record.get("workers", ()) for j in w.get("jobs", ())]
+    jobs += list(record.get("unassigned_jobs", ()))
+    return Counter(failure_code(j) for j in jobs if not j.get("ok"))
+
+
 def render_table(record: Record | Mapping[str, Any], cost_report: CostReport) -> str:
     """The short plain-text table printed at the end of a run (fixed width)."""
     rec = as_record(record)
     lat = latency_stats(rec)
+    if isinstance(record, Mapping):
+        failed = failures(record)
+        lat["failed"]["n"] = sum(failed.values())
+        lat["failed"]["codes"] = dict(failed)
     cs = cold_start_summary(rec)
     r = cost_report
     lines = [f"{'latency (s)':<24}{'n':>6}{'p50':>9}{'p95':>9}{'p99':>9}"]
     for label, key in (("first requests (cold)", "cold"), ("warm requests", "warm")):
         p = lat[key]["percentiles"]
         lines.append(f"{label:<24}{lat[key]['n']:>6}{_f(p[50]):>9}{_f(p[95]):>9}{_f(p[99]):>9}")
-    lines.append(f"{'failed jobs':<24}{lat['failed']['n']:>6}")
+    codes = lat["failed"].get("codes") or {}
+    why = ", ".join(f"{c} {n}" for c, n in sorted(codes.items(), key=lambda kv: -kv[1]))
+    lines.append(f"{'failed jobs':<24}{lat['failed']['n']:>6}" + (f"   {why}" if why else ""))
     lines.append(
         f"{'real-time factor':<24}{_f(overall_rtf(rec), '{:.3f}'):>6}"
         f"   transcribe s / audio s, {r.audio_s:.1f} audio s"

@@ -17,6 +17,7 @@ from bench.cost import CostReport, Rates, Worker, peak_concurrent_workers, summa
 from bench.report import (
     check_phase_sum,
     cold_start_summary,
+    failures,
     latency_stats,
     overall_rtf,
     phase_breakdown,
@@ -39,6 +40,8 @@ class Written:
     table: str
     paths: dict[str, Path]
     cost: CostReport
+    failed: int = 0
+    skipped_plots: str | None = None
 
 
 def serving_peak(record: Mapping[str, Any]) -> int:
@@ -77,6 +80,7 @@ def summary(record: Mapping[str, Any], cost: CostReport, rates: Rates | None) ->
         "jobs": len(jobs),
         "completed": sum(1 for j in jobs if j["ok"]),
         "not_completed": sum(1 for j in jobs if not j["ok"]),
+        "failed_by_code": dict(failures(record)),
         "latency": latency_stats(record),
         "cold_start": cold_start_summary(record),
         "phases": phase_breakdown(record),
@@ -157,9 +161,13 @@ def write_outputs(
     if rates is None:
         prod["billing"]["note"] = NO_RATES
     paths["production"].write_text(json.dumps(prod, indent=1))
-    if plots:
+    failed = record["summary"]["not_completed"]
+    skipped = None
+    if plots and record["summary"]["completed"] == 0:
+        skipped = "no plots: no job completed, there is nothing to draw"
+    elif plots:
         paths.update(draw(record, cost, out, name, rates))
-    return Written(table, paths, cost)
+    return Written(table, paths, cost, failed, skipped)
 
 
 def draw(
@@ -169,8 +177,10 @@ def draw(
     name: str,
     rates: Rates | None,
     others: Sequence[CostReport] = (),
+    labels: Sequence[str] | None = None,
 ) -> dict[str, Path]:
-    """The three plots; cost against load only with rates (and other runs' dots if given)."""
+    """The three plots; cost against load only with rates (and other runs' dots if given,
+    ``labels`` naming this run then the others)."""
     from bench.plots import plot_billed_split, plot_cost_vs_load, plot_latency
 
     paths = {
@@ -178,5 +188,7 @@ def draw(
         "billed_png": plot_billed_split(cost, out / f"{name}-billed.png"),
     }
     if rates is not None:
-        paths["cost_png"] = plot_cost_vs_load([cost, *others], out / f"{name}-cost.png")
+        paths["cost_png"] = plot_cost_vs_load(
+            [cost, *others], out / f"{name}-cost.png", labels=labels
+        )
     return paths

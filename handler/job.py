@@ -259,6 +259,8 @@ def _run(
                 tr = transcribe.run(instance, audio.samples, kwargs, **options)
         timings["transcribe"] = tr.seconds
         warnings += tr.warnings
+        if doubt := transcribe.english_only_doubt(model, tr.segments):
+            warnings.append(doubt)
     del audio
 
     t = time.perf_counter()

@@ -43,6 +43,35 @@ class Transcript:
     """Engine only: the size of each batch this job's windows rode in."""
 
 
+ENGLISH_ONLY_MIN_LOGPROB = -0.75
+"""Below this token-weighted mean log-probability an English-only model's transcript is
+probably of speech in another language (measured by ``python -m bench english-only`` on the
+evaluation corpus: see bench/README.md)."""
+ENGLISH_ONLY_MIN_TOKENS = 5
+
+
+def english_only_doubt(model: LoadedModel, segments: list[Segment]) -> str | None:
+    """A warning when an English-only model was unsure of all it heard.
+
+    An English-only model cannot detect the language: on Spanish or Russian speech it
+    writes confident-looking English nonsense. What gives it away is the decoder's own
+    confidence, far lower than on any English recording of the corpus.
+    """
+    if model.multilingual:
+        return None
+    tokens = sum(len(s["tokens"]) for s in segments)
+    if tokens < ENGLISH_ONLY_MIN_TOKENS:
+        return None
+    mean = sum(s["avg_logprob"] * len(s["tokens"]) for s in segments) / tokens
+    if mean >= ENGLISH_ONLY_MIN_LOGPROB:
+        return None
+    return (
+        f"the English-only model '{model.spec.name}' was unsure of this audio (mean token"
+        f" log-probability {mean:.2f}); if the speech is not English the transcript is"
+        " likely nonsense: use a multilingual model (WHISPER_MODEL=base, small, large-v3)"
+    )
+
+
 def check_request(model: LoadedModel, kwargs: dict[str, Any]) -> None:
     """Refuse what this model cannot do before any audio is fetched."""
     if kwargs.get("task") == "translate" and not model.can_translate:

@@ -89,8 +89,8 @@ def main(argv: list[str] | None = None) -> int:
         except KeyboardInterrupt:
             pass
     finally:
-        print("stopping workers, then the server ...", flush=True)
-        emulator.stop()
+        print("cancelling running jobs, stopping workers, then the server ...", flush=True)
+        emulator.stop(cancel_running=True)
         if args.records:
             with open(args.records, "w") as fh:
                 json.dump(emulator.records(), fh, indent=1)

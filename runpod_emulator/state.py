@@ -155,6 +155,14 @@ class EndpointState:
             self._requeue(job, now, front=False)
             return {"id": job.id, "status": job.status}
 
+    def cancel_running(self) -> list[str]:
+        """Cancel every job in progress (its worker is told on its next stop poll)."""
+        with self.cond:
+            running = [j.id for j in self.jobs.values() if j.status == IN_PROGRESS]
+        for job_id in running:
+            self.cancel(job_id)
+        return running
+
     def purge_queue(self) -> int:
         now = time.time()
         with self.cond:

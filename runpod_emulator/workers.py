@@ -56,6 +56,7 @@ class WorkerProcess:
     popen: subprocess.Popen[bytes]
     log_path: str
     log_file: IO[bytes]
+    killed: bool = False
 
     @property
     def pid(self) -> int:
@@ -74,6 +75,7 @@ class WorkerProcess:
 
     def kill_group(self) -> None:
         """SIGKILL the worker and every process it started."""
+        self.killed = True
         try:
             os.killpg(self.popen.pid, signal.SIGKILL)
         except (ProcessLookupError, PermissionError):

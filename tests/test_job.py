@@ -377,3 +377,21 @@ def test_defaults_transcribe_a_one_second_clip(worker):
     clip = read_wav(sorted((DATA / "librivox").glob("*.wav"))[0])[:16000]
     out = run_job(_job_of(clip), worker)
     assert words(out["text"])[:2] == ["and", "mr"], out["text"]
+
+
+@pytest.mark.parametrize("name", ["es_espeak.flac", "de_espeak.flac"])
+def test_english_only_model_warns_on_other_languages(worker, name):
+    """Issue 13 item 2: German or Spanish through tiny.en came back as English nonsense
+    with no word of doubt. The English-only model's confidence gives it away."""
+    result = run_job({"audio_base64": b64(DATA / name)}, worker)
+    assert "error" not in result, result
+    assert any("English-only model" in w for w in result.get("warnings", [])), result
+
+
+@pytest.mark.parametrize(
+    "name", ["jfk.wav", "librivox/sense_and_sensibility_01_austen_64kb-0920.wav"]
+)
+def test_english_speech_on_english_only_model_has_no_doubt(worker, name):
+    result = run_job({"audio_base64": b64(DATA / name)}, worker)
+    assert "error" not in result, result
+    assert not any("English-only" in w for w in result.get("warnings", [])), result
