@@ -25,6 +25,14 @@ from runpod_emulator import Emulator
 ROOT = Path(__file__).resolve().parent.parent
 
 
+def _bar(total: int, what: str):
+    """A tqdm bar on stderr when it is a terminal; a no-op object when piped."""
+    from tqdm import tqdm
+
+    return tqdm(total=total, desc=what, unit="job", file=sys.stderr, leave=False,
+                disable=not sys.stderr.isatty())  # fmt: skip
+
+
 def in_process(job: dict, n: int) -> dict:
     from handler.job import run_job
     from handler.settings import load_settings
@@ -35,10 +43,12 @@ def in_process(job: dict, n: int) -> dict:
     run_job(job, worker)  # warm
     times = []
     start = time.perf_counter()
-    for _ in range(n):
-        t = time.perf_counter()
-        assert "error" not in run_job(job, worker)
-        times.append(time.perf_counter() - t)
+    with _bar(n, "in-process") as bar:
+        for _ in range(n):
+            t = time.perf_counter()
+            assert "error" not in run_job(job, worker)
+            times.append(time.perf_counter() - t)
+            bar.update()
     wall = time.perf_counter() - start
     return {"median_job_s": statistics.median(times), "wall_s": wall, "jobs_per_s": n / wall}
 
@@ -55,18 +65,24 @@ def through_loop(job: dict, n: int, concurrency: int) -> dict:
             wid = em.start_worker(env, command=[sys.executable, "-m", "handler"], cwd=str(ROOT))
             em.wait_worker(wid, {"idle", "busy"}, 120)
             em.wait_job(em.submit(job), 60)  # warm
-            # one at a time: submit -> COMPLETED round trip
-            single = []
-            for _ in range(max(3, n // 3)):
-                t = time.perf_counter()
-                status = em.wait_job(em.submit(job), 60)
-                single.append(time.perf_counter() - t)
-                assert status["status"] == "COMPLETED"
-            # all at once: throughput
-            start = time.perf_counter()
-            ids = [em.submit(job) for _ in range(n)]
-            finals = [em.wait_job(i, 300) for i in ids]
-            wall = time.perf_counter() - start
+            singles = max(3, n // 3)
+            with _bar(singles + n, f"loop, concurrency {concurrency}") as bar:
+                # one at a time: submit -> COMPLETED round trip
+                single = []
+                for _ in range(singles):
+                    t = time.perf_counter()
+                    status = em.wait_job(em.submit(job), 60)
+                    single.append(time.perf_counter() - t)
+                    assert status["status"] == "COMPLETED"
+                    bar.update()
+                # all at once: throughput
+                start = time.perf_counter()
+                ids = [em.submit(job) for _ in range(n)]
+                finals = []
+                for i in ids:
+                    finals.append(em.wait_job(i, 300))
+                    bar.update()
+                wall = time.perf_counter() - start
             assert all(f["status"] == "COMPLETED" for f in finals)
             execution = [f["executionTime"] / 1000 for f in finals]
             worker_total = [f["output"]["timings"]["total"] for f in finals]
@@ -94,18 +110,21 @@ def main(argv: list[str] | None = None) -> int:
         "audio_base64": base64.b64encode((DATA / "jfk.mp3").read_bytes()).decode(),
         "output": ["text"],
     }
-    report = {
-        "in_process": in_process(job, args.jobs),
-        "loop": [through_loop(job, args.jobs, c) for c in args.concurrency],
-    }
+    print(f"{args.jobs} jobs (JFK, tiny.en) in-process, then through the loop at concurrency"
+          f" {', '.join(map(str, args.concurrency))}", file=sys.stderr)  # fmt: skip
+    report: dict = {"in_process": in_process(job, args.jobs), "loop": []}
     ip = report["in_process"]
-    print(f"in-process: {ip['median_job_s']:.3f} s per job, {ip['jobs_per_s']:.2f} jobs/s")
-    for r in report["loop"]:
+    print(f"in-process: {ip['median_job_s']:.3f} s per job, {ip['jobs_per_s']:.2f} jobs/s",
+          flush=True)  # fmt: skip
+    for c in args.concurrency:
+        r = through_loop(job, args.jobs, c)
+        report["loop"].append(r)
         print(
             f"loop, concurrency {r['concurrency']}: round trip {r['median_round_trip_s']:.3f} s "
             f"(executionTime {r['median_execution_s']:.3f} s, worker total "
             f"{r['median_worker_total_s']:.3f} s), {r['jobs_per_s']:.2f} jobs/s "
-            f"for {args.jobs} jobs at once"
+            f"for {args.jobs} jobs at once",
+            flush=True,
         )
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
