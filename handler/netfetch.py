@@ -250,8 +250,11 @@ def _shutdown(sock: socket.socket) -> None:
 _DNS_POOL = concurrent.futures.ThreadPoolExecutor(max_workers=4, thread_name_prefix="fetch-dns")
 
 
-def _resolve(t: _Target, settings: Settings, wd: _Watchdog) -> list[tuple[int, tuple]]:
-    """Every address of the host, each checked; any blocked address refuses the whole host."""
+def _resolve(
+    t: _Target, settings: Settings, wd: _Watchdog, trusted: bool = False
+) -> list[tuple[int, tuple]]:
+    """Every address of the host, each checked; any blocked address refuses the whole host
+    (``trusted``: the operator's own S3 endpoint, not checked)."""
     try:
         ipaddress.ip_address(t.host)
         literal = True
@@ -260,7 +263,7 @@ def _resolve(t: _Target, settings: Settings, wd: _Watchdog) -> list[tuple[int, t
     if literal:
         # Judge the literal itself first: getaddrinfo could reject it (an unknown zone id)
         # and the error must still be the policy one.
-        reason = blocked_reason(t.host, settings.allow_private_urls)
+        reason = None if trusted else blocked_reason(t.host, settings.allow_private_urls)
         if reason is not None:
             raise WorkerError(
                 Code.URL_NOT_ALLOWED, f"URL not allowed: a {reason} address: {t.redacted}"
@@ -290,7 +293,7 @@ def _resolve(t: _Target, settings: Settings, wd: _Watchdog) -> list[tuple[int, t
                     Code.SOURCE_UNREACHABLE, f"could not resolve the host: {t.redacted}"
                 ) from None
     addrs: list[tuple[int, tuple]] = [(family, sockaddr) for family, _, _, _, sockaddr in infos]
-    for _, sockaddr in addrs:
+    for _, sockaddr in [] if trusted else addrs:
         reason = blocked_reason(str(sockaddr[0]), settings.allow_private_urls)
         if reason is not None:
             raise WorkerError(
@@ -346,8 +349,8 @@ def _connect(t: _Target, addrs: list[tuple[int, tuple]], settings: Settings, wd:
     raise WorkerError(Code.SOURCE_UNREACHABLE, f"could not connect to the source: {t.redacted}")
 
 
-def _request(t: _Target, settings: Settings, wd: _Watchdog):
-    sock = _connect(t, _resolve(t, settings, wd), settings, wd)
+def _request(t: _Target, settings: Settings, wd: _Watchdog, trusted: bool = False):
+    sock = _connect(t, _resolve(t, settings, wd, trusted), settings, wd)
     conn = http.client.HTTPConnection(t.host, t.port)
     conn.sock = sock  # already connected to the pinned address; no second lookup
     try:
@@ -372,27 +375,53 @@ def _request(t: _Target, settings: Settings, wd: _Watchdog):
 
 
 def fetch_url(
-    url: str, dest: pathlib.Path, settings: Settings, *, cancel: threading.Event | None = None
+    url: str,
+    dest: pathlib.Path,
+    settings: Settings,
+    *,
+    cancel: threading.Event | None = None,
+    trusted_origin: bool = False,
+    display: str | None = None,
+    deadline: float | None = None,
 ) -> int:
-    """GET an http(s) URL into ``dest`` (SSRF-guarded, capped, one total deadline)."""
+    """GET an http(s) URL into ``dest`` (SSRF-guarded, capped, one total deadline).
+
+    For S3 (``sources.fetch_s3``): ``trusted_origin`` exempts the URL's own host and port
+    from the address policy (an operator-configured endpoint such as MinIO on a private
+    address; redirects elsewhere are still checked), ``display`` is what messages name
+    instead of the URL (the ``s3://`` form, never the signed query), ``deadline`` is a
+    ``time.monotonic()`` instant already running.
+    """
     started = time.monotonic()
+    red = display or redact_url(url)
     try:
-        with _Watchdog(started + settings.download_timeout_s, cancel) as wd:
-            size = _fetch(url, dest, settings, wd)
+        end = started + settings.download_timeout_s if deadline is None else deadline
+        with _Watchdog(end, cancel) as wd:
+            size = _fetch(url, dest, settings, wd, trusted_origin, display)
     except BaseException as exc:
         pathlib.Path(dest).unlink(missing_ok=True)
         if isinstance(exc, WorkerError):
-            log.warning("fetch failed: %s (%s)", exc.code.value, redact_url(url))
+            log.warning("fetch failed: %s (%s)", exc.code.value, red)
         raise
-    log.info("fetched %d bytes in %.2fs from %s", size, time.monotonic() - started, redact_url(url))
+    log.info("fetched %d bytes in %.2fs from %s", size, time.monotonic() - started, red)
     return size
 
 
-def _fetch(url: str, dest: pathlib.Path, settings: Settings, wd: _Watchdog) -> int:
+def _fetch(
+    url: str,
+    dest: pathlib.Path,
+    settings: Settings,
+    wd: _Watchdog,
+    trusted_origin: bool = False,
+    display: str | None = None,
+) -> int:
     current, seen, hops, retries = url, set(), 0, 0
     t = _parse_target(current)
+    if display:
+        t = dataclasses.replace(t, redacted=display)
+    trusted = (t.scheme, t.host, t.port) if trusted_origin else None
     while True:
-        conn, resp = _request(t, settings, wd)
+        conn, resp = _request(t, settings, wd, trusted=(t.scheme, t.host, t.port) == trusted)
         try:
             status = resp.status
             if status in _REDIRECT_STATUSES:

@@ -2,9 +2,10 @@
 
 base64 is decoded strictly (a lenient decoder turns a ``data:`` prefix or stray text into
 garbage audio); http(s) goes through :mod:`handler.netfetch` (SSRF guard, total deadline,
-byte cap); s3:// is read with boto3 from allowlisted buckets only, with the same cap and
-deadline. Every failure deletes the partial file and raises a WorkerError whose message
-shows the URL only through :func:`redact_url`.
+byte cap); s3:// objects of allowlisted buckets only are signed by boto3 and fetched
+through the same netfetch, with the same cap and deadline. Every failure deletes the
+partial file and raises a WorkerError whose message shows the URL only through
+:func:`redact_url` (an s3:// source as ``s3://bucket/key``, never its signed query).
 """
 
 from __future__ import annotations
@@ -18,8 +19,7 @@ import time
 from urllib.parse import urlsplit
 
 from handler.errors import Code, WorkerError
-from handler.guard import Guard
-from handler.netfetch import CHUNK_BYTES, blocked_reason, fetch_url, redact_url, too_large
+from handler.netfetch import blocked_reason, fetch_url, redact_url
 from handler.settings import Settings, no_instance_metadata
 
 __all__ = [
@@ -108,82 +108,81 @@ def fetch_to_file(
 # --------------------------------------------------------------------------- s3
 
 
+def s3_display(bucket: str, key: str) -> str:
+    """The ``s3://`` form messages name: the bucket exactly as sent (not lowercased), the
+    key cut at 200 characters, nothing unprintable."""
+    key = key if len(key) <= 200 else key[:200] + "..."
+    return "".join(c if c.isprintable() else "?" for c in f"s3://{bucket}/{key}")
+
+
 def fetch_s3(
     url: str, dest: pathlib.Path, settings: Settings, *, cancel: threading.Event | None = None
 ) -> int:
-    """Download ``s3://bucket/key`` (allowlisted buckets only) into ``dest``, capped."""
-    red = redact_url(url)
+    """Download ``s3://bucket/key`` (allowlisted buckets only) into ``dest``, capped.
+
+    boto3 signs a short-lived GET locally (no request, so no wait), and the object is
+    fetched through :func:`handler.netfetch.fetch_url`: the same total deadline (against a
+    dripping or hanging endpoint too), cap and cancel as an http(s) source. The signed
+    query never appears in a message or a log line.
+    """
     rest = url.strip()[5:] if url.strip()[:5].lower() == "s3://" else ""
     bucket, _, key = rest.partition("/")
+    red = s3_display(bucket, key) if bucket else redact_url(url)
     if not bucket or not key:
         raise WorkerError(Code.INVALID_INPUT, f"s3 URL must be s3://bucket/key: {red}")
     if bucket not in settings.s3_allowed_buckets:
         raise WorkerError(Code.URL_NOT_ALLOWED, f"bucket is not on the allowlist: {red}")
-    started = time.monotonic()
-    guard = Guard.within(
-        settings.download_timeout_s,
-        cancel,
-        Code.SOURCE_TIMEOUT,
-        f"download did not finish within the time limit: {red}",
-    )
+    deadline = time.monotonic() + settings.download_timeout_s
+    signed = _presign(bucket, key, settings)
     try:
-        size = _fetch_s3(bucket, key, dest, settings, guard, red)
-    except BaseException as exc:
-        pathlib.Path(dest).unlink(missing_ok=True)
-        if isinstance(exc, WorkerError):
-            log.warning("fetch failed: %s (%s)", exc.code.value, red)
+        return fetch_url(
+            signed,
+            dest,
+            settings,
+            cancel=cancel,
+            trusted_origin=settings.s3_endpoint_url is not None,
+            display=red,
+            deadline=deadline,
+        )
+    except WorkerError as exc:
+        if exc.code is Code.SOURCE_HTTP_4XX and exc.retryable is False:
+            raise WorkerError(
+                Code.SOURCE_HTTP_4XX,
+                f"S3 object not found or access denied ({exc.message.split(' from ')[0]};"
+                f" a bucket outside this worker's AWS region needs AWS_REGION): {red}",
+            ) from None
         raise
-    log.info("fetched %d bytes in %.2fs from %s", size, time.monotonic() - started, red)
-    return size
 
 
-def _fetch_s3(
-    bucket: str, key: str, dest: pathlib.Path, settings: Settings, guard: Guard, red: str
-) -> int:
+def _presign(bucket: str, key: str, settings: Settings) -> str:
     import boto3
+    import boto3.session
     from botocore.config import Config
-    from botocore.exceptions import BotoCoreError, ClientError, NoCredentialsError
+    from botocore.exceptions import BotoCoreError, NoCredentialsError
 
-    cap = settings.max_download_bytes
-    config = Config(
-        connect_timeout=settings.connect_timeout_s,
-        read_timeout=min(settings.download_timeout_s, 60.0),
-        retries={"max_attempts": 3, "mode": "standard"},
-    )
+    no_instance_metadata()
     try:
-        no_instance_metadata()
-        client = boto3.client("s3", endpoint_url=settings.s3_endpoint_url, config=config)
-        head = client.head_object(Bucket=bucket, Key=key)
-        size = int(head["ContentLength"])
-        if size > cap:
-            raise too_large(red, cap)
-        guard.check()
-        body = client.get_object(Bucket=bucket, Key=key, IfMatch=head["ETag"])["Body"]
-        total = 0
-        with open(dest, "wb") as out:
-            for chunk in body.iter_chunks(CHUNK_BYTES):
-                guard.check()
-                total += len(chunk)
-                if total > cap:
-                    raise too_large(red, cap)
-                out.write(chunk)
-        body.close()
-    except ClientError as exc:
-        status = int(exc.response.get("ResponseMetadata", {}).get("HTTPStatusCode") or 0)
-        if status >= 500:
-            raise WorkerError(Code.SOURCE_HTTP_5XX, f"S3 answered HTTP {status}: {red}") from None
-        raise WorkerError(
-            Code.SOURCE_HTTP_4XX, f"S3 object not found or access denied (HTTP {status}): {red}"
-        ) from None
+        session = boto3.session.Session()
+        if session.get_credentials() is None:
+            # Signing without credentials yields an unsigned URL, not an error.
+            raise NoCredentialsError()
+        client = session.client(
+            "s3",
+            endpoint_url=settings.s3_endpoint_url,
+            config=Config(signature_version="s3v4"),
+        )
+        # Valid a little past the download deadline: the GET starts at once.
+        expires = int(settings.download_timeout_s) + 60
+        return client.generate_presigned_url(
+            "get_object", Params={"Bucket": bucket, "Key": key}, ExpiresIn=expires
+        )
     except NoCredentialsError:
         raise WorkerError(
             Code.INTERNAL, "no S3 credentials are configured on this worker", retryable=False
         ) from None
-    except BotoCoreError:
-        guard.check()
-        raise WorkerError(Code.SOURCE_UNREACHABLE, f"S3 request failed: {red}") from None
-    if total < size:
+    except BotoCoreError as exc:
         raise WorkerError(
-            Code.SOURCE_TRUNCATED, f"S3 body ended after {total} of {size} bytes: {red}"
-        )
-    return total
+            Code.INTERNAL,
+            f"cannot sign the S3 request ({type(exc).__name__}): check the worker's AWS settings",
+            retryable=False,
+        ) from None

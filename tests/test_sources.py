@@ -591,9 +591,19 @@ def test_fetch_to_file_dispatches_http(srv, dest) -> None:
 # --------------------------------------------------------------------------- s3
 
 
+@pytest.fixture(scope="module")
+def moto_server():
+    """A real moto S3 server on 127.0.0.1: the worker fetches over HTTP as from AWS."""
+    server_mod = pytest.importorskip("moto.server")
+    server = server_mod.ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
+    server.start()
+    host, port = server.get_host_and_port()
+    yield f"http://{host}:{port}"
+    server.stop()
+
+
 @pytest.fixture
-def s3(monkeypatch):
-    moto = pytest.importorskip("moto")
+def s3(monkeypatch, moto_server):
     for var in ("AWS_PROFILE", "AWS_ENDPOINT_URL", "AWS_ENDPOINT_URL_S3"):
         monkeypatch.delenv(var, raising=False)
     monkeypatch.setenv("AWS_ACCESS_KEY_ID", "testing")
@@ -601,46 +611,92 @@ def s3(monkeypatch):
     monkeypatch.setenv("AWS_DEFAULT_REGION", "us-east-1")
     import boto3
 
-    with moto.mock_aws():
-        client = boto3.client("s3", region_name="us-east-1")
-        client.create_bucket(Bucket="audio-in")
-        client.put_object(Bucket="audio-in", Key="clips/jfk.wav", Body=JFK)
-        client.create_bucket(Bucket="other")
-        client.put_object(Bucket="other", Key="jfk.wav", Body=JFK)
-        yield client
+    client = boto3.client("s3", region_name="us-east-1", endpoint_url=moto_server)
+    for bucket in ("audio-in", "other"):
+        try:
+            client.create_bucket(Bucket=bucket)
+        except client.exceptions.BucketAlreadyOwnedByYou:
+            pass
+    client.put_object(Bucket="audio-in", Key="clips/jfk.wav", Body=JFK)
+    client.put_object(Bucket="other", Key="jfk.wav", Body=JFK)
+    yield client
 
 
-def test_s3_allowed_bucket(s3, dest) -> None:
-    s = settings(s3_allowed_buckets="audio-in")
+def s3_settings(endpoint: str, **kw: object) -> Settings:
+    # Private URLs off: the operator's own endpoint is trusted, nothing else on 127.0.0.1.
+    return settings(s3_endpoint_url=endpoint, allow_private_urls="false", **kw)
+
+
+def test_s3_allowed_bucket(s3, moto_server, dest) -> None:
+    s = s3_settings(moto_server, s3_allowed_buckets="audio-in")
     assert fetch_to_file("s3://audio-in/clips/jfk.wav", dest, s) == len(JFK)
     assert dest.read_bytes() == JFK
 
 
-def test_s3_bucket_not_allowed(s3, dest) -> None:
+def test_s3_bucket_not_allowed(s3, moto_server, dest) -> None:
     for allowed in ("audio-in", ""):
-        s = settings(s3_allowed_buckets=allowed)
+        s = s3_settings(moto_server, s3_allowed_buckets=allowed)
         fails(Code.URL_NOT_ALLOWED, fetch_s3, "s3://other/jfk.wav", dest, s)
     assert not dest.exists()
 
 
-def test_s3_missing_key_and_bucket(s3, dest) -> None:
-    s = settings(s3_allowed_buckets="audio-in,gone")
+def test_s3_errors_name_the_bucket_as_sent(s3, moto_server, dest) -> None:
+    """Issue 12: ``s3://Allowed-Bucket/`` was reported as ``s3://allowed-bucket/...``,
+    which is on the allowlist: the message named another bucket than the one checked."""
+    s = s3_settings(moto_server, s3_allowed_buckets="allowed-bucket")
+    err = fails(Code.URL_NOT_ALLOWED, fetch_s3, "s3://Allowed-Bucket/A.wav?x=1", dest, s)
+    assert "s3://Allowed-Bucket/A.wav" in err.message and "allowed-bucket" not in err.message
+
+
+def test_s3_missing_key_and_bucket(s3, moto_server, dest) -> None:
+    s = s3_settings(moto_server, s3_allowed_buckets="audio-in,gone")
     err = fails(Code.SOURCE_HTTP_4XX, fetch_s3, "s3://audio-in/nope.wav", dest, s)
-    assert err.retryable is False
+    assert err.retryable is False and "s3://audio-in/nope.wav" in err.message
+    assert "X-Amz" not in err.message and "Signature" not in err.message
     fails(Code.SOURCE_HTTP_4XX, fetch_s3, "s3://gone/a.wav", dest, s)
     assert not dest.exists()
 
 
-def test_s3_over_cap(s3, dest) -> None:
-    s = settings(s3_allowed_buckets="audio-in", max_download_bytes=len(JFK) - 1)
+def test_s3_over_cap(s3, moto_server, dest) -> None:
+    s = s3_settings(moto_server, s3_allowed_buckets="audio-in", max_download_bytes=len(JFK) - 1)
     fails(Code.SOURCE_TOO_LARGE, fetch_s3, "s3://audio-in/clips/jfk.wav", dest, s)
     assert not dest.exists()
 
 
-def test_s3_malformed(s3, dest) -> None:
-    s = settings(s3_allowed_buckets="audio-in")
+def test_s3_malformed(s3, moto_server, dest) -> None:
+    s = s3_settings(moto_server, s3_allowed_buckets="audio-in")
     for url in ("s3://audio-in", "s3://audio-in/", "s3:///key"):
         fails(Code.INVALID_INPUT, fetch_s3, url, dest, s)
+
+
+@pytest.mark.parametrize("behaviour", ["drip", "hang"])
+def test_s3_download_deadline_holds(srv, dest, monkeypatch, behaviour) -> None:
+    """Issue 12: against WHISPER_DOWNLOAD_TIMEOUT_S=5 a dripping S3 endpoint took 64.6 s
+    and a hanging one 20.3 s (boto3's timeouts are per read, and it retried). Here a real
+    server on 127.0.0.1 plays the S3 endpoint; the deadline (2 s) holds to within a second."""
+    monkeypatch.setenv("AWS_ACCESS_KEY_ID", "testing")
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "testing")
+    monkeypatch.setenv("AWS_DEFAULT_REGION", "us-east-1")
+
+    def drip(h) -> None:
+        h.send_response(200)
+        h.send_header("Content-Length", "100000")
+        h.end_headers()
+        while not srv.stop_event.wait(0.2):
+            h.wfile.write(b"x")
+            h.wfile.flush()
+
+    def hang(h) -> None:
+        srv.stop_event.wait(30)
+
+    srv.route("/bucket/*", drip if behaviour == "drip" else hang)
+    s = s3_settings(srv.url("").rstrip("/"), s3_allowed_buckets="bucket", download_timeout_s=2)
+    started = time.monotonic()
+    err = fails(Code.SOURCE_TIMEOUT, fetch_s3, "s3://bucket/slow.wav", dest, s)
+    took = time.monotonic() - started
+    assert took < 3.5, f"{behaviour}: the 2 s deadline took {took:.1f} s"
+    assert "s3://bucket/slow.wav" in err.message and not dest.exists()
+    assert srv.hits["/bucket/slow.wav"] == 1  # no retry past the deadline
 
 
 # --------------------------------------------------------------------------- https
