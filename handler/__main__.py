@@ -52,7 +52,10 @@ def main(argv: list[str] | None = None) -> int:
 
     times.runpod_import = time.perf_counter() - t
     configure_logging()  # `import runpod` calls logging.basicConfig(INFO) on the root logger
+    from handler.delivery import persist_result_posts
     from handler.worker import make_handlers
+
+    persist_result_posts(plan.settings.result_retry_s)
 
     if plan.settings.s3_allowed_buckets or plan.settings.result_bucket:
         # Jobs run in threads: import boto3 once here, not lazily in two jobs at a time.

@@ -147,6 +147,11 @@ class Settings(BaseModel):
     """Where RunPod pre-places Hugging Face models chosen for the endpoint (not billed as
     start-up). A model name found there loads from it, offline."""
 
+    result_retry_s: float = Field(60.0, ge=0, le=600)
+    """How long the worker keeps re-posting a result (or a streamed item) the platform
+    answered with 5xx or could not be reached for, with backoff, before giving it up; the
+    SDK alone gives up after 3 tries in about 5 s. 0: the SDK's own behaviour."""
+
     stream: bool = False
     """Stream segments as they are decoded (the handler becomes an async generator)."""
     progress_interval_s: float = Field(5.0, gt=0)

@@ -267,11 +267,14 @@ class Emulator:
             return sum(len(w.held) for w in self.state.workers.values())
 
     # ------------------------------------------------------------- fault injection
-    def fail_job_done(self, count: int, status: int = 503) -> None:
-        """The next `count` job-done posts (results or progress) answer `status`."""
+    def fail_job_done(self, count: int, status: int = 503, *, after_commit: bool = False) -> None:
+        """The next `count` job-done posts (results or progress) answer `status`; with
+        ``after_commit`` each post is applied first (the platform stored the result, then
+        the answer was lost), so a worker that re-posts sends a late duplicate."""
         with self.state.cond:
             self.state.done_failures_left = count
             self.state.done_failure_status = status
+            self.state.done_failure_after_commit = after_commit
 
     def set_take_delay(self, seconds: float) -> None:
         """Sleep this long before answering each job-take (a slow control plane)."""

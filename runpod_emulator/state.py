@@ -50,6 +50,7 @@ class EndpointState:
         self.retried_total = 0
         self.done_failures_left = 0
         self.done_failure_status = 503
+        self.done_failure_after_commit = False
         self.closed = False
         # Jobs not yet expired: the only ones the periodic rules need to look at.
         self._live: set[str] = set()
@@ -253,52 +254,63 @@ class EndpointState:
         now = time.time()
         with self.cond:
             self._seen(worker_id)
-            if self.done_failures_left > 0:
+            if self.done_failures_left > 0 and not self.done_failure_after_commit:
                 self.done_failures_left -= 1
                 return self.done_failure_status, {"error": "injected failure"}
-            job, result, refusal = self._job_and_body(job_id, body)
-            if refusal is not None:
-                return refusal
-            if not isinstance(result, dict):
-                return 400, {"error": "body is not a JSON object"}
-            current = job.status == IN_PROGRESS and job.worker_id == worker_id
-            if result.get("status") == IN_PROGRESS:
-                # progress_update posts from a thread and can land after the result.
-                job.progress_posts += 1
-                if current and "output" in result:
-                    job.progress = result["output"]
-                    self.cond.notify_all()
-                return 200, {}
-            job.done_posts += 1
-            if not current:
-                job.late_posts += 1
-                return 200, {}
-            if result.get("stopPod"):
-                # The platform replaces a worker that asks for it (refresh_worker).
-                self.workers[worker_id].stop_pod = True
-                self._emit({"type": "worker_stop_pod", "t": now, "worker_id": worker_id})
-            job.result_bytes = len(body)
-            limit = self._result_limit(job)
-            if len(body) > limit:
-                job.note = f"result too large: {len(body)} bytes > {limit}"
-                if self.config.oversize_result == "fail":
-                    job.error = job.note
-                    self._finish(job, FAILED, now)
-                else:
-                    self._finish(job, COMPLETED, now)
-                return 400, {"error": job.note}
-            error = result.get("error")
-            if "output" in result:
-                job.output = result["output"]
-            if isinstance(error, str) and error:
-                job.error = error
+            status, answer = self._apply_done(worker_id, job_id, body, now)
+            if self.done_failures_left > 0 and self.done_failure_after_commit:
+                # The post was applied, but the worker is told it failed: it will re-post.
+                self.done_failures_left -= 1
+                return self.done_failure_status, {"error": "injected failure after commit"}
+            return status, answer
+
+    def _apply_done(
+        self, worker_id: str, job_id: str, body: bytes, now: float
+    ) -> tuple[int, dict[str, Any]]:
+        # Called with self.cond held (by job_done).
+        job, result, refusal = self._job_and_body(job_id, body)
+        if refusal is not None:
+            return refusal
+        if not isinstance(result, dict):
+            return 400, {"error": "body is not a JSON object"}
+        current = job.status == IN_PROGRESS and job.worker_id == worker_id
+        if result.get("status") == IN_PROGRESS:
+            # progress_update posts from a thread and can land after the result.
+            job.progress_posts += 1
+            if current and "output" in result:
+                job.progress = result["output"]
+                self.cond.notify_all()
+            return 200, {}
+        job.done_posts += 1
+        if not current:
+            job.late_posts += 1
+            return 200, {}
+        if result.get("stopPod"):
+            # The platform replaces a worker that asks for it (refresh_worker).
+            self.workers[worker_id].stop_pod = True
+            self._emit({"type": "worker_stop_pod", "t": now, "worker_id": worker_id})
+        job.result_bytes = len(body)
+        limit = self._result_limit(job)
+        if len(body) > limit:
+            job.note = f"result too large: {len(body)} bytes > {limit}"
+            if self.config.oversize_result == "fail":
+                job.error = job.note
                 self._finish(job, FAILED, now)
             else:
-                if error:  # a dict or list error: the platform shows no output
-                    job.output = NO_OUTPUT
-                    job.note = "non-string error"
                 self._finish(job, COMPLETED, now)
-            return 200, {}
+            return 400, {"error": job.note}
+        error = result.get("error")
+        if "output" in result:
+            job.output = result["output"]
+        if isinstance(error, str) and error:
+            job.error = error
+            self._finish(job, FAILED, now)
+        else:
+            if error:  # a dict or list error: the platform shows no output
+                job.output = NO_OUTPUT
+                job.note = "non-string error"
+            self._finish(job, COMPLETED, now)
+        return 200, {}
 
     def job_stream(self, worker_id: str, job_id: str, body: bytes) -> tuple[int, dict[str, Any]]:
         with self.cond:

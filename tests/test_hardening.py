@@ -259,3 +259,28 @@ def test_a_job_past_its_compute_budget_fails_and_frees_the_slot(worker) -> None:
     # a busy machine cannot overrun; 2 s is the bomb's, not a real job's).
     roomy = Worker(settings=make_settings(device="cpu"), pool=worker.pool)
     assert wer(run_job({"audio_base64": JFK_B64}, roomy)["text"], JFK_TEXT) < 0.15
+
+
+def test_sdk_result_post_is_where_the_worker_wraps_it() -> None:
+    """Drift test for handler/delivery.py: the pinned runpod SDK posts every result through
+    rp_http._transmit(session, url, data), looked up at call time."""
+    import inspect
+
+    from runpod.serverless.modules import rp_http
+
+    from handler.delivery import persist_result_posts
+
+    assert list(inspect.signature(rp_http._transmit).parameters) == [
+        "client_session",
+        "url",
+        "job_data",
+    ]
+    assert "await _transmit(" in inspect.getsource(rp_http._handle_result)
+    original = rp_http._transmit
+    try:
+        assert persist_result_posts(0) is False and rp_http._transmit is original
+        assert persist_result_posts(5) is True and rp_http._transmit is not original
+        wrapped = rp_http._transmit
+        assert persist_result_posts(5) is True and rp_http._transmit is wrapped  # once
+    finally:
+        rp_http._transmit = original

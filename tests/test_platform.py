@@ -161,6 +161,31 @@ def test_job_done_5xx_then_success(shared):
     assert status["status"] == "COMPLETED" and "your country" in status["output"]["text"]
 
 
+def test_job_done_5xx_longer_than_the_sdk_tries_is_still_delivered(shared):
+    """Issue 12: three 5xx answers in a row and the SDK dropped the result (the client saw
+    TIMED_OUT). The worker re-posts with backoff for WHISPER_RESULT_RETRY_S (60 s)."""
+    em, _, _ = shared
+    job_id = em.submit({"audio_base64": b64(DATA / "jfk.mp3")})
+    wait_for(lambda: em.status(job_id)["status"] == "IN_PROGRESS", JOB_S, "the job taken")
+    em.fail_job_done(8, status=503)
+    status = em.wait_job(job_id, JOB_S)
+    assert status["status"] == "COMPLETED" and "your country" in status["output"]["text"]
+    assert em.state.done_failures_left == 0  # every injected failure was met
+
+
+def test_job_done_5xx_after_commit_is_a_harmless_duplicate(shared):
+    em, _, _ = shared
+    job_id = em.submit({"audio_base64": b64(DATA / "jfk.mp3"), "output": ["text"]})
+    wait_for(lambda: em.status(job_id)["status"] == "IN_PROGRESS", JOB_S, "the job taken")
+    em.fail_job_done(4, status=502, after_commit=True)
+    status = em.wait_job(job_id, JOB_S)
+    assert status["status"] == "COMPLETED" and "your country" in status["output"]["text"]
+    rec = em.records()["jobs"][job_id]
+    wait_for(lambda: em.state.done_failures_left == 0, JOB_S, "the re-posts")
+    rec = em.records()["jobs"][job_id]
+    assert rec["late_posts"] >= 1 and em.status(job_id)["output"] == status["output"]
+
+
 def test_streaming_partial_text_before_the_end(tmp_path):
     em = emulator(tmp_path)
     try:
