@@ -61,7 +61,7 @@ def main(argv: list[str] | None = None) -> int:
     rows = []
     started = time.perf_counter()
     for n, it in enumerate(items, 1):
-        if it.language is None:  # music or noise: no language to judge
+        if not it.language:  # music or noise: no language to judge
             continue
         result = run_job({"output": ["segments"]}, worker, audio=it.path.read_bytes())
         if "error" in result:
