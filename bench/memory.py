@@ -62,12 +62,21 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("--lengths", default="600,3600", help="seconds, default 600,3600")
     parser.add_argument("--batches", default="8,1", help="batch sizes to compare (default 8,1)")
+    parser.add_argument("--model", default="tiny.en",
+                        help="tiny.en (packaged) or base (assembled from PyPI)")  # fmt: skip
     parser.add_argument("--out", default=str(ROOT / "bench" / "out" / "memory.json"))
+    parser.add_argument("--plot", help="also draw peak RSS against length into this PNG")
     args = parser.parse_args(argv)
     lengths = sorted(float(x) for x in args.lengths.split(","))
     batches = [int(b) for b in args.batches.split(",")]
     env = {**os.environ, "WHISPER_DEVICE": "cpu", "WHISPER_ALLOW_PRIVATE_URLS": "true",
            "WHISPER_WARMUP": "false", "WHISPER_LOG_LEVEL": "WARNING"}  # fmt: skip
+    if args.model == "base":
+        from bench.pypi_models import base_dir
+
+        env["WHISPER_MODEL"] = str(base_dir(ROOT / "bench" / "out" / "whisper-base"))
+    elif args.model != "tiny.en":
+        env["WHISPER_MODEL"] = args.model
     rows = []
     with tempfile.TemporaryDirectory() as tmp:
 
@@ -108,8 +117,34 @@ def main(argv: list[str] | None = None) -> int:
               f"{r['over_idle_mib']} | {r['wall_s']} |")  # fmt: skip
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps({"idle_mib": round(idle), "rows": rows}, indent=2))
+    out.write_text(json.dumps({"model": args.model, "idle_mib": round(idle), "rows": rows},
+                              indent=2))  # fmt: skip
+    if args.plot:
+        plot(rows, idle, args.model, Path(args.plot))
+        print(f"plot      {args.plot}")
     return 0 if all(r["rc"] == 0 for r in rows) else 1
+
+
+def plot(rows: list[dict], idle: float, model: str, path: Path) -> None:
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.figure import Figure
+
+    fig = Figure(figsize=(7, 4.2), layout="constrained")
+    FigureCanvasAgg(fig)
+    ax = fig.add_subplot()
+    for b in sorted({r["batch_size"] for r in rows}):
+        mine = [r for r in rows if r["batch_size"] == b]
+        label = "sequential (batch 1)" if b == 1 else f"engine (batch {b})"
+        ax.plot([r["seconds"] / 3600 for r in mine], [r["over_idle_mib"] for r in mine],
+                marker="o", label=label)  # fmt: skip
+    ax.set_xlabel("audio length (hours of real speech)")
+    ax.set_ylabel(f"peak RSS over the idle worker (MiB; idle {idle:.0f})")
+    ax.set_title(f"Peak memory of one job against audio length ({model}, CPU)")
+    ax.set_ylim(bottom=0)
+    ax.grid(alpha=0.3)
+    ax.legend()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, format="png")
 
 
 if __name__ == "__main__":

@@ -22,6 +22,7 @@ from typing import Any
 
 from handler import threads
 from handler.errors import Code, WorkerError
+from handler.features import BoundedFeatureExtractor, install_bounded_vad
 from handler.guard import Guard, raise_if_cancelled
 from handler.settings import Settings
 
@@ -220,6 +221,9 @@ def load_one(spec: ModelSpec, settings: Settings, device: str, compute: str) -> 
         ) from None
     for inst in instances:
         inst.model = GuardedModel(inst.model)  # cancel and budget checked per model call
+        # Features of long audio a block at a time (the same values, bounded transient).
+        inst.feature_extractor = BoundedFeatureExtractor.like(inst.feature_extractor)
+    install_bounded_vad()  # and the VAD without a copy of the whole audio
     first = instances[0]
     multilingual = bool(first.model.is_multilingual)
     loaded = LoadedModel(

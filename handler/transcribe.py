@@ -254,7 +254,7 @@ def _run_sequential(
             pipeline = BatchedInferencePipeline(instance)
             generator, info = pipeline.transcribe(audio, batch_size=batch_size, **kwargs)
         else:
-            generator, info = instance.transcribe(audio, **kwargs)
+            generator, info = _transcribe_sequential(instance, audio, kwargs)
         segments = []
         for seg in generator:
             item = segment_dict(seg)
@@ -279,6 +279,37 @@ def _run_sequential(
         seconds=time.perf_counter() - start,
         warnings=warnings,
     )
+
+
+def _transcribe_sequential(instance: Any, audio: np.ndarray, kwargs: dict[str, Any]):
+    """``WhisperModel.transcribe``, with its VAD step done here in bounded memory.
+
+    With ``vad_filter`` faster-whisper gathers the speech with ``collect_chunks``, which
+    grows one array by ``np.concatenate`` per speech span (quadratic time, and two copies
+    at once: on hours of audio, gigabytes and minutes). The same spans are found with the
+    same VAD call and copied once into one array; transcribing that with the VAD off and
+    mapping the times back (faster-whisper's own ``restore_speech_timestamps``) is what
+    ``transcribe`` does itself, so the text is the same (tests/test_features.py).
+    """
+    if not kwargs.get("vad_filter") or kwargs.get("clip_timestamps", "0") != "0":
+        return instance.transcribe(audio, **kwargs)
+    from faster_whisper.transcribe import restore_speech_timestamps
+    from faster_whisper.vad import VadOptions, get_speech_timestamps
+
+    params = kwargs.get("vad_parameters")
+    options = params if isinstance(params, VadOptions) else VadOptions(**(params or {}))
+    spans = get_speech_timestamps(audio, options)
+    speech = np.empty(sum(s["end"] - s["start"] for s in spans), dtype=np.float32)
+    at = 0
+    for span in spans:
+        n = span["end"] - span["start"]
+        speech[at : at + n] = audio[span["start"] : span["end"]]
+        at += n
+    rest = {k: v for k, v in kwargs.items() if k not in ("vad_filter", "vad_parameters")}
+    generator, info = instance.transcribe(speech, vad_filter=False, **rest)
+    if spans:
+        generator = restore_speech_timestamps(generator, spans, fw_batch.SAMPLE_RATE)
+    return generator, info
 
 
 def run_engine(
