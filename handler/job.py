@@ -23,6 +23,7 @@ from handler.cues import Layout
 from handler.decode import decode_audio
 from handler.engine import Engine
 from handler.errors import Code, WorkerError
+from handler.memory import MIB, MemoryBudget, auto_budget_bytes, job_bytes
 from handler.models import ModelPool
 from handler.schema import JobInput, parse_job_input
 from handler.settings import Settings
@@ -45,9 +46,19 @@ class Worker:
     jobs_done: int = 0
     engine: Engine = field(default_factory=Engine)
     """Schedulers that batch windows of many jobs per model instance (batch_size > 1)."""
+    memory: MemoryBudget | None = None
+    """Admission by estimated memory (handler.memory); built on first use."""
     refresh_wanted: bool = False
     """Set when the worker should be replaced (GPU OOM, job or memory budget reached)."""
     _lock: threading.Lock = field(default_factory=threading.Lock)
+
+    def memory_budget(self) -> MemoryBudget:
+        with self._lock:
+            if self.memory is None:
+                mb = self.settings.memory_budget_mb
+                total = mb * MIB if mb else auto_budget_bytes(int(rss_mb() * MIB))
+                self.memory = MemoryBudget(total)
+            return self.memory
 
     def job_finished(self) -> None:
         with self._lock:
@@ -249,14 +260,19 @@ def _run(
             "languages": languages,
             "budget_s": budget,
         }
-        if batch_size > 1 and transcribe.batch_blocker(kwargs, duration) is None:
-            timings["queue_model"] = 0.0  # the engine shares instances: no exclusive wait
-            tr = transcribe.run_engine(worker.engine, model, audio.samples, kwargs, **options)
-            timings["batch_wait"] = tr.batch_wait or 0.0
-        else:
-            with worker.pool.acquire(model, cancel) as (instance, waited):
-                timings["queue_model"] = waited
-                tr = transcribe.run(instance, audio.samples, kwargs, **options)
+        t = time.perf_counter()
+        with worker.memory_budget().reserve(job_bytes(duration), cancel,
+                                            what=f"{duration:.0f} s of audio"):  # fmt: skip
+            memory_wait = time.perf_counter() - t
+            if batch_size > 1 and transcribe.batch_blocker(kwargs, duration) is None:
+                # the engine shares instances: no exclusive wait
+                timings["queue_model"] = memory_wait
+                tr = transcribe.run_engine(worker.engine, model, audio.samples, kwargs, **options)
+                timings["batch_wait"] = tr.batch_wait or 0.0
+            else:
+                with worker.pool.acquire(model, cancel) as (instance, waited):
+                    timings["queue_model"] = memory_wait + waited
+                    tr = transcribe.run(instance, audio.samples, kwargs, **options)
         timings["transcribe"] = tr.seconds
         warnings += tr.warnings
         if doubt := transcribe.english_only_doubt(model, tr.segments):

@@ -10,6 +10,7 @@ test throws generated inputs at the real pipeline on the real model.
 from __future__ import annotations
 
 import base64
+import threading
 import time
 from typing import Any
 
@@ -18,11 +19,11 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from bench.corpus import wav_bytes
-from handler.errors import RETRYABLE, Code
+from bench.corpus import long_clip, wav_bytes
+from handler.errors import RETRYABLE, Code, WorkerError
 from handler.job import run_job
 from handler.schema import parse_job_input
-from tests.conftest import DATA, JFK_TEXT, b64, wer
+from tests.conftest import DATA, JFK_TEXT, b64, make_settings, wer
 from tests.httpserver import LocalServer, respond
 
 JFK_B64 = b64(DATA / "jfk.wav")
@@ -284,3 +285,55 @@ def test_sdk_result_post_is_where_the_worker_wraps_it() -> None:
         assert persist_result_posts(5) is True and rp_http._transmit is wrapped  # once
     finally:
         rp_http._transmit = original
+
+
+def test_memory_budget_waits_refuses_and_frees() -> None:
+    """Issue 12: admission by memory. A job that fits once others finish waits (and can be
+    cancelled while it waits); one that can never fit fails at once, not retryable."""
+    from handler.memory import MIB, MemoryBudget, job_bytes
+
+    budget = MemoryBudget(200 * MIB)
+    with pytest.raises(WorkerError) as info:
+        with budget.reserve(201 * MIB):
+            pass
+    assert info.value.code is Code.MEMORY_BUDGET_EXCEEDED and info.value.retryable is False
+    order: list[str] = []
+    first = threading.Event()
+    release = threading.Event()
+
+    def hold() -> None:
+        with budget.reserve(150 * MIB):
+            order.append("first in")
+            first.set()
+            release.wait(30)
+        order.append("first out")
+
+    t = threading.Thread(target=hold)
+    t.start()
+    assert first.wait(30)
+    cancel = threading.Event()
+    cancel.set()
+    with pytest.raises(WorkerError) as info:
+        with budget.reserve(100 * MIB, cancel):
+            pass
+    assert info.value.code is Code.CANCELLED  # waiting, then cancelled
+    threading.Timer(0.3, release.set).start()
+    with budget.reserve(100 * MIB):
+        order.append("second in")
+    t.join(30)
+    assert order == ["first in", "first out", "second in"] and budget.used == 0
+    assert job_bytes(3600) > job_bytes(60) > 64 * MIB
+
+
+@pytest.mark.model
+def test_a_job_over_the_memory_budget_fails_before_the_model(tiny_pool) -> None:
+    from handler.job import Worker
+
+    settings = make_settings(device="cpu", memory_budget_mb=70)  # jfk needs ~68 MiB; 60 s more
+    worker = Worker(settings=settings, pool=tiny_pool)
+    ok = run_job({"audio_base64": b64(DATA / "jfk.wav")}, worker)
+    assert "error" not in ok, ok
+    long = {"audio_base64": base64.b64encode(long_clip(60).wav_bytes()).decode()}
+    result = run_job(long, worker)
+    assert result["error_code"] == "MEMORY_BUDGET_EXCEEDED" and result["retryable"] is False
+    assert "WHISPER_MEMORY_BUDGET_MB" in result["error"]
