@@ -9,6 +9,7 @@
     python -m bench throughput [...]        a burst of short clips: one job at a time vs engine
     python -m bench memory [...]                 peak RSS of one job against audio length
     python -m bench threads [...]       queue worker vs in-process transcribe time per audio s
+    python -m bench soak [...]          1000 jobs, every bad input, injected faults; nothing lost
     python -m bench english-only [...]   the English-only model's warning on other languages
 
 Rates are per-second prices you pay (``--flex-rate``, ``--active-rate`` or ``--rates FILE``
@@ -150,6 +151,11 @@ def build_parser() -> argparse.ArgumentParser:
     sub.add_parser(
         "threads",
         help="queue worker vs in-process speed (see python -m bench threads --help)",
+        add_help=False,
+    )
+    sub.add_parser(
+        "soak",
+        help="fault soak: 1000 jobs, bad inputs, injected faults (see --help)",
         add_help=False,
     )
     sub.add_parser(
@@ -398,6 +404,10 @@ def main(argv: list[str] | None = None) -> int:
         from bench.threads_check import main as threads_main
 
         return int(threads_main(argv[1:]) or 0)
+    if argv[:1] == ["soak"]:
+        from bench.soak import main as soak_main
+
+        return int(soak_main(argv[1:]) or 0)
     if argv[:1] == ["english-only"]:
         from bench.english_only import main as english_only_main
 
