@@ -15,6 +15,7 @@ installed version (a drift test), the way faster-whisper's own signature test do
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from dataclasses import dataclass, field
 from typing import Any
@@ -68,12 +69,19 @@ class PreparedJob:
     language: str
     language_probability: float
     key: tuple[Any, ...] = field(default=())
+    fallback: TranscriptionOptions | None = None
+    """The options with the job's whole temperature ladder, for a window whose batched
+    decode fails the compression-ratio or log-probability test (None: no ladder)."""
     """Windows with equal keys may share one batched call."""
 
 
-def _temperature(kwargs: dict[str, Any]) -> float:
-    t = kwargs.get("temperature", 0.0)
-    return float(t[0] if isinstance(t, (list, tuple)) else t)
+# faster-whisper's default temperatures (WhisperModel.transcribe), the fallback ladder.
+DEFAULT_TEMPERATURES = (0.0, 0.2, 0.4, 0.6, 0.8, 1.0)
+
+
+def _temperatures(kwargs: dict[str, Any]) -> list[float]:
+    t = kwargs.get("temperature", DEFAULT_TEMPERATURES)
+    return [float(x) for x in t] if isinstance(t, (list, tuple)) else [float(t)]
 
 
 def _speech_chunks(audio: np.ndarray, kwargs: dict[str, Any], chunk_length: int) -> list[dict]:
@@ -127,7 +135,7 @@ def prepare(model: Any, audio: np.ndarray, kwargs: dict[str, Any]) -> PreparedJo
         log_prob_threshold=kwargs.get("log_prob_threshold", -1.0),
         no_speech_threshold=kwargs.get("no_speech_threshold", 0.6),
         compression_ratio_threshold=kwargs.get("compression_ratio_threshold", 2.4),
-        temperatures=[_temperature(kwargs)],
+        temperatures=_temperatures(kwargs)[:1],
         initial_prompt=kwargs.get("initial_prompt"),
         prefix=None,
         suppress_blank=kwargs.get("suppress_blank", True),
@@ -160,8 +168,10 @@ def prepare(model: Any, audio: np.ndarray, kwargs: dict[str, Any]) -> PreparedJo
     if options.word_timestamps:
         # Word alignment runs once per batch with one tokenizer: same language and task.
         key += (language, task)
+    ladder = _temperatures(kwargs)
+    fallback = dataclasses.replace(options, temperatures=ladder) if len(ladder) > 1 else None
     return PreparedJob(features, metadata, chunks, tokenizer, options, prompt, language,
-                       float(probability), key)  # fmt: skip
+                       float(probability), key, fallback)  # fmt: skip
 
 
 @dataclass
@@ -208,14 +218,28 @@ def decode_batch(model: Any, items: list[BatchItem]) -> list[list[dict[str, Any]
     )
     out: list[list[dict[str, Any]]] = []
     sizes = []
-    for it, result in zip(items, results, strict=True):
+    for n, (it, result) in enumerate(zip(items, results, strict=True)):
         tokens = result.sequences_ids[0]
         seq_len = len(tokens)
         avg_logprob = result.scores[0] * (seq_len**options.length_penalty) / (seq_len + 1)
+        temperature = options.temperatures[0]
+        tok = it.job.tokenizer
+        if it.job.fallback is not None and needs_fallback(
+            options, avg_logprob, get_compression_ratio(tok.decode(tokens).strip()),
+            result.no_speech_prob,
+        ):  # fmt: skip
+            # As WhisperModel.generate_with_fallback does for one window of a sequential
+            # decode: the temperature ladder, on this window alone.
+            one = model.encode(features[n : n + 1])
+            result, avg_logprob, temperature, _ = model.generate_with_fallback(
+                one, it.job.prompt, tok, it.job.fallback
+            )
+            tokens = result.sequences_ids[0]
+        if is_silence(options, avg_logprob, result.no_speech_prob):
+            tokens = []  # WhisperModel.generate_segments skips such a window
         meta = it.job.metadata[it.index]
         size = int(math.ceil(meta["duration"]) * model.frames_per_second)
         sizes.append(size)
-        tok = it.job.tokenizer
         subsegments, _, _ = model._split_segments_by_timestamps(
             tokenizer=tok,
             tokens=tokens,
@@ -235,8 +259,10 @@ def decode_batch(model: Any, items: list[BatchItem]) -> list[list[dict[str, Any]
                     "end": sub["end"],
                     "compression_ratio": get_compression_ratio(text),
                     "seek": int(meta["offset"] * model.frames_per_second),
+                    "temperature": temperature,
                 }
                 for sub in subsegments
+                if sub["tokens"]
             ]
         )
     if options.word_timestamps:
@@ -250,6 +276,32 @@ def decode_batch(model: Any, items: list[BatchItem]) -> list[list[dict[str, Any]
             0.0,
         )
     return out
+
+
+def needs_fallback(
+    options: TranscriptionOptions, avg_logprob: float, compression_ratio: float, no_speech: float
+) -> bool:
+    """WhisperModel.generate_with_fallback's test of one decode (silence never falls back)."""
+    lp = options.log_prob_threshold
+    bad = (
+        options.compression_ratio_threshold is not None
+        and compression_ratio > options.compression_ratio_threshold
+    ) or (lp is not None and avg_logprob < lp)
+    silence = (
+        options.no_speech_threshold is not None
+        and no_speech > options.no_speech_threshold
+        and lp is not None
+        and avg_logprob < lp
+    )
+    return bad and not silence
+
+
+def is_silence(options: TranscriptionOptions, avg_logprob: float, no_speech: float) -> bool:
+    """WhisperModel.generate_segments' skip: likely no speech, and not a confident decode."""
+    if options.no_speech_threshold is None or no_speech <= options.no_speech_threshold:
+        return False
+    lp = options.log_prob_threshold
+    return not (lp is not None and avg_logprob > lp)
 
 
 def to_segments(window_outputs: Any, job: PreparedJob) -> Any:
@@ -272,7 +324,7 @@ def to_segments(window_outputs: Any, job: PreparedJob) -> Any:
                     avg_logprob=seg["avg_logprob"],
                     no_speech_prob=seg["no_speech_prob"],
                     compression_ratio=seg["compression_ratio"],
-                    temperature=job.options.temperatures[0],
+                    temperature=seg.get("temperature", job.options.temperatures[0]),
                 )  # fmt: skip
 
     return restore_speech_timestamps(numbered(), job.speech_chunks, SAMPLE_RATE)

@@ -219,3 +219,31 @@ def test_the_gpu_check_runs_on_the_cpu(tmp_path) -> None:
     assert "skipped" in missing and "| no-such-model | skipped" in proc.stdout
     assert set(tiny["rtf_by_batch"]) == {"1", "4"} and tiny["rtf_by_batch"]["4"]["wer"] < 0.2
     assert tiny["burst_engine"]["clips"] == 6 and tiny["cold_start"]["ready"] > 0
+
+
+def test_a_window_that_fails_its_decode_climbs_the_temperature_ladder(worker, monkeypatch):
+    """Issue 9: the batched decode had no temperature fallback, so a window that came out
+    repetitive or unsure stayed so (the engine's WER gap). Now such a window alone is
+    decoded again as WhisperModel.generate_with_fallback does. A spy (the real method,
+    counted) sees one call per failing window; log_prob_threshold 0 fails every window."""
+    inst = worker.pool.get(None).instances[0]
+    calls: list[int] = []
+    real = inst.generate_with_fallback
+
+    def spy(encoder_output, prompt, tokenizer, options):
+        calls.append(len(options.temperatures))
+        return real(encoder_output, prompt, tokenizer, options)
+
+    monkeypatch.setattr(inst, "generate_with_fallback", spy)
+    clip = long_clip(70)
+    base = {"audio_base64": b64_samples(clip.samples), "batch_size": 8, "output": ["segments"]}
+    out = run_job({**base, "log_prob_threshold": 0.0}, worker)
+    assert "error" not in out, out
+    assert calls == [6, 6, 6]  # three windows, each with the default ladder of six
+    assert out["text"].strip() and wer(clip.text, out["text"]) < 0.3
+    calls.clear()
+    out = run_job({**base, "temperature": 0.0, "log_prob_threshold": 0.0}, worker)
+    assert calls == [] and out["segments"]  # no ladder asked for: no fallback
+    calls.clear()
+    out = run_job(base, worker)
+    assert calls == [] and wer(clip.text, out["text"]) < 0.3  # clean speech passes at once
