@@ -61,9 +61,10 @@ class Settings(BaseModel):
     """Extra model names a job may ask for in `model`; each is loaded at start-up."""
 
     batch_size: int = Field(1, ge=1, le=128)
-    """Batch size for jobs that do not set one; > 1 uses faster-whisper's batched pipeline.
-    1 on every device by default: batching was 1.4-1.8x faster on minute-long audio here, but
-    its segments are whole VAD chunks (up to 30 s), poor for subtitles. See the README."""
+    """Batch size for jobs that do not set one; > 1 sends them through the throughput
+    engine (windows of many jobs batched on one model instance). 1 by default until the
+    accuracy bench shows batching no worse than sequential decoding (README, Throughput and
+    accuracy)."""
     compute_budget_floor_s: float = Field(120.0, ge=0)
     """Each job may spend this many seconds in the model, plus compute_budget_factor x its
     audio duration; past that it fails with COMPUTE_BUDGET_EXCEEDED (options that make the
