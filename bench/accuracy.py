@@ -156,6 +156,36 @@ def table(runs: list[Run], audio_s: float) -> str:
     return "\n".join(lines)
 
 
+def detection_table(files: dict[str, list[dict[str, Any]]]) -> str:
+    """Language detection per language and group (short clips apart), from the JSON rows:
+    right / judged files per run (files whose language the run reported)."""
+    names = list(files)
+    first = files[names[0]]
+    keys = sorted({(r["language"], r["group"]) for r in first if r["language"]})
+    lines = ["| language | group | files | " + " | ".join(names) + " |",
+             "|---|---|---|" + "---|" * len(names)]  # fmt: skip
+    for lang, group in keys:
+        cells = []
+        for name in names:
+            rows = [r for r in files[name] if (r["language"], r["group"]) == (lang, group)]
+            judged = [r for r in rows if r["detected"]]
+            right = sum(r["detected"] == lang for r in judged)
+            cells.append(f"{right}/{len(judged)}")
+        n = sum(1 for r in first if (r["language"], r["group"]) == (lang, group))
+        lines.append(f"| {lang} | {group} | {n} | " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+def _row(o: Outcome) -> dict[str, Any]:
+    return {"file": o.item.path.name, "group": o.item.group, "language": o.item.language,
+            "detected": o.language, "ref": o.ref, "hyp": o.hyp, "error": o.error,
+            "seconds": round(o.seconds, 3)}  # fmt: skip
+
+
+def _rows(runs: list[Run]) -> dict[str, list[dict[str, Any]]]:
+    return {r.name: [_row(o) for o in r.outcomes] for r in runs}
+
+
 def worst(runs: list[Run], n: int = 8) -> str:
     base = {o.item.path: o for o in runs[0].outcomes}
     rows = []
@@ -196,7 +226,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--languages", help="comma-separated subset, e.g. en,es")
     parser.add_argument("--no-plain", action="store_true", help="skip plain faster-whisper")
     parser.add_argument("--out", default=str(ROOT / "bench" / "out" / "accuracy.json"))
+    parser.add_argument("--detection-of", metavar="JSON",
+                        help="print the detection table of a saved run and exit")  # fmt: skip
     args = parser.parse_args(argv)
+    if args.detection_of:
+        print(detection_table(json.loads(Path(args.detection_of).read_text())["files"]))
+        return 0
 
     from bench import pypi_models
     from handler.settings import load_settings
@@ -255,6 +290,9 @@ def main(argv: list[str] | None = None) -> int:
         f"\nmodel {args.model}, {len(items)} files, {audio_s / 60:.1f} min; WER (lower is better)"
     )
     print(table(runs, audio_s))
+    rows = _rows(runs)
+    print("\nlanguage detection (right / judged):")
+    print(detection_table(rows))
     if len(runs) > 1:
         print("\nfiles that differ most from the first column:")
         print(worst(runs))
@@ -262,10 +300,7 @@ def main(argv: list[str] | None = None) -> int:
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps({
         "model": args.model, "configs": configs, "table": table(runs, audio_s),
-        "files": {r.name: [{"file": o.item.path.name, "group": o.item.group,
-                            "language": o.item.language, "detected": o.language,
-                            "ref": o.ref, "hyp": o.hyp, "error": o.error,
-                            "seconds": round(o.seconds, 3)} for o in r.outcomes] for r in runs},
+        "detection": detection_table(rows), "files": rows,
     }, indent=1, ensure_ascii=False))  # fmt: skip
     return 0
 
