@@ -28,6 +28,7 @@ import io
 import json
 import os
 import random
+import signal
 import statistics
 import sys
 import tempfile
@@ -126,6 +127,8 @@ class Case:
     """Expected error codes; empty: a result."""
     clip: Clip | None = None
     """A result must be this clip's text."""
+    warns: bool = False
+    """A result must carry a warning (never a silently short or empty transcript)."""
 
 
 def _wav(samples: bytes, rate: int = 16000) -> bytes:
@@ -163,7 +166,7 @@ def cases(url: str) -> tuple[list[Case], list[Case]]:
     png = bytes.fromhex("89504e470d0a1a0a0000000d4948445200000001000000010806000000")
     invalid = frozenset({"INVALID_INPUT"})
     bad = [
-        Case("tiny-audio", {"audio_base64": _b64(_wav(b"\1\0" * 160))}),
+        Case("tiny-audio", {"audio_base64": _b64(_wav(b"\1\0" * 160))}, warns=True),
         Case("no-audio-field", {"language": "en"}, invalid),
         Case("unknown-field", {"audio_base64": _b64(jfk.wav_bytes()), "bogus": 1}, invalid),
         Case("beam-zero", {"audio_base64": _b64(jfk.wav_bytes()), "beam_size": 0}, invalid),
@@ -196,7 +199,7 @@ def cases(url: str) -> tuple[list[Case], list[Case]]:
             {"audio_base64": _b64(_declares_hours())},
             frozenset({"AUDIO_TOO_LONG"}),
         ),  # fmt: skip
-        Case("truncated-mp3", {"audio_base64": _b64(mp3[: len(mp3) // 2])}),  # a warned result
+        Case("truncated-mp3", {"audio_base64": _b64(mp3[: len(mp3) // 2])}, warns=True),
         Case(
             "translate-en-model",
             {"audio_base64": _b64(jfk.wav_bytes()), "task": "translate"},
@@ -274,6 +277,8 @@ def judge(sent: Sent, all_clips: list[Clip]) -> str | None:
         )
     if status != "COMPLETED":
         return f"expected a result, got {status} {str(st.get('error'))[:120]}"
+    if sent.case.warns and not out.get("warnings"):
+        return "a result without the warning it must carry"
     clip = sent.case.clip
     if clip is not None:
         text = out.get("text", "")
@@ -517,6 +522,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", default=str(ROOT / "bench" / "out" / "soak.json"))
     parser.add_argument("--quiet", action="store_true")
     args = parser.parse_args(argv)
+
+    def stop(*_: object) -> None:
+        raise KeyboardInterrupt  # SIGTERM as Ctrl-C: the emulator stops its workers first
+
+    signal.signal(signal.SIGTERM, stop)
     result = run(
         jobs=args.jobs,
         workers=args.workers,
