@@ -272,7 +272,10 @@ def _run(
             else:
                 with worker.pool.acquire(model, cancel) as (instance, waited):
                     timings["queue_model"] = memory_wait + waited
-                    tr = transcribe.run(instance, audio.samples, kwargs, **options)
+                    # Nothing reads the samples after this: the speech is gathered in them.
+                    tr = transcribe.run(
+                        instance, audio.samples, kwargs, consume_audio=True, **options
+                    )
         timings["transcribe"] = tr.seconds
         warnings += tr.warnings
         if doubt := transcribe.english_only_doubt(model, tr.segments):

@@ -222,14 +222,19 @@ def run(
     on_segment: SegmentCallback | None = None,
     languages: list[str] | None = None,
     budget_s: float | None = None,
+    consume_audio: bool = False,
 ) -> Transcript:
     """Transcribe ``audio`` (float32, 16 kHz mono) and return every segment.
 
     ``languages``: detect only among these (when the job set no language). ``budget_s``:
     seconds this job may spend in the model (COMPUTE_BUDGET_EXCEEDED past it).
+    ``consume_audio``: the caller is done with ``audio``; the speech the VAD keeps is
+    gathered inside it instead of into a second copy (overwriting it).
     """
     with guarded_calls(budget_guard(cancel, budget_s)):
-        return _run_sequential(instance, audio, kwargs, batch_size, cancel, on_segment, languages)
+        return _run_sequential(
+            instance, audio, kwargs, batch_size, cancel, on_segment, languages, consume_audio
+        )
 
 
 def _run_sequential(
@@ -240,6 +245,7 @@ def _run_sequential(
     cancel: threading.Event | None,
     on_segment: SegmentCallback | None,
     languages: list[str] | None,
+    consume_audio: bool = False,
 ) -> Transcript:
     start = time.perf_counter()
     warnings = []
@@ -254,7 +260,7 @@ def _run_sequential(
             pipeline = BatchedInferencePipeline(instance)
             generator, info = pipeline.transcribe(audio, batch_size=batch_size, **kwargs)
         else:
-            generator, info = _transcribe_sequential(instance, audio, kwargs)
+            generator, info = _transcribe_sequential(instance, audio, kwargs, consume_audio)
         segments = []
         for seg in generator:
             item = segment_dict(seg)
@@ -281,7 +287,9 @@ def _run_sequential(
     )
 
 
-def _transcribe_sequential(instance: Any, audio: np.ndarray, kwargs: dict[str, Any]):
+def _transcribe_sequential(
+    instance: Any, audio: np.ndarray, kwargs: dict[str, Any], consume: bool = False
+):
     """``WhisperModel.transcribe``, with its VAD step done here in bounded memory.
 
     With ``vad_filter`` faster-whisper gathers the speech with ``collect_chunks``, which
@@ -289,7 +297,9 @@ def _transcribe_sequential(instance: Any, audio: np.ndarray, kwargs: dict[str, A
     at once: on hours of audio, gigabytes and minutes). The same spans are found with the
     same VAD call and copied once into one array; transcribing that with the VAD off and
     mapping the times back (faster-whisper's own ``restore_speech_timestamps``) is what
-    ``transcribe`` does itself, so the text is the same (tests/test_features.py).
+    ``transcribe`` does itself, so the text is the same (tests/test_features.py). With
+    ``consume`` the spans are moved to the front of ``audio`` itself (each span moves left,
+    never over one still to come), so no second copy of the speech exists at all.
     """
     if not kwargs.get("vad_filter") or kwargs.get("clip_timestamps", "0") != "0":
         return instance.transcribe(audio, **kwargs)
@@ -299,12 +309,16 @@ def _transcribe_sequential(instance: Any, audio: np.ndarray, kwargs: dict[str, A
     params = kwargs.get("vad_parameters")
     options = params if isinstance(params, VadOptions) else VadOptions(**(params or {}))
     spans = get_speech_timestamps(audio, options)
-    speech = np.empty(sum(s["end"] - s["start"] for s in spans), dtype=np.float32)
+    total = sum(s["end"] - s["start"] for s in spans)
+    in_place = consume and audio.dtype == np.float32 and audio.flags.writeable
+    speech = audio if in_place else np.empty(total, dtype=np.float32)
     at = 0
     for span in spans:
         n = span["end"] - span["start"]
-        speech[at : at + n] = audio[span["start"] : span["end"]]
+        if not (in_place and at == span["start"]):
+            speech[at : at + n] = audio[span["start"] : span["end"]]  # overlap-safe in numpy
         at += n
+    speech = speech[:total]
     rest = {k: v for k, v in kwargs.items() if k not in ("vad_filter", "vad_parameters")}
     generator, info = instance.transcribe(speech, vad_filter=False, **rest)
     if spans:

@@ -100,14 +100,22 @@ def test_sequential_transcript_equals_faster_whisper(speech) -> None:
     from handler.transcribe import _transcribe_sequential
 
     model = WhisperModel(packaged_model_path(), device="cpu", compute_type="int8", cpu_threads=2)
-    audio = speech[: 16000 * 120]
+    # 3-s pauses between the clips: the VAD drops them, so the speech really is gathered.
+    audio = long_clip(90, gap_seconds=3.0).samples.astype(np.float32)
     opts = {"vad_filter": True, "word_timestamps": True, "vad_parameters": {"threshold": 0.5}}
 
     def shape(segments):
         return [(s.start, s.end, s.text, [(w.start, w.end, w.word) for w in s.words])
                 for s in segments]  # fmt: skip
 
+    before = audio.copy()
     want, _ = model.transcribe(audio, **opts)
     got, _ = _transcribe_sequential(model, audio, opts)
     want, got = shape(want), shape(got)
     assert want and got == want
+    assert np.array_equal(audio, before)  # not consumed unless asked
+    # Consumed: the speech is gathered inside the caller's buffer, the same transcript.
+    mine = audio.copy()
+    consumed, _ = _transcribe_sequential(model, mine, opts, consume=True)
+    assert shape(consumed) == want
+    assert not np.array_equal(mine, before)  # it really was used as the gathering buffer
