@@ -17,6 +17,7 @@ output against faster-whisper's on real speech, and pins the private pieces used
 
 from __future__ import annotations
 
+import threading
 from typing import Any
 
 import numpy as np
@@ -27,13 +28,48 @@ BLOCK_FRAMES = 3000
 
 
 class BoundedFeatureExtractor(FeatureExtractor):
+    """Also: a job's ``chunk_length`` stays that job's.
+
+    faster-whisper's extractor stores ``chunk_length`` as ``n_samples``/``nb_max_frames``
+    on itself, the one extractor of a model instance that every job shares, and keeps it
+    for the calls that pass none: one job with ``chunk_length: 5`` made every later job
+    on the worker decode in 5-s windows (found when the generated-input test ran before
+    the transcript tests). Here both are per thread (a job's features and its decode run
+    in its own thread) and a call without ``chunk_length`` restores the model's default.
+    """
+
+    _defaults: tuple[int, int]
+    _local: threading.local
+
     @classmethod
     def like(cls, other: FeatureExtractor) -> BoundedFeatureExtractor:
         new = cls.__new__(cls)
-        new.__dict__.update(other.__dict__)
+        state = dict(other.__dict__)
+        defaults = (int(state.pop("n_samples")), int(state.pop("nb_max_frames")))
+        new.__dict__.update(state)
+        new._defaults = defaults
+        new._local = threading.local()
         return new
 
+    @property
+    def n_samples(self) -> int:
+        return getattr(self._local, "n_samples", self._defaults[0])
+
+    @n_samples.setter
+    def n_samples(self, value: int) -> None:
+        self._local.n_samples = value
+
+    @property
+    def nb_max_frames(self) -> int:
+        return getattr(self._local, "nb_max_frames", self._defaults[1])
+
+    @nb_max_frames.setter
+    def nb_max_frames(self, value: int) -> None:
+        self._local.nb_max_frames = value
+
     def __call__(self, waveform: np.ndarray, padding: int = 160, chunk_length: Any = None):
+        if chunk_length is None:  # this call's own default, not the last job's value
+            self.n_samples, self.nb_max_frames = self._defaults
         hop = self.hop_length
         if len(waveform) + padding <= BLOCK_FRAMES * hop:
             return super().__call__(waveform, padding=padding, chunk_length=chunk_length)

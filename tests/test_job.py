@@ -395,3 +395,27 @@ def test_english_speech_on_english_only_model_has_no_doubt(worker, name):
     result = run_job({"audio_base64": b64(DATA / name)}, worker)
     assert "error" not in result, result
     assert not any("English-only" in w for w in result.get("warnings", [])), result
+
+
+def test_one_jobs_chunk_length_does_not_leak_into_the_next(worker):
+    """faster-whisper keeps chunk_length on the model's shared feature extractor: one job
+    with chunk_length 5 made every later job on the worker decode in 5-s windows ("And so
+    am I fellow Americans. Ask. Not ..."). Found in CI, after the generated-input test."""
+    job = {"audio_base64": b64(DATA / "jfk.wav"), "output": ["segments"]}
+    before = run_job(job, worker)
+    short = run_job({**job, "chunk_length": 5}, worker)
+    assert "error" not in short, short
+    after = run_job(job, worker)
+    assert after["text"] == before["text"] and after["segments"] == before["segments"]
+    assert wer(JFK_TEXT, after["text"]) <= 0.05
+
+    # Per thread: another thread's chunk_length is not this thread's.
+    import threading
+
+    fe = worker.pool.get(None).instances[0].feature_extractor
+    seen = []
+    t = threading.Thread(target=lambda: (fe(np.zeros(16000, np.float32), chunk_length=5),
+                                         seen.append(fe.nb_max_frames)))  # fmt: skip
+    t.start()
+    t.join(30)
+    assert seen == [500] and fe.nb_max_frames == 3000
