@@ -17,6 +17,7 @@ output against faster-whisper's on real speech, and pins the private pieces used
 
 from __future__ import annotations
 
+import functools
 import threading
 from typing import Any
 
@@ -25,6 +26,18 @@ from faster_whisper.feature_extractor import FeatureExtractor
 
 BLOCK_FRAMES = 3000
 """Frames (10 ms each) computed at once: 30 s, about 35 MB of transient arrays."""
+
+
+def _per_thread(name: str, index: int) -> Any:
+    """A field of the extractor kept per thread, defaulting to ``_defaults[index]``."""
+
+    def get(self: BoundedFeatureExtractor) -> int:
+        return getattr(self._local, name, self._defaults[index])
+
+    def put(self: BoundedFeatureExtractor, value: int) -> None:
+        setattr(self._local, name, value)
+
+    return property(get, put)
 
 
 class BoundedFeatureExtractor(FeatureExtractor):
@@ -51,21 +64,8 @@ class BoundedFeatureExtractor(FeatureExtractor):
         new._local = threading.local()
         return new
 
-    @property
-    def n_samples(self) -> int:
-        return getattr(self._local, "n_samples", self._defaults[0])
-
-    @n_samples.setter
-    def n_samples(self, value: int) -> None:
-        self._local.n_samples = value
-
-    @property
-    def nb_max_frames(self) -> int:
-        return getattr(self._local, "nb_max_frames", self._defaults[1])
-
-    @nb_max_frames.setter
-    def nb_max_frames(self, value: int) -> None:
-        self._local.nb_max_frames = value
+    n_samples = _per_thread("n_samples", 0)
+    nb_max_frames = _per_thread("nb_max_frames", 1)
 
     def __call__(self, waveform: np.ndarray, padding: int = 160, chunk_length: Any = None):
         if chunk_length is None:  # this call's own default, not the last job's value
@@ -182,18 +182,9 @@ def install_bounded_vad() -> None:
     if getattr(current, "_bounded", False):
         return
 
+    @functools.cache
     def get_vad_model() -> BoundedVad:
-        return _bounded(current())
+        return BoundedVad(current())  # current is lru-cached: one model, one wrapper
 
     get_vad_model._bounded = True  # type: ignore[attr-defined]
     vad.get_vad_model = get_vad_model
-
-
-_BOUNDED: dict[int, BoundedVad] = {}
-
-
-def _bounded(model: Any) -> BoundedVad:
-    key = id(model)
-    if key not in _BOUNDED:
-        _BOUNDED[key] = BoundedVad(model)
-    return _BOUNDED[key]

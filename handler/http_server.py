@@ -84,12 +84,14 @@ class BodyLimit:
 
 
 def _too_large(limit: int) -> Response:
-    return _error_response(
-        WorkerError(
-            Code.INPUT_TOO_LARGE,
-            f"the request body is over {limit} bytes; send a URL as audio_url instead",
-        ).to_result()
+    return _error(
+        Code.INPUT_TOO_LARGE,
+        f"the request body is over {limit} bytes; send a URL as audio_url instead",
     )
+
+
+def _error(code: Code, message: str) -> JSONResponse:
+    return _error_response(WorkerError(code, message).to_result())
 
 
 def _error_response(error: dict[str, Any]) -> JSONResponse:
@@ -127,9 +129,7 @@ def create_app(state: ServerState, *, health_path: str = "/ping") -> FastAPI:
     @app.exception_handler(Exception)
     async def _internal(_request: Request, exc: Exception) -> JSONResponse:
         log.error("request failed with an unexpected %s", type(exc).__name__, exc_info=exc)
-        return _error_response(
-            WorkerError(Code.INTERNAL, "internal error while processing the request").to_result()
-        )
+        return _error(Code.INTERNAL, "internal error while processing the request")
 
     add_health_route(app, state, health_path)
 
@@ -153,11 +153,7 @@ def create_app(state: ServerState, *, health_path: str = "/ping") -> FastAPI:
             raise
         except Exception as exc:  # python-multipart's and Starlette's parse errors
             log.info("unreadable form: %s", type(exc).__name__)
-            return _error_response(
-                WorkerError(
-                    Code.INVALID_INPUT, "the body is not a valid multipart form"
-                ).to_result()
-            )
+            return _error(Code.INVALID_INPUT, "the body is not a valid multipart form")
         upload = form.get("file")
         items = [(k, v) for k, v in form.multi_items() if k != "file" and isinstance(v, str)]
         try:
@@ -175,10 +171,7 @@ def create_app(state: ServerState, *, health_path: str = "/ping") -> FastAPI:
             audio = await upload.read()
             await upload.close()
         elif not any(k in req.job_input for k in ("audio_url", "audio_base64", "audio")):
-            return _error_response(
-                WorkerError(Code.INVALID_INPUT, "file: a file upload (or audio_url) is required")
-                .to_result()
-            )  # fmt: skip
+            return _error(Code.INVALID_INPUT, "file: a file upload (or audio_url) is required")
         if req.stream:
             return await _stream(state, worker, request, req, audio)
         result = await _run_admitted(state, request, lambda cancel: run_job(
@@ -205,13 +198,9 @@ def create_app(state: ServerState, *, health_path: str = "/ping") -> FastAPI:
         except BodyTooLarge:
             raise
         except ValueError:
-            return _error_response(
-                WorkerError(Code.INVALID_INPUT, "the body is not JSON").to_result()
-            )
+            return _error(Code.INVALID_INPUT, "the body is not JSON")
         if not isinstance(job, dict) or "input" not in job:
-            return _error_response(
-                WorkerError(Code.INVALID_INPUT, 'a job is {"input": {...}}').to_result()
-            )
+            return _error(Code.INVALID_INPUT, 'a job is {"input": {...}}')
         result = await _run_admitted(state, request, lambda cancel: run_openai_job(
             job["input"], worker, job_id="http", cancel=cancel))  # fmt: skip
         if isinstance(result, Response):
@@ -241,18 +230,14 @@ def add_health_route(app: FastAPI, state: ServerState, path: str) -> None:
 
 def _ready_worker(state: ServerState) -> Worker | Response:
     if state.worker is None:
-        return _error_response(
-            WorkerError(Code.NOT_READY, "the model is still loading; retry shortly").to_result()
-        )
+        return _error(Code.NOT_READY, "the model is still loading; retry shortly")
     return state.worker
 
 
 def _queue_full(state: ServerState) -> JSONResponse:
-    return _error_response(
-        WorkerError(
-            Code.QUEUE_FULL,
-            f"the server is busy ({state.capacity} requests running or waiting); retry later",
-        ).to_result()
+    return _error(
+        Code.QUEUE_FULL,
+        f"the server is busy ({state.capacity} requests running or waiting); retry later",
     )
 
 

@@ -253,8 +253,10 @@ def _run(
         budget = None
         if budget_floor or budget_factor:
             budget = budget_floor + budget_factor * duration
+        blocker = transcribe.batch_blocker(kwargs, duration) if batch_size > 1 else None
+        if blocker:
+            warnings.append(f"ran sequentially instead of batched: {blocker}")
         options: dict[str, Any] = {
-            "batch_size": batch_size,
             "cancel": cancel,
             "on_segment": each_segment,
             "languages": languages,
@@ -264,10 +266,12 @@ def _run(
         with worker.memory_budget().reserve(job_bytes(duration), cancel,
                                             what=f"{duration:.0f} s of audio"):  # fmt: skip
             memory_wait = time.perf_counter() - t
-            if batch_size > 1 and transcribe.batch_blocker(kwargs, duration) is None:
+            if batch_size > 1 and blocker is None:
                 # the engine shares instances: no exclusive wait
                 timings["queue_model"] = memory_wait
-                tr = transcribe.run_engine(worker.engine, model, audio.samples, kwargs, **options)
+                tr = transcribe.run_engine(
+                    worker.engine, model, audio.samples, kwargs, batch_size=batch_size, **options
+                )
                 timings["batch_wait"] = tr.batch_wait or 0.0
             else:
                 with worker.pool.acquire(model, cancel) as (instance, waited):

@@ -217,7 +217,6 @@ def run(
     audio: np.ndarray,
     kwargs: dict[str, Any],
     *,
-    batch_size: int,
     cancel: threading.Event | None = None,
     on_segment: SegmentCallback | None = None,
     languages: list[str] | None = None,
@@ -233,7 +232,7 @@ def run(
     """
     with guarded_calls(budget_guard(cancel, budget_s)):
         return _run_sequential(
-            instance, audio, kwargs, batch_size, cancel, on_segment, languages, consume_audio
+            instance, audio, kwargs, cancel, on_segment, languages, consume_audio
         )
 
 
@@ -241,26 +240,15 @@ def _run_sequential(
     instance: Any,
     audio: np.ndarray,
     kwargs: dict[str, Any],
-    batch_size: int,
     cancel: threading.Event | None,
     on_segment: SegmentCallback | None,
     languages: list[str] | None,
     consume_audio: bool = False,
 ) -> Transcript:
     start = time.perf_counter()
-    warnings = []
     kwargs = with_language(instance, audio, kwargs, languages)
-    if batch_size > 1 and (why := batch_blocker(kwargs, len(audio) / 16000)):
-        warnings.append(f"ran sequentially instead of batched: {why}")
-        batch_size = 1
     try:
-        if batch_size > 1:
-            from faster_whisper import BatchedInferencePipeline
-
-            pipeline = BatchedInferencePipeline(instance)
-            generator, info = pipeline.transcribe(audio, batch_size=batch_size, **kwargs)
-        else:
-            generator, info = _transcribe_sequential(instance, audio, kwargs, consume_audio)
+        generator, info = _transcribe_sequential(instance, audio, kwargs, consume_audio)
         segments = []
         for seg in generator:
             item = segment_dict(seg)
@@ -283,7 +271,6 @@ def _run_sequential(
         language=info.language,
         language_probability=float(info.language_probability),
         seconds=time.perf_counter() - start,
-        warnings=warnings,
     )
 
 
