@@ -182,25 +182,68 @@ class BatchItem:
     index: int
 
 
+MAX_CONTINUATIONS = 8
+"""Rounds a window may be decoded again from its last timestamp (each must advance)."""
+
+
+@dataclass
+class _Pending:
+    """A window still to decode from ``pos`` (frames into the window) to ``size``."""
+
+    item: BatchItem
+    slot: int
+    features: np.ndarray
+    pos: int
+    size: int
+
+
 def decode_batch(model: Any, items: list[BatchItem]) -> list[list[dict[str, Any]]]:
     """One batched encode + generate over windows of any jobs sharing a key.
 
     Returns each window's segments as dicts (window-relative times), as
-    ``BatchedInferencePipeline.forward`` does, but with one prompt per window.
+    ``BatchedInferencePipeline.forward`` does, but with one prompt per window, and with
+    the sequential decoder's seek: when a window's tokens end in an unfinished segment
+    (text after the last timestamp pair, not closed by a timestamp), faster-whisper's
+    ``_split_segments_by_timestamps`` drops that text and the sequential decoder decodes
+    again from the last timestamp. A batched window is decoded once, so without this the
+    text was lost (a window's last words, measured on the accuracy corpus). The windows
+    that need it are decoded again together, from their last timestamps, in further
+    batched rounds.
     """
     first = items[0].job
+    out: list[list[dict[str, Any]]] = [[] for _ in items]
+    pending = [
+        _Pending(
+            it, n, it.job.features[it.index], 0,
+            int(math.ceil(it.job.metadata[it.index]["duration"]) * model.frames_per_second),
+        )
+        for n, it in enumerate(items)
+    ]  # fmt: skip
+    for _ in range(1 + MAX_CONTINUATIONS):
+        if not pending:
+            break
+        pending = _decode_round(model, first, pending, out)
+    return out
+
+
+def _decode_round(
+    model: Any, first: PreparedJob, pending: list[_Pending], out: list[list[dict[str, Any]]]
+) -> list[_Pending]:
+    """Decode each pending window from its position; return those with text left."""
     options = first.options
-    features = np.stack([it.job.features[it.index] for it in items])
+    features = np.stack(
+        [p.features if p.pos == 0 else pad_or_trim(p.features[:, p.pos : p.size]) for p in pending]
+    )
     max_length = model.max_length
     if options.max_new_tokens is not None:
         max_length = len(first.prompt) + options.max_new_tokens  # equal lengths: in the key
     encoder_output = model.encode(features)
-    prompts = [list(it.job.prompt) for it in items]
+    prompts = [list(p.item.job.prompt) for p in pending]
     if options.multilingual:
         detected = model.model.detect_language(encoder_output)
-        for prompt, it, langs in zip(prompts, items, detected, strict=True):
-            index = prompt.index(it.job.tokenizer.language)
-            prompt[index] = it.job.tokenizer.tokenizer.token_to_id(langs[0][0])
+        for prompt, p, langs in zip(prompts, pending, detected, strict=True):
+            index = prompt.index(p.item.job.tokenizer.language)
+            prompt[index] = p.item.job.tokenizer.tokenizer.token_to_id(langs[0][0])
     results = model.model.generate(
         encoder_output,
         prompts,
@@ -216,15 +259,17 @@ def decode_batch(model: Any, items: list[BatchItem]) -> list[list[dict[str, Any]
         repetition_penalty=options.repetition_penalty,
         no_repeat_ngram_size=options.no_repeat_ngram_size,
     )
-    out: list[list[dict[str, Any]]] = []
-    sizes = []
-    for n, (it, result) in enumerate(zip(items, results, strict=True)):
+    left: list[_Pending] = []
+    unfinished: list[tuple[_Pending, int, list[dict[str, Any]]]] = []
+    decoded: list[tuple[_Pending, list[dict[str, Any]]]] = []
+    for n, (p, result) in enumerate(zip(pending, results, strict=True)):
         tokens = result.sequences_ids[0]
         seq_len = len(tokens)
         avg_logprob = result.scores[0] * (seq_len**options.length_penalty) / (seq_len + 1)
         temperature = options.temperatures[0]
-        tok = it.job.tokenizer
-        if it.job.fallback is not None and needs_fallback(
+        job = p.item.job
+        tok = job.tokenizer
+        if job.fallback is not None and needs_fallback(
             options, avg_logprob, get_compression_ratio(tok.decode(tokens).strip()),
             result.no_speech_prob,
         ):  # fmt: skip
@@ -232,50 +277,62 @@ def decode_batch(model: Any, items: list[BatchItem]) -> list[list[dict[str, Any]
             # decode: the temperature ladder, on this window alone.
             one = model.encode(features[n : n + 1])
             result, avg_logprob, temperature, _ = model.generate_with_fallback(
-                one, it.job.prompt, tok, it.job.fallback
+                one, prompts[n], tok, job.fallback
             )
             tokens = result.sequences_ids[0]
         if is_silence(options, avg_logprob, result.no_speech_prob):
-            tokens = []  # WhisperModel.generate_segments skips such a window
-        meta = it.job.metadata[it.index]
-        size = int(math.ceil(meta["duration"]) * model.frames_per_second)
-        sizes.append(size)
-        subsegments, _, _ = model._split_segments_by_timestamps(
+            continue  # WhisperModel.generate_segments skips such a window
+        meta = job.metadata[p.item.index]
+        remaining = p.size - p.pos
+        window_seek = int(round(meta["offset"] * model.frames_per_second)) + p.pos
+        subsegments, seek, _ = model._split_segments_by_timestamps(
             tokenizer=tok,
             tokens=tokens,
-            time_offset=meta["offset"],
-            segment_size=size,
-            segment_duration=meta["duration"],
-            seek=0,
+            time_offset=meta["offset"] + p.pos / model.frames_per_second,
+            segment_size=remaining,
+            segment_duration=meta["duration"] - p.pos / model.frames_per_second,
+            seek=p.pos,
         )
-        out.append(
-            [
-                {
-                    "text": (text := tok.decode(sub["tokens"])),
-                    "avg_logprob": avg_logprob,
-                    "no_speech_prob": result.no_speech_prob,
-                    "tokens": sub["tokens"],
-                    "start": sub["start"],
-                    "end": sub["end"],
-                    "compression_ratio": get_compression_ratio(text),
-                    "seek": int(meta["offset"] * model.frames_per_second),
-                    "temperature": temperature,
-                }
-                for sub in subsegments
-                if sub["tokens"]
-            ]
-        )
-    if options.word_timestamps:
+        segments = [
+            {
+                "text": (text := tok.decode(sub["tokens"])),
+                "avg_logprob": avg_logprob,
+                "no_speech_prob": result.no_speech_prob,
+                "tokens": sub["tokens"],
+                "start": sub["start"],
+                "end": sub["end"],
+                "compression_ratio": get_compression_ratio(text),
+                "seek": window_seek,
+                "temperature": temperature,
+            }
+            for sub in subsegments
+            if sub["tokens"]
+        ]
+        out[p.slot].extend(segments)
+        if segments:
+            decoded.append((p, segments))
+        if p.pos < seek < p.size:
+            left.append(dataclasses.replace(p, pos=seek))
+            unfinished.append((left[-1], window_seek - p.pos, segments))
+    if options.word_timestamps and decoded:
+        if len(decoded) < len(pending):  # alignment needs one encoder row per window
+            rows = [n for n, p in enumerate(pending) if any(p is d for d, _ in decoded)]
+            encoder_output = model.encode(features[rows])
         model.add_word_timestamps(
-            out,
+            [segments for _, segments in decoded],
             first.tokenizer,
             encoder_output,
-            sizes,
+            [p.size - p.pos for p, _ in decoded],
             options.prepend_punctuations,
             options.append_punctuations,
             0.0,
         )
-    return out
+        for p, window_frame, segments in unfinished:
+            # As the sequential decoder does with words: go on from the last word's end.
+            ends = [w["end"] for seg in segments for w in seg.get("words") or []]
+            if ends and (pos := round(ends[-1] * model.frames_per_second) - window_frame) > p.pos:
+                p.pos = min(pos, p.size)
+    return [p for p in left if p.pos < p.size]
 
 
 def needs_fallback(
