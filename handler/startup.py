@@ -14,7 +14,6 @@ import time
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from handler import threads
 from handler.job import Worker, sweep_stale_job_dirs
 from handler.models import (
     ModelLoadError,
@@ -121,7 +120,6 @@ def prepare(times: StartupTimes, settings: Settings | None = None) -> Plan:
     if settings is None:
         settings = load_settings()
     sweep_stale_job_dirs(settings)
-    threads.configure()  # before CTranslate2 or onnxruntime start a thread team
     t = time.perf_counter()
     # What the load and warm-up would otherwise import lazily (tests/test_entry.py checks
     # that the loader thread imports nothing): the VAD's runtime, the feature extractor's

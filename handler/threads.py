@@ -5,8 +5,11 @@ default wait policy spins idle team threads for a while after each parallel regi
 worker with several teams (the loader thread's warm-up, one per job thread, onnxruntime's
 VAD) burns the very cores the decoder needs; on a shared 2-core machine that made
 ``python -m handler`` 3-4x slower than the same transcription in a fresh process. The
-policy is read once, when the OpenMP runtime starts, so :func:`configure` must run before
-CTranslate2 is first imported (``handler.startup.prepare`` calls it first).
+policy is read once, when the OpenMP runtime starts (the first ``import ctranslate2``), so
+:func:`configure` must run before that: ``handler/__init__.py`` calls it when the package is
+first imported (``startup.prepare`` calling it was too late: ``handler.job`` had already
+imported CTranslate2, and the policy never took effect; tests/test_entry.py checks what
+libgomp read).
 """
 
 from __future__ import annotations
