@@ -11,6 +11,7 @@
     python -m bench threads [...]       queue worker vs in-process transcribe time per audio s
     python -m bench soak [...]          1000 jobs, every bad input, injected faults; nothing lost
     python -m bench english-only [...]   the English-only model's warning on other languages
+    python -m bench packing [...]        short clips packed in one window: is each still right?
 
 Rates are per-second prices you pay (``--flex-rate``, ``--active-rate`` or ``--rates FILE``
 with ``{"flex_per_s": .., "active_per_s": .., "currency": ..}``); none is built in.
@@ -161,6 +162,11 @@ def build_parser() -> argparse.ArgumentParser:
     sub.add_parser(
         "english-only",
         help="the English-only model's doubt warning on other languages (see --help)",
+        add_help=False,
+    )
+    sub.add_parser(
+        "packing",
+        help="short clips packed into one window against alone (see --help)",
         add_help=False,
     )
     sub.add_parser(
@@ -412,6 +418,10 @@ def main(argv: list[str] | None = None) -> int:
         from bench.english_only import main as english_only_main
 
         return int(english_only_main(argv[1:]) or 0)
+    if argv[:1] == ["packing"]:
+        from bench.packing import main as packing_main
+
+        return int(packing_main(argv[1:]) or 0)
     if argv[:1] == ["http"]:
         from bench.http_vs_queue import main as http_main
 
