@@ -787,3 +787,16 @@ def test_shim_does_not_shadow_the_package(tmp_path):
     )
     assert done.returncode == 0, done.stderr
     assert Path(done.stdout.strip()) == ROOT / "handler" / "__init__.py"
+
+
+@pytest.mark.parametrize(
+    "env,expected",
+    [
+        ({}, 16),  # batching by default: two batches of 8 windows, one decoding, one ready
+        ({"WHISPER_BATCH_SIZE": "1"}, 2),  # sequential: one running, the next one decoding
+        ({"WHISPER_BATCH_SIZE": "16", "WHISPER_INSTANCES_PER_DEVICE": "4"}, 64),  # capped
+        ({"WHISPER_MAX_CONCURRENCY": "3"}, 3),  # the deployment's own choice wins
+    ],
+)
+def test_jobs_held_at_once_follow_the_batch_size(env, expected):
+    assert load_settings(env).concurrency == expected

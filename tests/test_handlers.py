@@ -97,10 +97,14 @@ def test_refresh_when_memory_grows_past_the_bound(tiny_pool):
     assert result["refresh_worker"] is True
 
 
-def test_gpu_oom_is_retryable_and_refreshes_the_worker(tiny_pool, monkeypatch):
-    """No GPU here: the CUDA out-of-memory error is raised by a stand-in for the model call,
-    with CTranslate2's real message text. Everything around it is real."""
-    w = Worker(settings=make_settings(device="cpu"), pool=tiny_pool)
+@pytest.mark.parametrize("batch_size", [1, 8])
+def test_gpu_oom_is_retryable_and_refreshes_the_worker(tiny_pool, monkeypatch, batch_size):
+    """No GPU here: the CUDA out-of-memory error is raised by a stand-in for the model call
+    (the sequential transcribe, or the engine's batched decode), with CTranslate2's real
+    message text. Everything around it is real."""
+    from handler import fw_batch
+
+    w = Worker(settings=make_settings(device="cpu", batch_size=batch_size), pool=tiny_pool)
     model = tiny_pool.get(None)
     instance = model.slots.get()
     model.slots.put(instance)
@@ -109,6 +113,7 @@ def test_gpu_oom_is_retryable_and_refreshes_the_worker(tiny_pool, monkeypatch):
         raise RuntimeError("CUDA failed with error out of memory")
 
     monkeypatch.setattr(type(instance), "transcribe", oom)
+    monkeypatch.setattr(fw_batch, "decode_batch", oom)
     handler, _ = make_handlers(w)
     result = asyncio.run(handler({"id": "j", "input": {"audio_base64": b64(DATA / "jfk.mp3")}}))
     assert result["error_code"] == "GPU_OOM" and result["retryable"] is True

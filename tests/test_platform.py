@@ -127,9 +127,16 @@ def test_two_jobs_overlap_and_the_loop_stays_free(shared):
     assert beats and any(h["job_ids"] for h in beats)
 
 
-def test_progress_is_posted_for_a_long_job(shared):
+@pytest.mark.parametrize("seconds,batch_size", [(60, 1), (300, None)])
+def test_progress_is_posted_for_a_long_job(shared, seconds, batch_size):
+    """Sequential decoding reports as segments end; the engine (the default batch size 8)
+    as windows finish: 60 s is two windows, decoded in one batch, so the engine's case is
+    300 s (ten windows: a batch of 8, then 2)."""
     em, _, _ = shared
-    job_id = em.submit(long_job(60))
+    job = long_job(seconds)
+    if batch_size:
+        job["batch_size"] = batch_size
+    job_id = em.submit(job)
     status = em.wait_job(job_id, JOB_S * 2)
     assert status["status"] == "COMPLETED"
     assert em.records()["jobs"][job_id]["progress_posts"] >= 1
