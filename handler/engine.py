@@ -20,10 +20,12 @@ that batch with GPU_OOM (retryable) and the worker asks for a fresh process.
 
 from __future__ import annotations
 
+import atexit
 import itertools
 import logging
 import threading
 import time
+import weakref
 from collections import deque
 from dataclasses import dataclass, field
 from typing import Any
@@ -97,6 +99,8 @@ class Scheduler:
         """Wait for window ``index`` of ``job``; CANCELLED at once when the job is cancelled."""
         with self._cond:
             while index not in job.results:
+                if self._closed:  # the worker is exiting: the job may be retried elsewhere
+                    raise WorkerError(Code.NOT_READY, "the worker is shutting down; retry")
                 if job.cancelled:
                     self._drop(job)
                     raise_if_cancelled(job.cancel)
@@ -117,11 +121,15 @@ class Scheduler:
             self._jobs.remove(job)
         job.next_window = len(job.prepared.features)
 
-    def close(self) -> None:
+    def close(self, timeout: float = 60.0) -> None:
+        """Stop after the batch in progress (whose cancelled windows stop at the next round)."""
         with self._cond:
             self._closed = True
+            for job in list(self._jobs):
+                self._drop(job)
             self._cond.notify_all()
-        self._thread.join(10)
+        if self._thread is not threading.current_thread():
+            self._thread.join(timeout)
 
     # --- the scheduler thread -----------------------------------------------------------
 
@@ -160,6 +168,8 @@ class Scheduler:
             if self.collect_s:
                 time.sleep(self.collect_s)  # let a burst arrive (off by default)
             with self._cond:
+                if self._closed:
+                    return
                 batch = self._pick()
             if batch:
                 self._run(batch)
@@ -183,7 +193,10 @@ class Scheduler:
 
     def _decode(self, batch: list[tuple[EngineJob, int]]) -> list[list[dict[str, Any]]]:
         items = [fw_batch.BatchItem(job.prepared, index) for job, index in batch]
-        return fw_batch.decode_batch(self.model, items)
+        # A window of a job cancelled meanwhile is not decoded on past the round it is in.
+        return fw_batch.decode_batch(
+            self.model, items, alive=lambda n: not (self._closed or batch[n][0].cancelled)
+        )
 
     def _isolate(
         self, batch: list[tuple[EngineJob, int]], exc: Exception
@@ -205,6 +218,18 @@ class Scheduler:
         return out
 
 
+_engines: weakref.WeakSet[Engine] = weakref.WeakSet()
+
+
+@atexit.register
+def _close_engines() -> None:
+    """At exit, let each scheduler finish its batch: a daemon thread still inside
+    CTranslate2 while the interpreter and the C++ runtime tear down killed the worker with
+    SIGABRT (exit -6, after a SIGTERM mid-batch on a loaded CI machine)."""
+    for engine in list(_engines):
+        engine.close()
+
+
 class Engine:
     """One scheduler per model instance, created on first use."""
 
@@ -212,6 +237,13 @@ class Engine:
         self.collect_s = collect_s
         self._schedulers: dict[int, Scheduler] = {}
         self._lock = threading.Lock()
+        _engines.add(self)
+
+    def close(self) -> None:
+        with self._lock:
+            schedulers = list(self._schedulers.values())
+        for s in schedulers:
+            s.close()
 
     def scheduler_for(self, instances: list[Any]) -> tuple[Any, Scheduler]:
         """The least busy instance of a model, and its scheduler."""

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -197,7 +198,9 @@ class _Pending:
     size: int
 
 
-def decode_batch(model: Any, items: list[BatchItem]) -> list[list[dict[str, Any]]]:
+def decode_batch(
+    model: Any, items: list[BatchItem], alive: Callable[[int], bool] | None = None
+) -> list[list[dict[str, Any]]]:
     """One batched encode + generate over windows of any jobs sharing a key.
 
     Returns each window's segments as dicts (window-relative times), as
@@ -208,7 +211,8 @@ def decode_batch(model: Any, items: list[BatchItem]) -> list[list[dict[str, Any]
     again from the last timestamp. A batched window is decoded once, so without this the
     text was lost (a window's last words, measured on the accuracy corpus). The windows
     that need it are decoded again together, from their last timestamps, in further
-    batched rounds.
+    batched rounds. ``alive(n)`` (optional) says whether item ``n`` is still wanted: one
+    that is not (its job was cancelled) is not decoded again.
     """
     first = items[0].job
     out: list[list[dict[str, Any]]] = [[] for _ in items]
@@ -220,6 +224,8 @@ def decode_batch(model: Any, items: list[BatchItem]) -> list[list[dict[str, Any]
         for n, it in enumerate(items)
     ]  # fmt: skip
     for _ in range(1 + MAX_CONTINUATIONS):
+        if alive is not None:
+            pending = [p for p in pending if alive(p.slot)]
         if not pending:
             break
         pending = _decode_round(model, first, pending, out)

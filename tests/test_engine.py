@@ -278,3 +278,53 @@ def test_a_window_that_ends_mid_segment_is_decoded_on_from_its_last_timestamp(wo
     times = [(w["start"], w["end"]) for w in batched["words"]]
     assert all(a <= b for a, b in times) and times[-1][1] <= clip.seconds + 0.5
     assert all(x[0] <= y[0] + 0.01 for x, y in zip(times, times[1:], strict=False))
+
+
+def test_closing_the_engine_waits_for_its_batch_and_skips_cancelled_windows(worker):
+    """The worker's exit (atexit: handler.engine._close_engines) closes each scheduler:
+    the batch in progress ends before the interpreter tears down (a scheduler thread still
+    inside CTranslate2 at exit was the worker's SIGABRT, exit -6, seen on a loaded CI
+    machine after a SIGTERM mid-batch), a job still waiting gets NOT_READY (retryable)
+    instead of hanging, and a cancelled job's windows are not decoded on past the round
+    they are in."""
+    inst = worker.pool.get(None).instances[0]
+    sched = Scheduler(inst, name="engine-close-test")
+    started = threading.Event()
+    real = fw_batch._decode_round
+    rounds: list[int] = []
+
+    def spy(model: Any, first: Any, pending: Any, out: Any) -> Any:
+        rounds.append(len(pending))
+        started.set()
+        deadline = time.monotonic() + 60
+        while not sched._closed and time.monotonic() < deadline:
+            time.sleep(0.01)  # the first round runs once the close has been asked for
+        return real(model, first, pending, out)
+
+    import unittest.mock
+
+    with unittest.mock.patch.object(fw_batch, "_decode_round", spy):
+        long = EngineJob(_prepared(worker, long_clip(200).samples), 8, threading.Event())
+        sched.submit(long)
+        errors: list[BaseException] = []
+
+        def wait_all() -> None:
+            try:
+                for i in range(len(long.prepared.features)):
+                    sched.result(long, i)
+            except WorkerError as exc:
+                errors.append(exc)
+
+        waiter = threading.Thread(target=wait_all)
+        waiter.start()
+        assert started.wait(120)
+        t = time.monotonic()
+        sched.close(timeout=120)
+        assert not sched._thread.is_alive()
+        waiter.join(30)
+        assert not waiter.is_alive() and errors and errors[0].code == Code.NOT_READY
+        assert time.monotonic() - t < 120
+        # the first round ran to its end; no continuation round and no second batch
+        # (without the close, this clip's batch of 7 windows goes on in a second round
+        # of 4 unfinished windows, measured with the same options)
+        assert len(rounds) == 1 and sched.batches == 1
