@@ -437,7 +437,7 @@ def test_cli_ctrl_c_cancels_the_job_and_exits_130(
                 # Generous: the cancel call goes to an emulator in this busy test process.
                 out, _ = proc.communicate(timeout=60)
             except subprocess.TimeoutExpired:
-                raise AssertionError(f"no exit 60 s after Ctrl-C: {err_path.read_text()}")
+                raise AssertionError(f"no exit 60 s after Ctrl-C: {err_path.read_text()}") from None
         finally:
             if proc.poll() is None:
                 proc.kill()
