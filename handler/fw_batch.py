@@ -100,8 +100,18 @@ def _speech_chunks(audio: np.ndarray, kwargs: dict[str, Any], chunk_length: int)
     return [{"start": s, "end": min(s + step, len(audio))} for s in range(0, len(audio), step)]
 
 
-def prepare(model: Any, audio: np.ndarray, kwargs: dict[str, Any]) -> PreparedJob:
-    """VAD, windows, features, language and prompt for one job (no batched decode yet)."""
+def prepare(
+    model: Any,
+    audio: np.ndarray,
+    kwargs: dict[str, Any],
+    detected: tuple[str, float] | None = None,
+) -> PreparedJob:
+    """VAD, windows, features, language and prompt for one job (no batched decode yet).
+
+    ``detected``: the language (and its probability) found by the caller for a job that set
+    none (handler.transcribe detects it as sequential decoding does); without it the
+    language is detected on this job's windows, as ``BatchedInferencePipeline`` does.
+    """
     chunk_length = int(kwargs.get("chunk_length") or model.feature_extractor.chunk_length)
     chunks = _speech_chunks(audio, kwargs, chunk_length)
     audio_chunks, metadata = collect_chunks(audio, chunks, max_duration=chunk_length)
@@ -112,7 +122,9 @@ def prepare(model: Any, audio: np.ndarray, kwargs: dict[str, Any]) -> PreparedJo
     multilingual_model = bool(model.model.is_multilingual)
     language = kwargs.get("language")
     probability = 1.0
-    if language is None:
+    if language is None and detected is not None and features:
+        language, probability = detected
+    elif language is None:
         if not multilingual_model or not features:
             language = "en"
         else:
