@@ -420,6 +420,10 @@ def test_cli_ctrl_c_cancels_the_job_and_exits_130(
             stdout=subprocess.PIPE,
             stderr=err_file,
             text=True,
+            # A shell without job control starts background commands with SIGINT ignored,
+            # and Python then installs no KeyboardInterrupt handler: the CLI would be
+            # deaf to Ctrl-C only because of how the tests were started (seen: `.ci/run &`).
+            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
         )
         try:
 
