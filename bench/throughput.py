@@ -3,10 +3,11 @@
 ``python -m bench throughput``: a real worker (``python -m handler`` under the runpod SDK)
 against the local emulator, twice in one run:
 
-- ``sequential``: today's defaults (``WHISPER_MAX_CONCURRENCY=1``, batch 1): one job
-  owns the model from start to end;
-- ``engine``: ``WHISPER_MAX_CONCURRENCY`` jobs held at once, ``WHISPER_BATCH_SIZE`` > 1:
-  their windows share batched encode + decode calls (handler/engine.py).
+- ``sequential``: one job at a time (``WHISPER_MAX_CONCURRENCY=1``, batch 1), the
+  worker before the engine: one job owns the model from start to end;
+- ``engine``: ``WHISPER_MAX_CONCURRENCY`` jobs held at once (16), ``WHISPER_BATCH_SIZE``
+  > 1 (8; both the defaults now): their windows share batched encode + decode calls
+  (handler/engine.py).
 
 The clips are real speech with references: the English prompts of the evaluation corpus
 between 1 and 10 s (bench.eval_corpus). All are submitted at once (the burst), then a few
