@@ -118,12 +118,7 @@ def main(argv: list[str] | None = None) -> int:
 
     try:
         items = build(DEFAULT_DIR)
-        if args.model == "base":
-            model_dir = pypi_models.base_dir(DEFAULT_DIR.parent / "whisper-base")
-        elif args.model == "tiny.en":
-            model_dir = pypi_models.tiny_en_dir()
-        else:
-            model_dir = Path(args.model)
+        model_dir = pypi_models.model_dir(args.model, DEFAULT_DIR.parent / "whisper-base")
     except (FetchError, pypi_models.ModelMissing) as exc:
         print(f"bench: {exc}", file=sys.stderr)
         return 1

@@ -53,3 +53,12 @@ def base_dir(out: Path) -> Path:
         shutil.copy(d2 / name, out / name)
     marker.write_text(BASE_SHA256 + "\n")
     return out
+
+
+def model_dir(name: str, out: Path) -> Path:
+    """A bench's ``--model``: ``base`` (assembled under ``out``), ``tiny.en``, or a folder."""
+    if name == "base":
+        return base_dir(out)
+    if name == "tiny.en":
+        return tiny_en_dir()
+    return Path(name)

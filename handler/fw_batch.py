@@ -205,9 +205,12 @@ class _Pending:
 
     item: BatchItem
     slot: int
-    features: np.ndarray
     pos: int
     size: int
+
+    @property
+    def features(self) -> np.ndarray:
+        return self.item.job.features[self.item.index]
 
 
 def decode_batch(
@@ -230,7 +233,7 @@ def decode_batch(
     out: list[list[dict[str, Any]]] = [[] for _ in items]
     pending = [
         _Pending(
-            it, n, it.job.features[it.index], 0,
+            it, n, 0,
             int(math.ceil(it.job.metadata[it.index]["duration"]) * model.frames_per_second),
         )
         for n, it in enumerate(items)

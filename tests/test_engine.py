@@ -280,7 +280,7 @@ def test_a_window_that_ends_mid_segment_is_decoded_on_from_its_last_timestamp(wo
     assert all(x[0] <= y[0] + 0.01 for x, y in zip(times, times[1:], strict=False))
 
 
-def test_closing_the_engine_waits_for_its_batch_and_skips_cancelled_windows(worker):
+def test_closing_the_engine_waits_for_its_batch_and_skips_cancelled_windows(worker, monkeypatch):
     """The worker's exit (atexit: handler.engine._close_engines) closes each scheduler:
     the batch in progress ends before the interpreter tears down (a scheduler thread still
     inside CTranslate2 at exit was the worker's SIGABRT, exit -6, seen on a loaded CI
@@ -301,33 +301,31 @@ def test_closing_the_engine_waits_for_its_batch_and_skips_cancelled_windows(work
             time.sleep(0.01)  # the first round runs once the close has been asked for
         return real(model, first, pending, out)
 
-    import unittest.mock
+    monkeypatch.setattr(fw_batch, "_decode_round", spy)
+    long = EngineJob(_prepared(worker, long_clip(200).samples), 8, threading.Event())
+    sched.submit(long)
+    errors: list[BaseException] = []
 
-    with unittest.mock.patch.object(fw_batch, "_decode_round", spy):
-        long = EngineJob(_prepared(worker, long_clip(200).samples), 8, threading.Event())
-        sched.submit(long)
-        errors: list[BaseException] = []
+    def wait_all() -> None:
+        try:
+            for i in range(len(long.prepared.features)):
+                sched.result(long, i)
+        except WorkerError as exc:
+            errors.append(exc)
 
-        def wait_all() -> None:
-            try:
-                for i in range(len(long.prepared.features)):
-                    sched.result(long, i)
-            except WorkerError as exc:
-                errors.append(exc)
-
-        waiter = threading.Thread(target=wait_all)
-        waiter.start()
-        assert started.wait(120)
-        t = time.monotonic()
-        sched.close(timeout=120)
-        assert not sched._thread.is_alive()
-        waiter.join(30)
-        assert not waiter.is_alive() and errors and errors[0].code == Code.NOT_READY
-        assert time.monotonic() - t < 120
-        # the first round ran to its end; no continuation round and no second batch
-        # (without the close, this clip's batch of 7 windows goes on in a second round
-        # of 4 unfinished windows, measured with the same options)
-        assert len(rounds) == 1 and sched.batches == 1
+    waiter = threading.Thread(target=wait_all)
+    waiter.start()
+    assert started.wait(120)
+    t = time.monotonic()
+    sched.close(timeout=120)
+    assert not sched._thread.is_alive()
+    waiter.join(30)
+    assert not waiter.is_alive() and errors and errors[0].code == Code.NOT_READY
+    assert time.monotonic() - t < 120
+    # the first round ran to its end; no continuation round and no second batch
+    # (without the close, this clip's batch of 7 windows goes on in a second round
+    # of 4 unfinished windows, measured with the same options)
+    assert len(rounds) == 1 and sched.batches == 1
 
 
 def test_the_engine_detects_the_language_as_sequential_decoding_does(base_model_dir) -> None:
