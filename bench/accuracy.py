@@ -8,7 +8,8 @@
   each through the worker's own ``run_job`` with one loaded model,
 
 and prints WER per language and per group (jiwer, after Whisper's normalisers: the
-English one for English, the basic one with accents folded for the rest), the real-time
+English one for English, the basic one with accents folded and digits written as words
+(num2words) for the rest), the real-time
 factor, language-detection accuracy, and the files whose outcome differs most from plain
 (empty output, hallucination: much longer than the reference or repeated phrases, wrong
 language). ``--per-language N`` samples N prompts per language (the hard cases and the
@@ -20,6 +21,7 @@ from __future__ import annotations
 import argparse
 import base64
 import json
+import re
 import sys
 import time
 from collections.abc import Callable
@@ -38,8 +40,30 @@ _EN = EnglishTextNormalizer()
 _BASIC = BasicTextNormalizer(remove_diacritics=True)
 
 
+_DIGITS = re.compile(r"\d+")
+
+
+def _number_words(text: str, language: str) -> str:
+    """Digits as words in the language (num2words), so "нажмите 1" and "нажмите один" score
+    the same. The English normaliser already equates the two (it turns words into digits);
+    the basic one leaves "1" and "один" apart, and Whisper writes either, from run to run."""
+    from num2words import num2words
+
+    def words(m: re.Match[str]) -> str:
+        if len(m.group()) > 15:  # a digit string, not a number anyone would say
+            return m.group()
+        try:
+            return f" {num2words(int(m.group()), lang=language)} "
+        except (NotImplementedError, OverflowError):
+            return m.group()
+
+    return _DIGITS.sub(words, text)
+
+
 def normalise(text: str, language: str) -> str:
-    return " ".join((_EN if language == "en" else _BASIC)(text).split())
+    if language == "en":
+        return " ".join(_EN(text).split())
+    return " ".join(_BASIC(_number_words(_BASIC(text), language)).split())
 
 
 @dataclass

@@ -8,12 +8,17 @@ hash-checked against the digest pinned here:
   (it-IT), IvrvoiceRU (ru-RU)) and their ``core-sounds-*.txt`` transcripts from the
   matching ``asterisk-core-sounds-*`` packages. 8 kHz telephone audio: the resampling
   path is exercised on every file.
+- Debian's ``asterisk-moh-opsound-wav`` (2.03-1.1, CC-BY-SA-3.0, music on hold by
+  Macroform, Manolo Camp and Reno Project): a 20-s clip of each track, music without
+  speech.
 - The LibriVox readings (public domain) and JFK (public domain) in tests/data.
 
 Hard cases are built from those real recordings: clips under 2 s (the prompts' own short
 words), speech cut at the edges (150 ms removed from the start and the end), long
-silences between sentences (three prompts 6 s apart), noise and tones without speech
-(expected text: empty), and a long recording (the LibriVox readings and prompts joined
+silences between sentences (three prompts 6 s apart), sounds without speech (expected
+text: empty: the prompts' own beeps, tones and screaming monkeys, whose transcripts
+describe the sound; the music; generated noise, hum, chords and silence), and a long
+recording (the LibriVox readings and prompts joined
 to about five minutes).
 
 ``python -m bench.eval_corpus`` fetches into ``bench/out/corpus`` (apt-get download: the
@@ -54,8 +59,12 @@ SHA256 = {
     "asterisk-core-sounds-ru-wav": "ccbfaebfa450b7a9ddf644ae0f3d1e9017d5df7c0aebe816e946345589d38201",
     "asterisk-core-sounds-ru": "28a61616bb0cd3345a7ea532dec4df9f071e5d0fa9f8c1a563ea9669002f39ab",
 }  # fmt: skip
+MUSIC = ("asterisk-moh-opsound-wav", "2.03-1.1",
+         "8f9d808a729d305c2d3343993f21ca5e6829e411682618dc8ea7aa8bc24a566c")  # fmt: skip
+MUSIC_CLIP_S = 20
 LICENCES = {
     "asterisk": "CC-BY-SA-3.0 (Digium, Inc.; see the packages' copyright files)",
+    "music": "CC-BY-SA-3.0 (Macroform, Manolo Camp, Reno Project: asterisk-moh-opsound-wav)",
     "librivox": "public domain (LibriVox, via pocketsphinx 5.1.1's test data)",
     "jfk": "public domain (US government work)",
 }
@@ -81,25 +90,42 @@ def fetch(dest: Path = DEFAULT_DIR) -> Path:
     """Download and unpack the packages into ``dest`` (once), checking every digest."""
     pkgs = dest / "debs"
     unpacked = dest / "x"
-    if (unpacked / "ok").exists():
+    marker = unpacked / "ok"
+    expected = "\n".join(sorted([*SHA256, MUSIC[0]])) + "\n"
+    if marker.exists() and marker.read_text() == expected:
         return unpacked
     pkgs.mkdir(parents=True, exist_ok=True)
-    missing = [n for n in SHA256 if not list(pkgs.glob(f"{n}_{VERSION}_all.deb"))]
+    wanted = {name: (VERSION, digest) for name, digest in SHA256.items()}
+    wanted[MUSIC[0]] = MUSIC[1:]
+    missing = [f"{n}={v}" for n, (v, _) in wanted.items() if not (pkgs / _deb(n, v)).exists()]
     if missing:
         if not shutil.which("apt-get"):
             raise FetchError("apt-get is needed to fetch the corpus (Debian/Ubuntu)")
-        cmd = ["apt-get", "download", "-qq", *(f"{n}={VERSION}" for n in missing)]
+        cmd = ["apt-get", "download", "-qq", *missing]
         proc = subprocess.run(cmd, cwd=pkgs, capture_output=True, text=True)
         if proc.returncode != 0:
             raise FetchError(f"apt-get download failed (run apt-get update?): {proc.stderr[-300:]}")
-    for name, digest in SHA256.items():
-        deb = pkgs / f"{name}_{VERSION}_all.deb"
+    for name, (version, digest) in wanted.items():
+        deb = pkgs / _deb(name, version)
         got = hashlib.sha256(deb.read_bytes()).hexdigest()
         if got != digest:
             raise FetchError(f"{deb.name}: sha256 {got}, expected {digest}")
         subprocess.run(["dpkg-deb", "-x", str(deb), str(unpacked)], check=True)
-    (unpacked / "ok").write_text("ok\n")
+    marker.write_text(expected)
     return unpacked
+
+
+def _deb(name: str, version: str) -> str:
+    return f"{name}_{version.replace(':', '%3a')}_all.deb"
+
+
+def sound_effects(english: dict[str, str]) -> set[str]:
+    """Prompts that are sounds, not speech, named by the English transcript ("beep: [this is
+    a simple beep tone]", "confbridge-join: <beep ascending>"). The other languages describe
+    the same files in words ("beep: un suono beep", "beeperr: (ahooga)"), which would score
+    as speech: these files are no-speech items in every language."""
+    return {name for name, text in english.items()
+            if (text[0], text[-1]) in (("[", "]"), ("<", ">"))}  # fmt: skip
 
 
 def _transcripts(unpacked: Path, lang: str) -> dict[str, str]:
@@ -112,8 +138,36 @@ def _transcripts(unpacked: Path, lang: str) -> dict[str, str]:
             continue
         name, _, text = line.partition(":")
         text = text.strip()
-        if text and "[" not in text and "<" not in text:  # "[this is an error beep]"
+        if text:
             out[name.strip()] = text
+    return out
+
+
+def _unsure(text: str) -> bool:
+    return "[" in text or "<" in text or (text[0], text[-1]) == ("(", ")")
+
+
+def _sounds(unpacked: Path, names: set[str], folder: Path) -> list[Item]:
+    """The prompts' sound effects (each distinct recording once) and a 20-s clip of each
+    music-on-hold track: real sounds without speech, expected text empty."""
+    out: list[Item] = []
+    seen: set[str] = set()
+    for voice in VOICES.values():
+        for name in sorted(names):
+            path = unpacked / "usr/share/asterisk/sounds" / voice / f"{name}.wav"
+            if not path.exists():
+                continue
+            digest = hashlib.sha256(path.read_bytes()).hexdigest()
+            if digest not in seen:
+                seen.add(digest)
+                out.append(Item(path, "", "", "no_speech", "asterisk"))
+    for track in sorted((unpacked / "usr/share/asterisk/moh").glob("*.wav")):
+        clip = folder / f"music-{track.stem}.wav"
+        if not clip.exists():
+            audio = _load16k(track)
+            start = min(30 * RATE, max(0, len(audio) - MUSIC_CLIP_S * RATE))
+            _write(clip, audio[start : start + MUSIC_CLIP_S * RATE])
+        out.append(Item(clip, "", "", "no_speech", "music"))
     return out
 
 
@@ -141,10 +195,13 @@ def build(dest: Path = DEFAULT_DIR, per_language: int = 0, seed: int = 0) -> lis
     unpacked = fetch(dest)
     rng = random.Random(seed)
     items: list[Item] = []
+    sounds = sound_effects(_transcripts(unpacked, "en"))
     for lang, voice in VOICES.items():
         texts = _transcripts(unpacked, lang)
         folder = unpacked / "usr/share/asterisk/sounds" / voice
-        files = sorted(p for p in folder.glob("*.wav") if p.stem in texts)
+        files = sorted(p for p in folder.glob("*.wav") if p.stem in texts and p.stem not in sounds)
+        # "Il [suo] messaggio": whether the bracketed word is said is not known; "(beep)"
+        files = [p for p in files if not _unsure(texts[p.stem])]
         rng.shuffle(files)
         if per_language:
             files = files[:per_language]
@@ -153,6 +210,7 @@ def build(dest: Path = DEFAULT_DIR, per_language: int = 0, seed: int = 0) -> lis
             items.append(Item(p, texts[p.stem], lang, group, "asterisk"))
     # Per sample size: a smaller run must never overwrite the files a larger one is reading.
     items += _hard_cases(dest / f"hard-{per_language or 'all'}", items, rng)
+    items += _sounds(unpacked, sounds, dest / "music")
     for p in sorted((DATA / "librivox").glob("*.wav")):
         items.append(Item(p, p.with_suffix(".txt").read_text().strip(), "en", "read", "librivox"))
     items.append(Item(DATA / "jfk.wav", JFK_TEXT, "en", "read", "jfk"))

@@ -1,0 +1,86 @@
+"""The accuracy bench (bench/accuracy.py, bench/eval_corpus.py): its scorer, its corpus rules,
+and one small run of the real worker beside plain faster-whisper on real speech.
+
+The corpus itself (Debian packages, ~100 MB) is not fetched here; the rules that build it
+are checked on lines copied from its transcripts."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from bench.accuracy import _BASIC, Run, normalise, run_plain, run_worker, table, wer_of
+from bench.corpus import JFK_TEXT, wav_bytes
+from bench.eval_corpus import Item, _unsure, sound_effects
+from tests.conftest import DATA
+
+
+@pytest.mark.parametrize(
+    "language, digits, spoken",
+    [
+        # conf-adminmenu-18.wav: plain faster-whisper wrote digits, the worker words
+        ("ru", "Нажмите 1, чтобы выключить микрофон, 2 чтобы...", "нажмите один чтобы выключить "
+         "микрофон два чтобы"),
+        ("it", "Premere 1 per preporre un messaggio o 2 per inoltrarlo", "premere uno per "
+         "preporre un messaggio o due per inoltrarlo"),
+        ("es", "Marque 23 ahora", "marque veintitrés ahora"),
+        ("fr", "Appuyez sur 4 ou 6", "appuyez sur quatre ou six"),
+        ("en", "Press 1 or 21", "press one or twenty one"),
+    ],
+)  # fmt: skip
+def test_a_number_scores_the_same_as_digits_or_as_words(language, digits, spoken) -> None:
+    assert normalise(digits, language) == normalise(spoken, language)
+    if language != "en":  # Whisper's basic normaliser alone kept them apart (1 vs один)
+        assert _BASIC(digits).split() != _BASIC(spoken).split()
+
+
+def test_digit_strings_and_languages_num2words_lacks_stay_digits() -> None:
+    assert normalise("call 5551234567890123456", "fr") == "call 5551234567890123456"
+    assert normalise("拨 3", "zh") == "拨 3"
+    assert normalise("аш 323", "ru") == "аш триста двадцать три"
+
+
+def test_prompts_that_are_sounds_become_no_speech_items() -> None:
+    english = {  # lines of core-sounds-en.txt
+        "beep": "[this is a simple beep tone]",
+        "confbridge-join": "<beep ascending>",
+        "tt-monkeys": "[sound of monkeys screaming]",
+        "vm-intro": "Please leave your message after the tone.  When done hang up or press "
+        "the pound key. (simple tone sound plays)",
+        "is": "Is.",
+    }
+    assert sound_effects(english) == {"beep", "confbridge-join", "tt-monkeys"}
+    # the Italian transcript describes the same beep in words: it must not score as speech
+    assert "beep" in sound_effects(english)
+    assert _unsure("(ahooga)") and _unsure("Il [suo] messaggio è stato salvato.")
+    assert not _unsure("Pour (emphase)") and not _unsure("Is.")
+
+
+def test_a_small_run_scores_the_worker_beside_plain(worker, tmp_path) -> None:
+    """Real speech and real silence through plain faster-whisper (tiny.en) and through the
+    worker's own job pipeline on the same model: the table reads as the README's does."""
+    from faster_whisper import WhisperModel
+
+    from bench.pypi_models import tiny_en_dir
+
+    silence = tmp_path / "silence.wav"
+    silence.write_bytes(wav_bytes(np.zeros(3 * 16000, np.float32)))
+    items = [
+        Item(DATA / "jfk.wav", JFK_TEXT, "en", "read", "jfk"),
+        Item(silence, "", "", "no_speech", "generated"),
+    ]
+    plain = run_plain(WhisperModel(str(tiny_en_dir()), device="cpu", compute_type="int8"),
+                      items, lambda _: None)  # fmt: skip
+    mine = run_worker("worker", worker, {}, items, lambda _: None)
+    for run in (plain, mine):
+        assert isinstance(run, Run) and len(run.outcomes) == 2
+        assert all(o.error is None for o in run.outcomes)
+        assert wer_of(run.outcomes[:1]) is not None and wer_of(run.outcomes[:1]) < 0.1
+    assert mine.outcomes[1].hyp == ""  # plain (no VAD) may say "you" here: tiny.en did
+    out = table([plain, mine], audio_s=14.0)
+    assert "| group | files | plain | worker |" in out
+    assert "| en (all) | 1 |" in out
+    said = int(bool(plain.outcomes[1].hyp))
+    assert f"| text on no-speech files | | {said} | 0 |" in out
+    assert f"| hallucinated files | | {said} | 0 |" in out
+    assert "| language right | | 1/1 | 1/1 |" in out
