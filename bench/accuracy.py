@@ -9,7 +9,7 @@
 
 and prints WER per language and per group (jiwer, after Whisper's normalisers: the
 English one for English, the basic one with accents folded and digits written as words
-(num2words) for the rest), the real-time
+(num2words) for the rest; CER for languages written without spaces), the real-time
 factor, language-detection accuracy, and the files whose outcome differs most from plain
 (empty output, hallucination: much longer than the reference or repeated phrases, wrong
 language). ``--per-language N`` samples N prompts per language (the hard cases and the
@@ -89,8 +89,19 @@ class Run:
     outcomes: list[Outcome] = field(default_factory=list)
 
 
+# Written without spaces between words: scored per character (CER), as published figures are.
+CER_LANGUAGES = {"zh", "ja", "th", "lo", "my", "km", "bo", "yue"}
+
+
+def _units(text: str, language: str) -> str:
+    return " ".join(text.replace(" ", "")) if language in CER_LANGUAGES else text
+
+
 def wer_of(outcomes: list[Outcome]) -> float | None:
-    pairs = [(o.ref, o.hyp) for o in outcomes if o.ref]
+    """Word error rate over the outcomes with a reference; character error rate for the
+    files in a language of CER_LANGUAGES (a mixed group counts words and characters)."""
+    pairs = [(_units(o.ref, o.item.language), _units(o.hyp, o.item.language))
+             for o in outcomes if o.ref]  # fmt: skip
     if not pairs:
         return None
     refs, hyps = zip(*pairs, strict=True)
@@ -159,7 +170,8 @@ def table(runs: list[Run], audio_s: float) -> str:
 
     langs = sorted({o.item.language for o in runs[0].outcomes if o.item.language})
     for lang in langs:
-        row(f"{lang} (all)", lambda o, lang=lang: o.item.language == lang)
+        unit = ", CER" if lang in CER_LANGUAGES else ""
+        row(f"{lang} (all{unit})", lambda o, lang=lang: o.item.language == lang)
     groups = sorted({o.item.group for o in runs[0].outcomes})
     for g in groups:
         if g != "no_speech":

@@ -84,3 +84,14 @@ def test_a_small_run_scores_the_worker_beside_plain(worker, tmp_path) -> None:
     assert f"| text on no-speech files | | {said} | 0 |" in out
     assert f"| hallucinated files | | {said} | 0 |" in out
     assert "| language right | | 1/1 | 1/1 |" in out
+
+
+def test_languages_without_spaces_are_scored_per_character(tmp_path) -> None:
+    from bench.accuracy import Outcome
+
+    ja = Item(tmp_path / "ja.wav", "今日は晴れ", "ja", "prompt", "test")
+    en = Item(tmp_path / "en.wav", "it is sunny today", "en", "prompt", "test")
+    assert wer_of([Outcome(ja, "今日は雨", "ja", 1.0)]) == pytest.approx(2 / 5)  # 1 sub, 1 del
+    assert wer_of([Outcome(en, "it is rainy today", "en", 1.0)]) == pytest.approx(1 / 4)
+    out = table([Run("plain", [Outcome(ja, "今日は晴れ", "ja", 1.0)])], audio_s=2.0)
+    assert "| ja (all, CER) | 1 | 0.0 % |" in out
