@@ -62,8 +62,12 @@ def _number_words(text: str, language: str) -> str:
 
 def normalise(text: str, language: str) -> str:
     if language == "en":
-        return " ".join(_EN(text).split())
-    return " ".join(_BASIC(_number_words(_BASIC(text), language)).split())
+        out = _EN(text)
+    else:
+        out = _BASIC(_number_words(_BASIC(text), language))
+    # The English normaliser keeps a lone "." (decimals): "..." is no word, on silence
+    # least of all.
+    return " ".join(t for t in out.split() if any(c.isalnum() for c in t))
 
 
 @dataclass

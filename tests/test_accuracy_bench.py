@@ -34,6 +34,12 @@ def test_a_number_scores_the_same_as_digits_or_as_words(language, digits, spoken
         assert _BASIC(digits).split() != _BASIC(spoken).split()
 
 
+def test_punctuation_alone_is_no_text() -> None:
+    # plain faster-whisper wrote "..." on a recording of monkeys: that is not text on silence
+    assert normalise("...", "en") == "" and normalise(". . .", "fr") == ""
+    assert normalise("It costs $3.50.", "en") == "it costs $3.50"
+
+
 def test_digit_strings_and_languages_num2words_lacks_stay_digits() -> None:
     assert normalise("call 5551234567890123456", "fr") == "call 5551234567890123456"
     assert normalise("拨 3", "zh") == "拨 3"
