@@ -1,6 +1,6 @@
 """The evaluation corpus: real recorded speech in five languages with reference transcripts.
 
-Fetched, not committed (about 100 MB of packages, 130 min of speech). Sources, each
+Fetched, not committed (about 115 MB of packages, 105 min of prompts). Sources, each
 hash-checked against the digest pinned here:
 
 - Debian's ``asterisk-core-sounds-{en,es,fr,it,ru}-wav`` (1.6.1-1, CC-BY-SA-3.0, voice
