@@ -124,8 +124,7 @@ def sound_effects(english: dict[str, str]) -> set[str]:
     a simple beep tone]", "confbridge-join: <beep ascending>"). The other languages describe
     the same files in words ("beep: un suono beep", "beeperr: (ahooga)"), which would score
     as speech: these files are no-speech items in every language."""
-    return {name for name, text in english.items()
-            if (text[0], text[-1]) in (("[", "]"), ("<", ">"))}  # fmt: skip
+    return {name for name, text in english.items() if _wrapped(text, ("[]", "<>"))}
 
 
 def _transcripts(unpacked: Path, lang: str) -> dict[str, str]:
@@ -143,23 +142,22 @@ def _transcripts(unpacked: Path, lang: str) -> dict[str, str]:
     return out
 
 
+def _wrapped(text: str, pairs: tuple[str, ...]) -> bool:
+    return bool(text) and text[0] + text[-1] in pairs
+
+
 def _unsure(text: str) -> bool:
-    return "[" in text or "<" in text or (text[0], text[-1]) == ("(", ")")
+    return "[" in text or "<" in text or _wrapped(text, ("()",))
 
 
 def _sounds(unpacked: Path, names: set[str], folder: Path) -> list[Item]:
-    """The prompts' sound effects (each distinct recording once) and a 20-s clip of each
-    music-on-hold track: real sounds without speech, expected text empty."""
+    """The prompts' sound effects in every voice and a 20-s clip of each music-on-hold
+    track: real sounds without speech, expected text empty."""
     out: list[Item] = []
-    seen: set[str] = set()
     for voice in VOICES.values():
         for name in sorted(names):
             path = unpacked / "usr/share/asterisk/sounds" / voice / f"{name}.wav"
-            if not path.exists():
-                continue
-            digest = hashlib.sha256(path.read_bytes()).hexdigest()
-            if digest not in seen:
-                seen.add(digest)
+            if path.exists():
                 out.append(Item(path, "", "", "no_speech", "asterisk"))
     for track in sorted((unpacked / "usr/share/asterisk/moh").glob("*.wav")):
         clip = folder / f"music-{track.stem}.wav"
