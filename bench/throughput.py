@@ -35,6 +35,8 @@ import jiwer
 from bench.accuracy import normalise
 from bench.eval_corpus import DEFAULT_DIR, Item, build
 from bench.http_vs_queue import percentile
+from bench.machine import describe
+from bench.machine import line as machine_line
 from runpod_emulator import Emulator
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -122,6 +124,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--mix", action="store_true", help="add two ~4-minute recordings")
     parser.add_argument("--option", action="append", default=[], metavar="KEY=JSON",
                         help="job option for both modes, e.g. beam_size=1")  # fmt: skip
+    parser.add_argument("--malloc", choices=["keep", "system", "both"], default="keep",
+                        help="the worker's allocator policy (WHISPER_MALLOC); both: each mode"
+                        " under system, then keep (handler/allocator.py)")  # fmt: skip
+    parser.add_argument("--modes", default="sequential,engine", help="which modes to run")
     parser.add_argument("--out", default=str(ROOT / "bench" / "out" / "throughput.json"))
     args = parser.parse_args(argv)
     burst = short_clips(args.clips)
@@ -130,14 +136,25 @@ def main(argv: list[str] | None = None) -> int:
         burst = burst[: len(burst) // 3] + longs + burst[len(burst) // 3 :] + longs
     options = {k: json.loads(v) for k, v in (o.split("=", 1) for o in args.option)}
     base = {"WHISPER_DEVICE": "cpu", "HF_HUB_OFFLINE": "1"}
+    shapes = {
+        "sequential": {"WHISPER_MAX_CONCURRENCY": "1", "WHISPER_BATCH_SIZE": "1"},
+        "engine": {"WHISPER_MAX_CONCURRENCY": str(args.concurrency),
+                   "WHISPER_BATCH_SIZE": str(args.batch_size)},
+    }  # fmt: skip
+    policies = ["system", "keep"] if args.malloc == "both" else [args.malloc]
+    wanted = [m.strip() for m in args.modes.split(",") if m.strip() in shapes]
     modes = [
-        ("sequential", {**base, "WHISPER_MAX_CONCURRENCY": "1", "WHISPER_BATCH_SIZE": "1"}),
-        ("engine", {**base, "WHISPER_MAX_CONCURRENCY": str(args.concurrency),
-                    "WHISPER_BATCH_SIZE": str(args.batch_size)}),
+        (name if len(policies) == 1 else f"{name}, malloc {policy}",
+         {**base, **shapes[name], "WHISPER_MALLOC": policy})
+        for policy in policies
+        for name in wanted
     ]  # fmt: skip
+    machine = describe()
     report = [run_mode(name, env, burst, args.lone, options) for name, env in modes]
+    load_after = describe()["load_1m"]
     audio_min = sum(_seconds(it.path) for it in burst) / 60
     print(f"{len(burst)} clips ({audio_min:.1f} min of speech), tiny.en on the CPU, one worker")
+    print(machine_line(machine, load_after))
     head = ("mode", "clips/s", "audio s/s", "p50 s", "p95 s", "p99 s", "WER", "lone p95 s")
     print("| " + " | ".join(head) + " |\n|" + "---|" * len(head))
     for r in report:
@@ -147,13 +164,16 @@ def main(argv: list[str] | None = None) -> int:
     for r in report:
         print(f"{r['mode']}: batch sizes (windows per size) {r['batch_histogram']}; "
               f"failed {r['failed']}")  # fmt: skip
-    seq, eng = report
-    if seq["clips_per_s"]:
-        print(f"engine / sequential: {eng['clips_per_s'] / seq['clips_per_s']:.2f}x clips/s, "
-              f"WER {100 * ((eng['wer'] or 0) - (seq['wer'] or 0)):+.1f} points")  # fmt: skip
+    first = report[0]
+    for r in report[1:]:
+        if first["clips_per_s"]:
+            ratio = r["clips_per_s"] / first["clips_per_s"]
+            points = 100 * ((r["wer"] or 0) - (first["wer"] or 0))
+            print(f"{r['mode']} / {first['mode']}: {ratio:.2f}x clips/s, WER {points:+.1f} points")
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(report, indent=2))
+    out.write_text(json.dumps({"machine": {**machine, "load_1m_after": load_after},
+                               "modes": report}, indent=2))  # fmt: skip
     return 1 if any(r["failed"] for r in report) else 0
 
 

@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from handler import formats, openai_api, transcribe
+from handler import allocator, formats, openai_api, transcribe
 from handler.contract import Segment
 from handler.cues import Layout
 from handler.decode import decode_audio
@@ -50,6 +50,8 @@ class Worker:
     """Admission by estimated memory (handler.memory); built on first use."""
     refresh_wanted: bool = False
     """Set when the worker should be replaced (GPU OOM, job or memory budget reached)."""
+    in_flight: int = 0
+    """Jobs between run_job's start and end."""
     _lock: threading.Lock = field(default_factory=threading.Lock)
 
     def memory_budget(self) -> MemoryBudget:
@@ -60,8 +62,17 @@ class Worker:
                 self.memory = MemoryBudget(total)
             return self.memory
 
-    def job_finished(self) -> None:
+    def job_started(self) -> None:
         with self._lock:
+            self.in_flight += 1
+
+    def job_finished(self, audio_seconds: float = 0.0) -> None:
+        with self._lock:
+            self.in_flight -= 1
+            if audio_seconds >= allocator.RELEASE_AFTER_AUDIO_S and self.in_flight == 0:
+                # The allocator keeps what jobs freed (handler.allocator); a long job's
+                # audio and features need not stay resident while the worker waits.
+                allocator.release()
             self.jobs_done += 1
             limit = self.settings.refresh_after_jobs
             if limit and self.jobs_done >= limit:
@@ -119,6 +130,7 @@ def run_job(
     bounded by the server); the input then carries no audio field.
     """
     start = time.perf_counter()
+    worker.job_started()
     try:
         result = _run(raw_input, worker, job_id, cancel, on_segment, on_progress, start, audio)
     except WorkerError as exc:
@@ -129,7 +141,7 @@ def run_job(
     except Exception:
         log.exception("job %s failed with an unexpected error", job_id)
         result = WorkerError(Code.INTERNAL, "internal error while processing the job").to_result()
-    worker.job_finished()
+    worker.job_finished(float(result.get("duration") or 0.0))
     return result
 
 
@@ -155,6 +167,7 @@ def run_openai_job(
         req = _openai_passthrough(raw_input, worker)
     except WorkerError as exc:
         log.info("job %s refused: %s", job_id, exc.code.value)
+        worker.job_started()
         worker.job_finished()
         return exc.to_result()
     result = run_job(req.job_input, worker, job_id=job_id, cancel=cancel,

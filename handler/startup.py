@@ -14,6 +14,7 @@ import time
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+from handler import allocator
 from handler.job import Worker, sweep_stale_job_dirs
 from handler.models import (
     ModelLoadError,
@@ -68,6 +69,8 @@ class StartupTimes:
     runpod_import: float = 0.0
     ready: float = 0.0
     marks: dict[str, float] = field(default_factory=dict)
+    allocator: str = field(default_factory=allocator.policy)
+    """The allocator policy in effect (handler.allocator)."""
 
     def mark(self, name: str) -> None:
         self.marks[name] = time.time()
