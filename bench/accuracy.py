@@ -302,7 +302,7 @@ def main(argv: list[str] | None = None) -> int:
     if not args.no_plain:
         from faster_whisper import WhisperModel
 
-        from handler.threads import configure, usable_cpus
+        from handler.inference.threads import configure, usable_cpus
 
         configure()
         plain = WhisperModel(str(model_dir), device="cpu", compute_type="int8",

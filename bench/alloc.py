@@ -1,7 +1,7 @@
 """Milliseconds per 30-s window, and the kernel's share of the CPU, under each allocator policy.
 
 ``python -m bench alloc``: for each model (tiny.en, and base when its parts are installed)
-and each policy of handler/allocator.py (``system``: glibc as it comes; ``keep``: the
+and each policy of handler/inference/allocator.py (``system``: glibc as it comes; ``keep``: the
 worker's default), a fresh process imports the worker package (which applies the policy),
 loads the model with faster-whisper as the worker does (int8, the worker's thread count) and
 times CTranslate2's encoder and beam-5 decoder on real speech windows (tests/data: JFK and
@@ -28,8 +28,8 @@ ROOT = Path(__file__).resolve().parent.parent
 CHILD = r"""
 import json, resource, sys, time
 import handler  # applies the allocator policy, as every entry point does
-from handler import allocator
-from handler.threads import default_cpu_threads
+from handler.inference import allocator
+from handler.inference.threads import default_cpu_threads
 import numpy as np
 from faster_whisper import WhisperModel
 from faster_whisper.audio import decode_audio, pad_or_trim

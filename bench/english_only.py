@@ -4,7 +4,7 @@
 worker's own ``run_job`` on an English-only model (default the packaged tiny.en) and
 prints, per language, how many transcripts carried the worker's "English-only model was
 unsure" warning and the spread of the token-weighted mean log-probability it is based on
-(``handler.transcribe.ENGLISH_ONLY_MIN_LOGPROB``). On English files a warning is a false
+(``handler.inference.transcribe.ENGLISH_ONLY_MIN_LOGPROB``). On English files a warning is a false
 alarm; on the other languages a missing warning is English nonsense passed off silently.
 """
 
@@ -41,10 +41,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", default=str(ROOT / "bench" / "out" / "english_only.json"))
     args = parser.parse_args(argv)
 
+    from handler.inference.transcribe import ENGLISH_ONLY_MIN_LOGPROB
     from handler.job import run_job
     from handler.settings import load_settings
     from handler.startup import start_worker
-    from handler.transcribe import ENGLISH_ONLY_MIN_LOGPROB
 
     try:
         items = build(Path(args.dest), args.per_language)

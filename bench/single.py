@@ -99,7 +99,7 @@ def main(argv: list[str] | None = None) -> int:
 
     from faster_whisper import WhisperModel
 
-    from handler.models import packaged_model_path
+    from handler.inference.models import packaged_model_path
 
     source = args.model or packaged_model_path()
     start = time.perf_counter()

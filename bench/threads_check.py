@@ -7,7 +7,7 @@ through ``whisper-worker job`` (loaded and run in the main thread), alternating,
 each; optionally with ``stress-ng --cpu N`` beside them (``--load N``). Prints the median
 ``timings.transcribe / duration`` of each path and their ratio, and exits 1 when the queue
 worker is more than ``--tolerance`` (10 %) slower. Issue 9 found 3-4x before the OpenMP
-wait policy and thread counts were set by the worker itself (handler/threads.py).
+wait policy and thread counts were set by the worker itself (handler/inference/threads.py).
 """
 
 from __future__ import annotations

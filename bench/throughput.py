@@ -7,7 +7,7 @@ against the local emulator, twice in one run:
   worker before the engine: one job owns the model from start to end;
 - ``engine``: ``WHISPER_MAX_CONCURRENCY`` jobs held at once (16), ``WHISPER_BATCH_SIZE``
   > 1 (8; both the defaults now): their windows share batched encode + decode calls
-  (handler/engine.py).
+  (handler/inference/engine.py).
 
 The clips are real speech with references: the English prompts of the evaluation corpus
 between 1 and 10 s (bench.eval_corpus). All are submitted at once (the burst), then a few
@@ -126,7 +126,7 @@ def main(argv: list[str] | None = None) -> int:
                         help="job option for both modes, e.g. beam_size=1")  # fmt: skip
     parser.add_argument("--malloc", choices=["keep", "system", "both"], default="keep",
                         help="the worker's allocator policy (WHISPER_MALLOC); both: each mode"
-                        " under system, then keep (handler/allocator.py)")  # fmt: skip
+                        " under system, then keep (handler/inference/allocator.py)")  # fmt: skip
     parser.add_argument("--modes", default="sequential,engine", help="which modes to run")
     parser.add_argument("--out", default=str(ROOT / "bench" / "out" / "throughput.json"))
     args = parser.parse_args(argv)

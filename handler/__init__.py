@@ -1,15 +1,13 @@
-"""The faster-whisper worker.
+"""The faster-whisper worker, grouped by role (docs/architecture.md has the map).
 
-Two process-wide policies are read once, by native libraries, before their first use, so
-they are set here, when the package itself is first imported, before any of its modules
-(whichever entry point started the process): OpenMP's wait policy, read by libgomp when
-CTranslate2 is first imported (handler.threads), and glibc's allocator policy, which must
-be in place before the first large allocation (handler.allocator). A deployment's own
-settings of either win.
+- ``faces/``: how jobs arrive (the RunPod handlers, the HTTP routes, the OpenAI mapping);
+- ``audio/``: untrusted bytes in (sources, the SSRF-guarded fetch, bounded decoding);
+- ``inference/``: the model (the only folder that imports faster-whisper or CTranslate2);
+- ``output/``: results out (formats, subtitle cues, offload of large results);
+- underneath: ``settings``, ``schema``, ``errors``, ``guard``, ``contract``;
+- on top: ``__main__`` and ``cli`` (entry points), ``startup``, ``job`` (the pipeline).
+
+Importing this package changes nothing in the caller's process: the process-wide policies
+that the native libraries read are applied by ``handler.inference`` (see its docstring),
+which a client importing ``handler.contract`` never loads.
 """
-
-from handler import allocator as _allocator
-from handler import threads as _threads
-
-_allocator.configure()
-_threads.configure()

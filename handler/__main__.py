@@ -22,7 +22,7 @@ from handler.startup import STARTUP_ERRORS, StartupTimes, configure_logging, loa
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     if argv[:1] == ["serve"] or os.environ.get("WHISPER_MODE", "").strip().lower() == "http":
-        from handler.http_server import serve
+        from handler.faces.http_server import serve
 
         return serve()
     # Other arguments are the runpod SDK's own (--test_input, --rp_serve_api, ...).
@@ -52,8 +52,8 @@ def main(argv: list[str] | None = None) -> int:
 
     times.runpod_import = time.perf_counter() - t
     configure_logging()  # `import runpod` calls logging.basicConfig(INFO) on the root logger
-    from handler.delivery import persist_result_posts
-    from handler.worker import make_handlers
+    from handler.faces.result_posts import persist_result_posts
+    from handler.faces.runpod_handlers import make_handlers
 
     persist_result_posts(plan.settings.result_retry_s)
 

@@ -159,7 +159,7 @@ def cmd_job(args: argparse.Namespace) -> int:
 def cmd_serve(args: argparse.Namespace) -> int:
     import os
 
-    from handler.http_server import serve
+    from handler.faces.http_server import serve
 
     if args.port is not None:
         os.environ["PORT"] = str(args.port)

@@ -47,7 +47,7 @@ class Word(TypedDict):
 class Segment(TypedDict):
     """One decoded segment: the one shape that formats, streaming and legacy keys read.
 
-    Built from faster-whisper's ``Segment`` in ``handler.transcribe``; every field but
+    Built from faster-whisper's ``Segment`` in ``handler.inference.transcribe``; every field but
     ``words`` is returned under ``segments`` (``words`` only when asked).
     """
 

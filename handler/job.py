@@ -17,18 +17,19 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from handler import allocator, formats, openai_api, transcribe
+from handler.audio.decode import DecodedAudio, decode_audio
+from handler.audio.sources import decode_base64, fetch_to_file
 from handler.contract import Segment
-from handler.cues import Layout
-from handler.decode import decode_audio
-from handler.engine import Engine
 from handler.errors import Code, WorkerError
-from handler.memory import MIB, MemoryBudget, auto_budget_bytes, job_bytes
-from handler.models import ModelPool
+from handler.inference import allocator, checks, language, transcribe
+from handler.inference.engine import Engine
+from handler.inference.memory import MIB, MemoryBudget, auto_budget_bytes, job_bytes
+from handler.inference.models import LoadedModel, ModelPool
+from handler.output import formats
+from handler.output.cues import Layout
+from handler.output.offload import deliver
 from handler.schema import JobInput, parse_job_input
 from handler.settings import Settings
-from handler.sources import decode_base64, fetch_to_file
-from handler.storage import deliver
 
 log = logging.getLogger(__name__)
 
@@ -47,7 +48,7 @@ class Worker:
     engine: Engine = field(default_factory=Engine)
     """Schedulers that batch windows of many jobs per model instance (batch_size > 1)."""
     memory: MemoryBudget | None = None
-    """Admission by estimated memory (handler.memory); built on first use."""
+    """Admission by estimated memory (handler.inference.memory); built on first use."""
     refresh_wanted: bool = False
     """Set when the worker should be replaced (GPU OOM, job or memory budget reached)."""
     in_flight: int = 0
@@ -70,7 +71,7 @@ class Worker:
         with self._lock:
             self.in_flight -= 1
             if audio_seconds >= allocator.RELEASE_AFTER_AUDIO_S and self.in_flight == 0:
-                # The allocator keeps what jobs freed (handler.allocator); a long job's
+                # The allocator keeps what jobs freed (handler.inference.allocator); a long job's
                 # audio and features need not stay resident while the worker waits.
                 allocator.release()
             self.jobs_done += 1
@@ -114,6 +115,21 @@ def rss_mb() -> float:
         return 0.0
 
 
+@dataclass
+class Call:
+    """One job's caller side, and what the pipeline gathers for its answer."""
+
+    job_id: str = "-"
+    cancel: threading.Event | None = None
+    on_segment: transcribe.SegmentCallback | None = None
+    on_progress: ProgressCallback | None = None
+    audio: bytes | None = None
+    """The file's bytes when they arrive beside the input (an HTTP upload, bounded there)."""
+    start: float = field(default_factory=time.perf_counter)
+    timings: dict[str, float] = field(default_factory=dict)
+    warnings: list[str] = field(default_factory=list)
+
+
 def run_job(
     raw_input: Any,
     worker: Worker,
@@ -129,14 +145,15 @@ def run_job(
     ``audio``: the file's bytes when they arrive beside the input (an HTTP upload, already
     bounded by the server); the input then carries no audio field.
     """
-    start = time.perf_counter()
+    call = Call(job_id, cancel, on_segment, on_progress, audio)
     worker.job_started()
     try:
-        result = _run(raw_input, worker, job_id, cancel, on_segment, on_progress, start, audio)
+        result = _run(raw_input, worker, call)
     except WorkerError as exc:
         if exc.code is Code.GPU_OOM:
             worker.refresh_wanted = True
-        log.info("job %s failed: %s (%.2fs)", job_id, exc.code.value, time.perf_counter() - start)
+        elapsed = time.perf_counter() - call.start
+        log.info("job %s failed: %s (%.2fs)", job_id, exc.code.value, elapsed)
         result = exc.to_result()
     except Exception:
         log.exception("job %s failed with an unexpected error", job_id)
@@ -145,172 +162,151 @@ def run_job(
     return result
 
 
-def run_openai_job(
-    raw_input: Any,
-    worker: Worker,
-    *,
-    job_id: str = "-",
-    cancel: threading.Event | None = None,
-    on_segment: transcribe.SegmentCallback | None = None,
-    on_progress: ProgressCallback | None = None,
-) -> Any:
-    """A queue job in either shape: ours, or RunPod's OpenAI passthrough.
-
-    ``{"openai_route": "/v1/audio/transcriptions", "openai_input": {...}}`` (as RunPod
-    forwards an OpenAI-style request to a queue endpoint) answers OpenAI's response body;
-    ``openai_input.file`` is the audio as base64 (or a data: URI) or an http(s)/s3 URL.
-    """
-    if not (isinstance(raw_input, dict) and "openai_route" in raw_input):
-        return run_job(raw_input, worker, job_id=job_id, cancel=cancel,
-                       on_segment=on_segment, on_progress=on_progress)  # fmt: skip
-    try:
-        req = _openai_passthrough(raw_input, worker)
-    except WorkerError as exc:
-        log.info("job %s refused: %s", job_id, exc.code.value)
-        worker.job_started()
-        worker.job_finished()
-        return exc.to_result()
-    result = run_job(req.job_input, worker, job_id=job_id, cancel=cancel,
-                     on_segment=on_segment, on_progress=on_progress)  # fmt: skip
-    if "error" in result:
-        return result
-    body, _media = openai_api.response_body(req, result)
-    return body
+def _run(raw_input: Any, worker: Worker, call: Call) -> dict[str, Any]:
+    """The pipeline, step by step: each step is a function below, in this order."""
+    job = parse_job_input(raw_input, audio_given=call.audio is not None)
+    model, kwargs, languages = _plan(job, worker)
+    audio = _fetch_and_decode(job, worker.settings, call)
+    duration = audio.duration
+    call.warnings += audio.warnings
+    if duration < MIN_AUDIO_SECONDS:
+        tr = _nothing_to_transcribe(job, call)
+    else:
+        tr = _transcribe(job, model, kwargs, languages, audio, worker, call)
+    del audio  # its samples may be gigabytes: not kept while the result is shaped
+    output = _answer(job, tr, duration, model, worker, call)
+    _log_done(call, duration, model, _batch_size(job, worker.settings))
+    return output
 
 
-def _openai_passthrough(raw_input: dict[str, Any], worker: Worker) -> openai_api.OpenAIRequest:
-    extra = set(raw_input) - {"openai_route", "openai_input"}
-    if extra:
-        raise WorkerError(
-            Code.INVALID_INPUT, f"unknown field(s) beside openai_input: {sorted(extra)}"
-        )
-    fields = raw_input.get("openai_input")
-    if not isinstance(fields, dict):
-        raise WorkerError(Code.INVALID_INPUT, "openai_input must be an object")
-    fields = dict(fields)
-    audio = fields.pop("file", None)
-    req = openai_api.build_request(
-        str(raw_input["openai_route"]),
-        fields,
-        loaded_models=worker.pool.names,
-        has_file=audio is not None,
-    )
-    if req.stream:
-        raise WorkerError(Code.INVALID_INPUT, "stream: use the endpoint's /stream for a queue job")
-    if audio is not None:
-        if not isinstance(audio, str) or not audio:
-            raise WorkerError(Code.INVALID_INPUT, "openai_input.file must be base64 or a URL")
-        key = (
-            "audio_url"
-            if audio.split(":", 1)[0].lower() in ("http", "https", "s3")
-            else "audio_base64"
-        )
-        req.job_input[key] = audio
-    return req
-
-
-def _run(
-    raw_input: Any,
-    worker: Worker,
-    job_id: str,
-    cancel: threading.Event | None,
-    on_segment: transcribe.SegmentCallback | None,
-    on_progress: ProgressCallback | None,
-    start: float,
-    audio_bytes: bytes | None,
-) -> dict[str, Any]:
+def _plan(job: JobInput, worker: Worker) -> tuple[LoadedModel, dict[str, Any], list[str] | None]:
+    """The model, the decoding options and the languages detection may pick; what the
+    model cannot do is refused here, before any audio is fetched."""
     settings = worker.settings
-    job = parse_job_input(raw_input, audio_given=audio_bytes is not None)
     model = worker.pool.get(job.model)
     kwargs = job.transcribe_kwargs(vad_default=settings.vad_default)
-    if settings.language and "language" not in kwargs and model.multilingual:
-        kwargs["language"] = settings.language
-    languages = [x for x in settings.languages if x in model.languages] or None
-    budget_floor, budget_factor = settings.compute_budget_floor_s, settings.compute_budget_factor
-    transcribe.check_request(model, kwargs)
-    timings: dict[str, float] = {}
+    kwargs, languages = language.plan(model, kwargs, settings.language, settings.languages)
+    checks.check_request(model, kwargs)
+    return model, kwargs, languages
 
+
+def _fetch_and_decode(job: JobInput, settings: Settings, call: Call) -> DecodedAudio:
+    """The job's audio as 16-kHz samples; its file lives only inside this step."""
     with tempfile.TemporaryDirectory(prefix=JOB_DIR_PREFIX) as tmp:
         src = Path(tmp) / "audio"
         t = time.perf_counter()
-        if audio_bytes is not None:
-            src.write_bytes(audio_bytes)
+        if call.audio is not None:
+            src.write_bytes(call.audio)
         elif job.audio_base64 is not None:
             src.write_bytes(decode_base64(job.audio_base64, settings.max_inline_bytes))
         elif job.audio_url is not None:
-            fetch_to_file(job.audio_url, src, settings, cancel=cancel)
-        timings["fetch"] = time.perf_counter() - t
-
+            fetch_to_file(job.audio_url, src, settings, cancel=call.cancel)
+        call.timings["fetch"] = time.perf_counter() - t
         t = time.perf_counter()
-        audio = decode_audio(src, settings, cancel=cancel)
-        timings["decode"] = time.perf_counter() - t
+        audio = decode_audio(src, settings, cancel=call.cancel)
+        call.timings["decode"] = time.perf_counter() - t
+    return audio
 
-    warnings = list(audio.warnings)
-    duration = audio.duration
-    batch_size = job.batch_size or settings.batch_size
 
-    if duration < MIN_AUDIO_SECONDS:
-        warnings.append(f"audio is shorter than {MIN_AUDIO_SECONDS} s; nothing was transcribed")
-        timings["queue_model"] = 0.0
-        timings["transcribe"] = 0.0
-        tr = transcribe.Transcript([], job.language or "", 0.0, 0.0)
-    else:
-        progress = _progress_reporter(duration, settings.progress_interval_s, on_progress)
+def _nothing_to_transcribe(job: JobInput, call: Call) -> transcribe.Transcript:
+    call.warnings.append(f"audio is shorter than {MIN_AUDIO_SECONDS} s; nothing was transcribed")
+    call.timings["queue_model"] = 0.0
+    call.timings["transcribe"] = 0.0
+    return transcribe.Transcript([], job.language or "", 0.0, 0.0)
 
-        def each_segment(seg: Segment) -> None:
-            if on_segment is not None:
-                on_segment(seg)
-            if progress is not None:
-                progress(seg["end"])
 
-        budget = None
-        if budget_floor or budget_factor:
-            budget = budget_floor + budget_factor * duration
-        blocker = transcribe.batch_blocker(kwargs, duration) if batch_size > 1 else None
-        if blocker and (job.batch_size or 1) > 1:
-            # Only a job that asked for a batch is told; the deployment's default is silent.
-            warnings.append(f"ran sequentially instead of batched: {blocker}")
-        options: dict[str, Any] = {
-            "cancel": cancel,
-            "on_segment": each_segment,
-            "languages": languages,
-            "budget_s": budget,
-        }
-        t = time.perf_counter()
-        with worker.memory_budget().reserve(job_bytes(duration), cancel,
-                                            what=f"{duration:.0f} s of audio"):  # fmt: skip
-            memory_wait = time.perf_counter() - t
-            if batch_size > 1 and blocker is None:
-                # the engine shares instances: no exclusive wait
-                timings["queue_model"] = memory_wait
-                tr = transcribe.run_engine(
-                    worker.engine, model, audio.samples, kwargs, batch_size=batch_size, **options
-                )
-                timings["batch_wait"] = tr.batch_wait or 0.0
-            else:
-                with worker.pool.acquire(model, cancel) as (instance, waited):
-                    timings["queue_model"] = memory_wait + waited
-                    # Nothing reads the samples after this: the speech is gathered in them.
-                    tr = transcribe.run(
-                        instance, audio.samples, kwargs, consume_audio=True, **options
-                    )
-        timings["transcribe"] = tr.seconds
-        warnings += tr.warnings
-        if doubt := transcribe.english_only_doubt(model, tr.segments):
-            warnings.append(doubt)
-    del audio
+def _batch_size(job: JobInput, settings: Settings) -> int:
+    return job.batch_size or settings.batch_size
 
+
+def _transcribe(
+    job: JobInput,
+    model: LoadedModel,
+    kwargs: dict[str, Any],
+    languages: list[str] | None,
+    audio: DecodedAudio,
+    worker: Worker,
+    call: Call,
+) -> transcribe.Transcript:
+    """Through the engine (batched with other jobs) or alone, within the memory budget."""
+    settings, duration = worker.settings, audio.duration
+    batch_size = _batch_size(job, settings)
+    blocker = transcribe.batch_blocker(kwargs, duration) if batch_size > 1 else None
+    if blocker and (job.batch_size or 1) > 1:
+        # Only a job that asked for a batch is told; the deployment's default is silent.
+        call.warnings.append(f"ran sequentially instead of batched: {blocker}")
+    options: dict[str, Any] = {
+        "cancel": call.cancel,
+        "on_segment": _segment_sink(call, duration, settings.progress_interval_s),
+        "languages": languages,
+        "budget_s": _compute_budget(settings, duration),
+    }
     t = time.perf_counter()
-    output = _shape(job, tr, duration, model.spec.name, worker.pool.device, warnings)
-    timings["format"] = time.perf_counter() - t
-    timings["total"] = time.perf_counter() - start
-    output["timings"] = {k: round(v, 4) for k, v in timings.items()}
+    with worker.memory_budget().reserve(job_bytes(duration), call.cancel,
+                                        what=f"{duration:.0f} s of audio"):  # fmt: skip
+        memory_wait = time.perf_counter() - t
+        if batch_size > 1 and blocker is None:
+            # the engine shares instances: no exclusive wait
+            call.timings["queue_model"] = memory_wait
+            tr = transcribe.run_engine(worker.engine, model, audio.samples, kwargs,
+                                       batch_size=batch_size, **options)  # fmt: skip
+            call.timings["batch_wait"] = tr.batch_wait or 0.0
+        else:
+            with worker.pool.acquire(model, call.cancel) as (instance, waited):
+                call.timings["queue_model"] = memory_wait + waited
+                # Nothing reads the samples after this: the speech is gathered in them.
+                tr = transcribe.run(instance, audio.samples, kwargs, consume_audio=True,
+                                    **options)  # fmt: skip
+    call.timings["transcribe"] = tr.seconds
+    call.warnings += tr.warnings
+    if doubt := checks.english_only_doubt(model, tr.segments):
+        call.warnings.append(doubt)
+    return tr
+
+
+def _compute_budget(settings: Settings, duration: float) -> float | None:
+    """Seconds this job may spend in the model (None: unbounded)."""
+    floor, factor = settings.compute_budget_floor_s, settings.compute_budget_factor
+    return floor + factor * duration if floor or factor else None
+
+
+def _segment_sink(call: Call, duration: float, interval: float) -> transcribe.SegmentCallback:
+    """Each decoded segment to the caller's stream, and progress every ``interval`` s."""
+    progress = _progress_reporter(duration, interval, call.on_progress)
+
+    def each_segment(seg: Segment) -> None:
+        if call.on_segment is not None:
+            call.on_segment(seg)
+        if progress is not None:
+            progress(seg["end"])
+
+    return each_segment
+
+
+def _answer(
+    job: JobInput,
+    tr: transcribe.Transcript,
+    duration: float,
+    model: LoadedModel,
+    worker: Worker,
+    call: Call,
+) -> dict[str, Any]:
+    """The output object, timed, offloaded to S3 when too large for the platform."""
+    t = time.perf_counter()
+    output = _shape(job, tr, duration, model.spec.name, worker.pool.device, call.warnings)
+    call.timings["format"] = time.perf_counter() - t
+    call.timings["total"] = time.perf_counter() - call.start
+    output["timings"] = {k: round(v, 4) for k, v in call.timings.items()}
     if tr.batch_sizes is not None:
         output["batch_sizes"] = tr.batch_sizes
-    output = deliver(output, settings, job_id)
+    return deliver(output, worker.settings, call.job_id)
+
+
+def _log_done(call: Call, duration: float, model: LoadedModel, batch_size: int) -> None:
+    timings = call.timings
     log.info(
         "job %s done: %.1fs audio in %.2fs (transcribe %.2fs, RTF %.3f, model %s, batch %d)",
-        job_id,
+        call.job_id,
         duration,
         timings["total"],
         timings["transcribe"],
@@ -318,7 +314,6 @@ def _run(
         model.spec.name,
         batch_size,
     )
-    return output
 
 
 def _progress_reporter(

@@ -29,8 +29,8 @@ from pydantic import (
 )
 
 from handler.contract import OutputFormat
-from handler.cues import Layout
 from handler.errors import Code, WorkerError
+from handler.output.cues import Layout
 
 MAX_TEMPERATURES = 20
 """Temperatures one job may fall back through (a list or the official worker's increment)."""

@@ -49,6 +49,13 @@ class Settings(BaseModel):
     cpu_threads: int = Field(0, ge=0, le=256)
     """CPU threads per model slot; 0: the cores this process may use (affinity, cgroup quota)
     divided by instances x num_workers."""
+    malloc: Literal["keep", "system"] = "keep"
+    """glibc's allocator policy: `keep` holds the memory inference frees (one arena, no
+    `mmap` for large blocks, no trim) instead of mapping every batch's buffers again (a
+    third of the encoder's CPU time was page faults: `python -m bench alloc`); `system` is
+    glibc's own. Read when the worker starts, before its first large buffer
+    (handler/inference/allocator.py); `GLIBC_TUNABLES`, `MALLOC_*` or an `LD_PRELOAD`'d
+    allocator in the environment win."""
     max_concurrency: int | None = Field(None, ge=1, le=64)
     """Jobs this worker holds at once. Unset: with batching (batch_size > 1), 2 x slots x
     batch_size (at most 64), so one batch's windows wait ready while the last one decodes;

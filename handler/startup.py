@@ -14,9 +14,8 @@ import time
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from handler import allocator
-from handler.job import Worker, sweep_stale_job_dirs
-from handler.models import (
+from handler.inference import allocator
+from handler.inference.models import (
     ModelLoadError,
     ModelPool,
     ModelSpec,
@@ -24,6 +23,7 @@ from handler.models import (
     load_one,
     resolve,
 )
+from handler.job import Worker, sweep_stale_job_dirs
 from handler.settings import Settings, SettingsError, load_settings
 
 log = logging.getLogger("handler.startup")
@@ -70,7 +70,7 @@ class StartupTimes:
     ready: float = 0.0
     marks: dict[str, float] = field(default_factory=dict)
     allocator: str = field(default_factory=allocator.policy)
-    """The allocator policy in effect (handler.allocator)."""
+    """The allocator policy in effect (handler.inference.allocator)."""
 
     def mark(self, name: str) -> None:
         self.marks[name] = time.time()

@@ -2,7 +2,7 @@
 
 Issue 23: glibc gave every large CTranslate2 buffer back with munmap and faulted it in
 again on the next call, a third of the CPU in the kernel. The policy is applied when the
-``handler`` package is first imported (handler/allocator.py); these tests read its effect
+``handler`` package is first imported (handler/inference/allocator.py); these tests read its effect
 in a fresh process the way it matters: the page faults of a large block allocated, touched
 and freed twice. Without the policy (the negative control, WHISPER_MALLOC=system) the
 second round faults every page in again.
@@ -17,12 +17,12 @@ import sys
 
 import pytest
 
-from handler import allocator
+from handler.inference import allocator
 
 PROBE = r"""
 import ctypes, json, resource, sys
 import handler
-from handler import allocator
+from handler.inference import allocator
 
 libc = ctypes.CDLL("libc.so.6")
 libc.malloc.restype = ctypes.c_void_p

@@ -1,4 +1,4 @@
-"""Bounded decoding (handler/decode.py): real files, real PyAV, every bad-media case.
+"""Bounded decoding (handler/audio/decode.py): real files, real PyAV, every bad-media case.
 
 Bad inputs are generated into ``tmp_path`` by tests/media.py; the playlist cases run a
 real HTTP server on 127.0.0.1 that must receive no request.
@@ -20,7 +20,13 @@ import faster_whisper
 import numpy as np
 import pytest
 
-from handler.decode import SAMPLE_RATE, DecodedAudio, decode_audio, decode_bytes, demuxer_whitelist
+from handler.audio.decode import (
+    SAMPLE_RATE,
+    DecodedAudio,
+    decode_audio,
+    decode_bytes,
+    demuxer_whitelist,
+)
 from handler.errors import Code, WorkerError
 from handler.settings import Settings
 from tests import media

@@ -186,7 +186,7 @@ def test_a_model_in_runpods_cache_loads_from_there_offline(tiny_dir, tmp_path, n
 
 
 def test_runpod_cache_lookup_needs_weights_and_follows_refs_main(tiny_dir, tmp_path):
-    from handler.models import runpod_cached_model
+    from handler.inference.models import runpod_cached_model
 
     assert runpod_cached_model("tiny.en", str(tmp_path)) is None
     _fake_hf_cache(tmp_path, "Systran/faster-whisper-tiny.en", tiny_dir, "a" * 40)
@@ -454,7 +454,7 @@ def test_layers_are_ordered_for_the_build_cache(docker):
 
 
 def test_default_model_is_the_same_everywhere(docker):
-    from handler.models import DEFAULT_GPU_MODEL
+    from handler.inference.models import DEFAULT_GPU_MODEL
 
     arg = next(rest for kw, rest in docker if kw == "ARG" and rest.startswith("WHISPER_MODEL="))
     assert arg.split("=", 1)[1] == fetch_model.DEFAULT_MODEL == DEFAULT_GPU_MODEL

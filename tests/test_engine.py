@@ -17,10 +17,10 @@ import numpy as np
 import pytest
 
 from bench.corpus import long_clip
-from handler import fw_batch
-from handler.decode import decode_audio
-from handler.engine import EngineJob, Scheduler
+from handler.audio.decode import decode_audio
 from handler.errors import Code, WorkerError
+from handler.inference import fw_batch
+from handler.inference.engine import EngineJob, Scheduler
 from handler.job import run_job
 from handler.settings import Settings
 from tests.conftest import DATA, JFK_TEXT, b64, make_settings, wer, words
@@ -281,7 +281,7 @@ def test_a_window_that_ends_mid_segment_is_decoded_on_from_its_last_timestamp(wo
 
 
 def test_closing_the_engine_waits_for_its_batch_and_skips_cancelled_windows(worker, monkeypatch):
-    """The worker's exit (atexit: handler.engine._close_engines) closes each scheduler:
+    """The worker's exit (atexit: handler.inference.engine._close_engines) closes each scheduler:
     the batch in progress ends before the interpreter tears down (a scheduler thread still
     inside CTranslate2 at exit was the worker's SIGABRT, exit -6, seen on a loaded CI
     machine after a SIGTERM mid-batch), a job still waiting gets NOT_READY (retryable)

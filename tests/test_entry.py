@@ -123,7 +123,7 @@ def test_offline_model_error_says_how_to_fetch_it(tmp_path):
 
 
 def test_cuda_asked_on_a_machine_without_one_says_so():
-    from handler.models import cuda_device_count
+    from handler.inference.models import cuda_device_count
 
     if cuda_device_count():
         pytest.skip("this machine has a GPU")

@@ -1,4 +1,4 @@
-"""Bounded-memory features, VAD and speech gathering (handler/features.py and
+"""Bounded-memory features, VAD and speech gathering (handler/inference/features.py and
 transcribe._transcribe_sequential) give faster-whisper's own numbers and text, on real
 speech, in a small fraction of the memory (issue 12: 3.8 GB of peak RSS per hour of audio).
 
@@ -16,7 +16,7 @@ from faster_whisper.feature_extractor import FeatureExtractor
 from faster_whisper.vad import VadOptions, get_speech_timestamps, get_vad_model
 
 from bench.corpus import long_clip
-from handler.features import BLOCK_FRAMES, BoundedFeatureExtractor, BoundedVad
+from handler.inference.features import BLOCK_FRAMES, BoundedFeatureExtractor, BoundedVad
 
 MIB = 2**20
 
@@ -82,7 +82,7 @@ def test_vad_transient_memory_is_bounded(speech) -> None:
 
 
 def test_speech_timestamps_unchanged_by_the_installed_vad(speech) -> None:
-    from handler.features import install_bounded_vad
+    from handler.inference.features import install_bounded_vad
 
     before = get_speech_timestamps(speech, VadOptions())
     install_bounded_vad()
@@ -96,8 +96,8 @@ def test_sequential_transcript_equals_faster_whisper(speech) -> None:
     vad_filter path: the same segments, times and words, on the same instance."""
     from faster_whisper import WhisperModel
 
-    from handler.models import packaged_model_path
-    from handler.transcribe import _transcribe_sequential
+    from handler.inference.models import packaged_model_path
+    from handler.inference.transcribe import _transcribe_sequential
 
     model = WhisperModel(packaged_model_path(), device="cpu", compute_type="int8", cpu_threads=2)
     # 3-s pauses between the clips: the VAD drops them, so the speech really is gathered.

@@ -13,8 +13,8 @@ import pytest
 import srt
 import webvtt
 
-from handler import formats
-from handler.formats import (
+from handler.output import formats
+from handler.output.formats import (
     FORMATS,
     format_timestamp,
     language_name,

@@ -8,8 +8,8 @@ import base64
 import pytest
 
 from bench.corpus import long_clip
+from handler.faces.runpod_handlers import make_handlers
 from handler.job import Worker
-from handler.worker import make_handlers
 from tests.conftest import DATA, JFK_TEXT, b64, make_settings, wer
 
 pytestmark = pytest.mark.model
@@ -102,7 +102,7 @@ def test_gpu_oom_is_retryable_and_refreshes_the_worker(tiny_pool, monkeypatch, b
     """No GPU here: the CUDA out-of-memory error is raised by a stand-in for the model call
     (the sequential transcribe, or the engine's batched decode), with CTranslate2's real
     message text. Everything around it is real."""
-    from handler import fw_batch
+    from handler.inference import fw_batch
 
     w = Worker(settings=make_settings(device="cpu", batch_size=batch_size), pool=tiny_pool)
     model = tiny_pool.get(None)

@@ -263,13 +263,13 @@ def test_a_job_past_its_compute_budget_fails_and_frees_the_slot(worker) -> None:
 
 
 def test_sdk_result_post_is_where_the_worker_wraps_it() -> None:
-    """Drift test for handler/delivery.py: the pinned runpod SDK posts every result through
-    rp_http._transmit(session, url, data), looked up at call time."""
+    """Drift test for handler/faces/result_posts.py: the pinned runpod SDK posts every result
+    through rp_http._transmit(session, url, data), looked up at call time."""
     import inspect
 
     from runpod.serverless.modules import rp_http
 
-    from handler.delivery import persist_result_posts
+    from handler.faces.result_posts import persist_result_posts
 
     assert list(inspect.signature(rp_http._transmit).parameters) == [
         "client_session",
@@ -290,7 +290,7 @@ def test_sdk_result_post_is_where_the_worker_wraps_it() -> None:
 def test_memory_budget_waits_refuses_and_frees() -> None:
     """Issue 12: admission by memory. A job that fits once others finish waits (and can be
     cancelled while it waits); one that can never fit fails at once, not retryable."""
-    from handler.memory import MIB, MemoryBudget, job_bytes
+    from handler.inference.memory import MIB, MemoryBudget, job_bytes
 
     budget = MemoryBudget(200 * MIB)
     with pytest.raises(WorkerError) as info:

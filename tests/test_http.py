@@ -21,8 +21,8 @@ import srt
 import webvtt
 from openai.types.audio import Transcription, TranscriptionVerbose
 
-from handler import openai_api
 from handler.errors import Code, WorkerError
+from handler.faces import openai_api
 from tests import media
 from tests.conftest import DATA, JFK_TEXT, b64, wait_for, wer, words
 from tests.httpserver import LocalServer
@@ -324,7 +324,7 @@ def test_every_error_code_has_an_http_status() -> None:
 
 @pytest.mark.model
 def test_queue_job_in_runpod_openai_passthrough_shape(worker) -> None:  # type: ignore[no-untyped-def]
-    from handler.job import run_openai_job
+    from handler.faces.openai_api import run_any_job as run_openai_job
 
     job = {
         "openai_route": "/v1/audio/transcriptions",

@@ -26,16 +26,21 @@ import pytest
 ROOT = Path(__file__).resolve().parent.parent
 PRODUCTS = ("handler", "whisper_client", "runpod_emulator", "bench")
 PUBLIC_WORKER_MODULES = {"handler.contract", "handler.schema"}
-# Where the worker may import these (startup only pre-imports faster_whisper: see prepare).
-FASTER_WHISPER_OK = {
-    "handler/models.py",
-    "handler/transcribe.py",
-    "handler/fw_batch.py",
-    "handler/features.py",
-    "handler/startup.py",
+# Where the worker may import faster-whisper and CTranslate2: the inference folder, and
+# startup's early import (see startup.prepare), which imports handler.inference first.
+ENGINE_OK_FOLDERS = ("handler/inference/",)
+ENGINE_OK_FILES = {"handler/startup.py"}
+# The runpod SDK: the queue entry, the RunPod handlers and their result posts.
+RUNPOD_OK = {
+    "handler/__main__.py",
+    "handler/faces/runpod_handlers.py",
+    "handler/faces/result_posts.py",
 }
-# delivery.py wraps the SDK's result post (loaded only by the queue entry point).
-RUNPOD_OK = {"handler/__main__.py", "handler/worker.py", "handler/delivery.py"}
+ROOMS = ("faces", "audio", "inference", "output")
+TOP = {"handler/__main__.py", "handler/cli.py", "handler/startup.py"}
+"""The entry points: the only modules that may import a face."""
+GROUND = {"handler/settings.py", "handler/schema.py", "handler/errors.py",
+          "handler/guard.py", "handler/contract.py"}  # fmt: skip
 
 
 def imports_of(path: Path) -> set[str]:
@@ -111,20 +116,78 @@ def test_public_worker_modules_import_nothing_heavy() -> None:
             and m.count(".")
             and not any(
                 m.startswith(pub)
-                for pub in PUBLIC_WORKER_MODULES | {"handler.errors", "handler.cues"}
+                for pub in PUBLIC_WORKER_MODULES | {"handler.errors", "handler.output.cues"}
             )
         }
         assert not bad, (module, bad)
 
 
-def test_only_the_model_modules_import_faster_whisper_and_only_the_entry_imports_runpod():
+def test_only_inference_imports_faster_whisper_and_only_the_entry_imports_runpod():
     for p in files_of("handler"):
         rel = str(p.relative_to(ROOT))
         mods = {top(m) for m in imports_of(p)}
         if "faster_whisper" in mods or "ctranslate2" in mods:
-            assert rel in FASTER_WHISPER_OK | {"handler/models.py"}, rel
+            assert rel.startswith(ENGINE_OK_FOLDERS) or rel in ENGINE_OK_FILES, rel
         if "runpod" in mods:
             assert rel in RUNPOD_OK, rel
+
+
+def room_of(module: str) -> str | None:
+    """``faces``, ``audio``, ``inference`` or ``output`` for a handler module, else None."""
+    parts = module.split(".")
+    return parts[1] if len(parts) > 2 and parts[0] == "handler" and parts[1] in ROOMS else None
+
+
+def worker_imports() -> dict[str, set[str]]:
+    return {str(p.relative_to(ROOT)): {m for m in imports_of(p) if top(m) == "handler"}
+            for p in files_of("handler")}  # fmt: skip
+
+
+def test_the_rooms_import_rules() -> None:
+    """The folder rules of issue 19: audio and inference never import each other; output
+    imports no inference; nothing below the entry points imports a face; the ground
+    imports no room (but the subtitle layout the schema validates)."""
+    bad = []
+    for rel, mods in worker_imports().items():
+        here = rel.split("/")[1] if rel.count("/") > 1 else None
+        rooms = {room_of(m) for m in mods} - {None, here}
+        if here == "audio" and "inference" in rooms:
+            bad.append(f"{rel}: audio imports inference")
+        if here == "inference" and "audio" in rooms:
+            bad.append(f"{rel}: inference imports audio")
+        if here == "output" and "inference" in rooms:
+            bad.append(f"{rel}: output imports inference")
+        if "faces" in rooms and rel not in TOP:
+            bad.append(f"{rel}: imports a face")
+        if rel in GROUND and rooms - ({"output"} if rel == "handler/schema.py" else set()):
+            bad.append(f"{rel}: the ground imports {sorted(r for r in rooms if r)}")
+        if rel == "handler/schema.py" and any(
+            room_of(m) == "output" and not m.startswith("handler.output.cues") for m in mods
+        ):
+            bad.append(f"{rel}: imports output beyond the subtitle layout")
+    assert not bad, bad
+
+
+def test_the_rules_checker_sees_a_violation() -> None:
+    # Negative control: the pipeline importing a face (the passthrough's old import).
+    assert room_of("handler.faces.openai_api") == "faces"
+    assert room_of("handler.job") is None
+    assert room_of("handler.inference") is None  # the package itself: its policies
+
+
+def test_importing_the_public_modules_changes_nothing_in_the_callers_process() -> None:
+    """whisper_client imports handler.contract: that must not set OMP_WAIT_POLICY or the
+    allocator policy in the caller's process (issue 19)."""
+    code = (
+        "import os, sys, json; import handler.contract, handler.schema; "
+        "print(json.dumps([os.environ.get('OMP_WAIT_POLICY'), "
+        "'handler.inference' in sys.modules, 'numpy' in sys.modules]))"
+    )
+    env = {k: v for k, v in __import__("os").environ.items() if k != "OMP_WAIT_POLICY"}
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          env=env, cwd=ROOT, timeout=60)  # fmt: skip
+    assert proc.returncode == 0, proc.stderr
+    assert json.loads(proc.stdout) == [None, False, False]
 
 
 BLOCKER = r"""

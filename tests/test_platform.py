@@ -291,3 +291,34 @@ def test_refresh_after_jobs_replaces_the_worker(tmp_path, stream):
             assert em.records()["workers"][wid]["stop_pod"] is True
     finally:
         em.stop()
+
+
+def test_openai_passthrough_job_through_runsync(shared):
+    """Issue 19: RunPod's OpenAI passthrough shape sent to /runsync came back FAILED
+    ("openai_route: unknown field"): the queue face never dispatched it."""
+    em, _wid, _ = shared
+    job = {
+        "openai_route": "/v1/audio/transcriptions",
+        "openai_input": {"file": b64(DATA / "jfk.mp3"), "model": "whisper-1"},
+    }
+    r = requests.post(
+        f"{em.client_url}/runsync?wait=120000",
+        json={"input": job},
+        headers={"Authorization": f"Bearer {em.api_key}"},
+        timeout=150,
+    )
+    status = r.json()
+    if status["status"] not in ("COMPLETED", "FAILED"):
+        status = em.wait_job(status["id"], JOB_S)
+    assert status["status"] == "COMPLETED", status
+    assert set(status["output"]) == {"text"}  # OpenAI's json body, nothing else
+    assert wer(JFK_TEXT, status["output"]["text"]) <= 0.05
+    text = em.wait_job(
+        em.submit({**job, "openai_input": {**job["openai_input"], "response_format": "srt"}}),
+        JOB_S,
+    )
+    assert text["status"] == "COMPLETED" and text["output"].startswith("1\n00:00:00,"), text
+    bad = em.wait_job(
+        em.submit({"openai_route": "/v1/chat/completions", "openai_input": {}}), JOB_S
+    )
+    assert bad["status"] == "FAILED" and bad["output"]["error_code"] == "INVALID_INPUT", bad

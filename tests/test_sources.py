@@ -20,9 +20,7 @@ from urllib.parse import parse_qs, urlsplit
 
 import pytest
 
-from handler.errors import Code, WorkerError
-from handler.settings import Settings, load_settings
-from handler.sources import (
+from handler.audio.sources import (
     blocked_reason,
     decode_base64,
     fetch_s3,
@@ -30,6 +28,8 @@ from handler.sources import (
     fetch_url,
     redact_url,
 )
+from handler.errors import Code, WorkerError
+from handler.settings import Settings, load_settings
 from tests.httpserver import LocalServer, respond
 
 DATA = pathlib.Path(__file__).parent / "data"
@@ -784,7 +784,7 @@ def test_no_credentials_never_dials_the_metadata_service(net_events, dest, monke
     monkeypatch.setenv("AWS_SHARED_CREDENTIALS_FILE", str(dest.parent / "none"))
     monkeypatch.setenv("AWS_CONFIG_FILE", str(dest.parent / "none"))
     s = settings(s3_allowed_buckets="b", s3_endpoint_url="http://127.0.0.1:9")
-    from handler.sources import fetch_s3
+    from handler.audio.sources import fetch_s3
 
     with pytest.raises(WorkerError) as info:
         fetch_s3("s3://b/key.wav", dest, s)

@@ -15,7 +15,7 @@ went), no ``mmap`` for large blocks (``M_MMAP_MAX=0``: they come from the one he
 reused), and freed memory kept instead of trimmed (``M_TRIM_THRESHOLD``). ``mallopt`` cannot
 raise the mmap threshold past 32 MiB (glibc refuses it), which is why a threshold alone did
 not help and ``M_MMAP_MAX=0`` is used instead. The cost: the heap stays at the peak working
-set of the jobs run so far (bounded by the memory budget, handler.memory), so after a long
+set of the jobs run so far (bounded by the memory budget, handler.inference.memory), so after a long
 job with nothing else running the worker gives the memory back (:func:`release`).
 
 A deployment that set its own allocator (``GLIBC_TUNABLES``, ``MALLOC_*_`` variables, an

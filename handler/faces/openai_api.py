@@ -1,6 +1,6 @@
 """OpenAI's audio API in terms of our job: request fields -> job input, output -> response.
 
-Pure functions, shared by the HTTP server (``handler.http_server``: multipart form fields)
+Pure functions, shared by the HTTP server (``handler.faces.http_server``: multipart form fields)
 and the queue worker (RunPod's OpenAI passthrough job, ``{"openai_route": ...,
 "openai_input": {...}}``), so both faces validate, limit and answer alike.
 
@@ -24,6 +24,7 @@ from collections.abc import Iterable, Mapping
 from typing import Any
 
 from handler.errors import Code, WorkerError
+from handler.job import Worker, run_job
 
 ROUTES = {"/v1/audio/transcriptions": "transcribe", "/v1/audio/translations": "translate"}
 RESPONSE_FORMATS = ("json", "text", "srt", "vtt", "verbose_json")
@@ -181,6 +182,54 @@ def build_request(
     return OpenAIRequest(task, job, fmt, stream, granularities)
 
 
+PASSTHROUGH_KEYS = frozenset({"openai_route", "openai_input"})
+
+
+def is_passthrough(raw_input: Any) -> bool:
+    """RunPod's OpenAI passthrough job: ``{"openai_route": ..., "openai_input": {...}}``."""
+    return isinstance(raw_input, dict) and "openai_route" in raw_input
+
+
+def passthrough_request(raw_input: Mapping[str, Any], loaded_models: list[str]) -> OpenAIRequest:
+    """The passthrough job as a request; ``openai_input.file`` is base64 (or a data: URI) or
+    an http(s)/s3 URL. Raises WorkerError(INVALID_INPUT)."""
+    extra = set(raw_input) - PASSTHROUGH_KEYS
+    if extra:
+        raise _bad(f"unknown field(s) beside openai_input: {sorted(extra)}")
+    fields = raw_input.get("openai_input")
+    if not isinstance(fields, dict):
+        raise _bad("openai_input must be an object")
+    fields = dict(fields)
+    audio = fields.pop("file", None)
+    req = build_request(str(raw_input["openai_route"]), fields, loaded_models=loaded_models,
+                        has_file=audio is not None)  # fmt: skip
+    if req.stream:
+        raise _bad("stream: use the endpoint's /stream for a queue job")
+    if audio is not None:
+        if not isinstance(audio, str) or not audio:
+            raise _bad("openai_input.file must be base64 or a URL")
+        scheme = audio.split(":", 1)[0].lower()
+        req.job_input["audio_url" if scheme in ("http", "https", "s3") else "audio_base64"] = audio
+    return req
+
+
+def run_any_job(raw_input: Any, worker: Worker, **options: Any) -> Any:
+    """A queue job in either shape the queue face takes: ours, or RunPod's OpenAI
+    passthrough (answered with OpenAI's response body: a dict, or the text of ``text``,
+    ``srt`` and ``vtt``). ``options`` are run_job's keywords."""
+    if not is_passthrough(raw_input):
+        return run_job(raw_input, worker, **options)
+    try:
+        req = passthrough_request(raw_input, worker.pool.names)
+    except WorkerError as exc:
+        return exc.to_result()
+    result = run_job(req.job_input, worker, **options)
+    if "error" in result:
+        return result
+    body, _media = response_body(req, result)
+    return body
+
+
 def response_body(req: OpenAIRequest, output: Mapping[str, Any]) -> tuple[Any, str]:
     """(body, media type) of OpenAI's response for a finished job's output."""
     fmt = req.response_format
@@ -257,6 +306,9 @@ def stream_events(text_deltas: Iterable[str], final_text: str) -> Iterable[dict[
 __all__ = [
     "OpenAIRequest",
     "build_request",
+    "is_passthrough",
+    "passthrough_request",
+    "run_any_job",
     "error_body",
     "fold_form",
     "response_body",

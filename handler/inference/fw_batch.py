@@ -2,7 +2,7 @@
 
 ``BatchedInferencePipeline.transcribe`` splits one file into VAD chunks of at most 30 s,
 computes their features and decodes them ``batch_size`` at a time. The engine
-(``handler.engine``) needs the same steps apart, because windows of *many* jobs share a
+(``handler.inference.engine``) needs the same steps apart, because windows of *many* jobs share a
 batch: :func:`prepare` does a job's part (VAD, chunks, features, language, tokenizer,
 options, prompt) in the job's own thread; :func:`decode_batch` does one batched encode +
 generate over windows of any jobs, with one prompt per window, so language, task and
@@ -32,7 +32,9 @@ from faster_whisper.transcribe import (
     get_suppressed_tokens,
     restore_speech_timestamps,
 )
-from faster_whisper.vad import VadOptions, collect_chunks, get_speech_timestamps
+from faster_whisper.vad import collect_chunks, get_speech_timestamps
+
+from handler.inference.options import BATCHED_DEFAULTS, opt, temperatures, vad_options
 
 SAMPLE_RATE = 16000
 WINDOW_S = 30
@@ -76,23 +78,15 @@ class PreparedJob:
     """Windows with equal keys may share one batched call."""
 
 
-# faster-whisper's default temperatures (WhisperModel.transcribe), the fallback ladder.
-DEFAULT_TEMPERATURES = (0.0, 0.2, 0.4, 0.6, 0.8, 1.0)
-
-
-def _temperatures(kwargs: dict[str, Any]) -> list[float]:
-    t = kwargs.get("temperature", DEFAULT_TEMPERATURES)
-    return [float(x) for x in t] if isinstance(t, (list, tuple)) else [float(t)]
-
-
 def _speech_chunks(audio: np.ndarray, kwargs: dict[str, Any], chunk_length: int) -> list[dict]:
     duration = len(audio) / SAMPLE_RATE
-    if kwargs.get("vad_filter", True):
-        params = dict(kwargs.get("vad_parameters") or {})
-        params["max_speech_duration_s"] = chunk_length  # as the batched pipeline does
+    if kwargs.get("vad_filter", BATCHED_DEFAULTS["vad_filter"]):
+        # As the batched pipeline does: windows of at most chunk_length, and its 160-ms
+        # pauses unless the job gave VAD parameters.
+        extra: dict[str, Any] = {"max_speech_duration_s": chunk_length}
         if not kwargs.get("vad_parameters"):
-            params["min_silence_duration_ms"] = 160
-        return get_speech_timestamps(audio, VadOptions(**params))
+            extra["min_silence_duration_ms"] = 160
+        return get_speech_timestamps(audio, vad_options(kwargs, **extra))
     if duration <= chunk_length:
         return [{"start": 0, "end": len(audio)}]
     # Without VAD the batched pipeline refuses long audio; fixed windows keep it working.
@@ -109,7 +103,7 @@ def prepare(
     """VAD, windows, features, language and prompt for one job (no batched decode yet).
 
     ``detected``: the language (and its probability) found by the caller for a job that set
-    none (handler.transcribe detects it as sequential decoding does); without it the
+    none (handler.inference.transcribe detects it as sequential decoding does); without it the
     language is detected on this job's windows, as ``BatchedInferencePipeline`` does.
     """
     chunk_length = int(kwargs.get("chunk_length") or model.feature_extractor.chunk_length)
@@ -132,38 +126,38 @@ def prepare(
                 features=np.concatenate(
                     [*features, np.full((model.model.n_mels, 1), -1.5, dtype="float32")], axis=1
                 ),
-                language_detection_segments=kwargs.get("language_detection_segments", 1),
-                language_detection_threshold=kwargs.get("language_detection_threshold", 0.5),
+                language_detection_segments=opt(kwargs, "language_detection_segments"),
+                language_detection_threshold=opt(kwargs, "language_detection_threshold"),
             )
-    task = kwargs.get("task", "transcribe")
+    task = opt(kwargs, "task")
     tokenizer = Tokenizer(model.hf_tokenizer, multilingual_model, task=task, language=language)
-    suppress = kwargs.get("suppress_tokens", [-1])
+    suppress = opt(kwargs, "suppress_tokens")
     options = TranscriptionOptions(
-        beam_size=kwargs.get("beam_size", 5),
-        best_of=kwargs.get("best_of", 5),
-        patience=kwargs.get("patience", 1.0),
-        length_penalty=kwargs.get("length_penalty", 1.0),
-        repetition_penalty=kwargs.get("repetition_penalty", 1.0),
-        no_repeat_ngram_size=kwargs.get("no_repeat_ngram_size", 0),
-        log_prob_threshold=kwargs.get("log_prob_threshold", -1.0),
-        no_speech_threshold=kwargs.get("no_speech_threshold", 0.6),
-        compression_ratio_threshold=kwargs.get("compression_ratio_threshold", 2.4),
-        temperatures=_temperatures(kwargs)[:1],
-        initial_prompt=kwargs.get("initial_prompt"),
+        beam_size=opt(kwargs, "beam_size"),
+        best_of=opt(kwargs, "best_of"),
+        patience=opt(kwargs, "patience"),
+        length_penalty=opt(kwargs, "length_penalty"),
+        repetition_penalty=opt(kwargs, "repetition_penalty"),
+        no_repeat_ngram_size=opt(kwargs, "no_repeat_ngram_size"),
+        log_prob_threshold=opt(kwargs, "log_prob_threshold"),
+        no_speech_threshold=opt(kwargs, "no_speech_threshold"),
+        compression_ratio_threshold=opt(kwargs, "compression_ratio_threshold"),
+        temperatures=temperatures(kwargs)[:1],
+        initial_prompt=opt(kwargs, "initial_prompt"),
         prefix=None,
-        suppress_blank=kwargs.get("suppress_blank", True),
+        suppress_blank=opt(kwargs, "suppress_blank"),
         suppress_tokens=get_suppressed_tokens(tokenizer, suppress) if suppress else suppress,
-        prepend_punctuations=kwargs.get("prepend_punctuations", "\"'“¿([{-"),
-        append_punctuations=kwargs.get("append_punctuations", "\"'.。,，!！?？:：”)]}、"),
-        max_new_tokens=kwargs.get("max_new_tokens"),
-        hotwords=kwargs.get("hotwords"),
-        word_timestamps=bool(kwargs.get("word_timestamps", False)),
+        prepend_punctuations=opt(kwargs, "prepend_punctuations"),
+        append_punctuations=opt(kwargs, "append_punctuations"),
+        max_new_tokens=opt(kwargs, "max_new_tokens"),
+        hotwords=opt(kwargs, "hotwords"),
+        word_timestamps=bool(opt(kwargs, "word_timestamps")),
         hallucination_silence_threshold=None,
         condition_on_previous_text=False,
         clip_timestamps=chunks,
         prompt_reset_on_temperature=0.5,
-        multilingual=bool(kwargs.get("multilingual", False)) and multilingual_model,
-        without_timestamps=bool(kwargs.get("without_timestamps", False)),
+        multilingual=bool(opt(kwargs, "multilingual")) and multilingual_model,
+        without_timestamps=bool(opt(kwargs, "without_timestamps")),
         max_initial_timestamp=0.0,
     )
     initial = options.initial_prompt
@@ -181,7 +175,7 @@ def prepare(
     if options.word_timestamps:
         # Word alignment runs once per batch with one tokenizer: same language and task.
         key += (language, task)
-    ladder = _temperatures(kwargs)
+    ladder = temperatures(kwargs)
     fallback = dataclasses.replace(options, temperatures=ladder) if len(ladder) > 1 else None
     return PreparedJob(features, metadata, chunks, tokenizer, options, prompt, language,
                        float(probability), key, fallback)  # fmt: skip

@@ -1,5 +1,8 @@
 """The RunPod handlers: async, inference in threads, optional streaming and progress.
 
+A job arrives in either shape the queue takes (ours, or RunPod's OpenAI passthrough:
+``handler.faces.openai_api.run_any_job`` dispatches them).
+
 A sync handler would block the SDK's event loop (no job-take, no stop polls, no
 concurrency), so jobs run in a thread pool sized to the worker's concurrency. When the SDK
 cancels a job (``job-stop``) the asyncio task is cancelled; we set the job's cancel event
@@ -18,7 +21,8 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 from handler.contract import Segment
-from handler.job import Worker, run_job
+from handler.faces.openai_api import run_any_job
+from handler.job import Worker
 
 log = logging.getLogger(__name__)
 
@@ -34,8 +38,8 @@ def _progress_sender(job: dict[str, Any]) -> Callable[[float], None] | None:
     return lambda percent: progress_update(job, {"progress": percent})
 
 
-def _finish(worker: Worker, result: dict[str, Any]) -> dict[str, Any]:
-    if worker.refresh_wanted:
+def _finish(worker: Worker, result: Any) -> Any:
+    if worker.refresh_wanted and isinstance(result, dict):
         # The SDK pops this key and asks the platform for a fresh worker after this job.
         result["refresh_worker"] = True
     return result
@@ -48,7 +52,7 @@ def make_handlers(worker: Worker) -> tuple[Callable, Callable]:
     def submit(job: dict[str, Any], cancel: threading.Event, on_segment=None) -> asyncio.Future:
         return asyncio.get_running_loop().run_in_executor(
             executor,
-            lambda: run_job(
+            lambda: run_any_job(
                 job.get("input"),
                 worker,
                 job_id=str(job.get("id", "-")),
@@ -58,7 +62,7 @@ def make_handlers(worker: Worker) -> tuple[Callable, Callable]:
             ),
         )
 
-    async def handler(job: dict[str, Any]) -> dict[str, Any]:
+    async def handler(job: dict[str, Any]) -> Any:
         cancel = threading.Event()
         future = submit(job, cancel)
         try:
@@ -69,7 +73,7 @@ def make_handlers(worker: Worker) -> tuple[Callable, Callable]:
             raise
         return _finish(worker, result)
 
-    async def stream_handler(job: dict[str, Any]) -> AsyncIterator[dict[str, Any]]:
+    async def stream_handler(job: dict[str, Any]) -> AsyncIterator[Any]:
         cancel = threading.Event()
         loop = asyncio.get_running_loop()
         items: asyncio.Queue = asyncio.Queue()
@@ -94,7 +98,7 @@ def make_handlers(worker: Worker) -> tuple[Callable, Callable]:
         except (asyncio.CancelledError, GeneratorExit):
             cancel.set()
             raise
-        if "error" not in result:
+        if not (isinstance(result, dict) and "error" in result):
             yield result
         else:
             # The SDK keeps only str(error) of a streamed error: carry the code inside it.

@@ -11,7 +11,7 @@ floats per 10 ms, 115 MB per hour.
 frames are independent; only the final clamp to ``max - 8`` needs the whole file, and it
 is applied once at the end), so the transient is about 35 MB whatever the length. It is a
 subclass that defers to faster-whisper's own code below ``BLOCK_FRAMES`` frames, and is
-installed on every loaded model (``handler.models``). tests/test_features.py checks the
+installed on every loaded model (``handler.inference.models``). tests/test_features.py checks the
 output against faster-whisper's on real speech, and pins the private pieces used.
 """
 

@@ -1,7 +1,7 @@
 """Audio sources: untrusted base64, http(s) URLs and s3:// objects into a local file, bounded.
 
 base64 is decoded strictly (a lenient decoder turns a ``data:`` prefix or stray text into
-garbage audio); http(s) goes through :mod:`handler.netfetch` (SSRF guard, total deadline,
+garbage audio); http(s) goes through :mod:`handler.audio.netfetch` (SSRF guard, total deadline,
 byte cap); s3:// objects of allowlisted buckets only are signed by boto3 and fetched
 through the same netfetch, with the same cap and deadline. Every failure deletes the
 partial file and raises a WorkerError whose message shows the URL only through
@@ -18,8 +18,8 @@ import threading
 import time
 from urllib.parse import urlsplit
 
+from handler.audio.netfetch import blocked_reason, fetch_url, redact_url
 from handler.errors import Code, WorkerError
-from handler.netfetch import blocked_reason, fetch_url, redact_url
 from handler.settings import Settings, no_instance_metadata
 
 __all__ = [
@@ -121,7 +121,7 @@ def fetch_s3(
     """Download ``s3://bucket/key`` (allowlisted buckets only) into ``dest``, capped.
 
     boto3 signs a short-lived GET locally (no request, so no wait), and the object is
-    fetched through :func:`handler.netfetch.fetch_url`: the same total deadline (against a
+    fetched through :func:`handler.audio.netfetch.fetch_url`: the same total deadline (against a
     dripping or hanging endpoint too), cap and cancel as an http(s) source. The signed
     query never appears in a message or a log line.
     """

@@ -13,7 +13,7 @@ from decimal import ROUND_HALF_UP, Decimal
 from typing import Any
 
 from handler.contract import OUTPUT_FORMATS, SEGMENT_FIELDS, Segment
-from handler.cues import Layout, word_cues
+from handler.output.cues import Layout, word_cues
 
 FORMATS = OUTPUT_FORMATS
 
@@ -103,7 +103,7 @@ def _cues(
     """(start, end, text) per cue; empty cues dropped, end never before start.
 
     With a ``layout`` and words on every segment that has text, cues are built from the
-    words (handler.cues: line width, line count, seconds on screen); otherwise one cue per
+    words (handler.output.cues: line width, line count, seconds on screen); otherwise one cue per
     segment, on one line.
     """
     segments = list(segments)

@@ -1,6 +1,6 @@
 """Memory admission: a job starts transcribing only when the worker's memory budget has room.
 
-With the bounded features and VAD (handler/features.py) one job needs about 2.5 times its
+With the bounded features and VAD (handler/inference/features.py) one job needs about 2.5 times its
 16 kHz float32 PCM (the PCM, the speech gathered from it, the features) plus a fixed
 amount for the decoder, measured by ``python -m bench memory`` (bench/README.md). Jobs run
 several at a time, so several long files at once could still pass the memory a container

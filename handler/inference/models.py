@@ -20,10 +20,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from handler import threads
 from handler.errors import Code, WorkerError
-from handler.features import BoundedFeatureExtractor, install_bounded_vad
 from handler.guard import Guard, raise_if_cancelled
+from handler.inference import threads
+from handler.inference.features import BoundedFeatureExtractor, install_bounded_vad
 from handler.settings import Settings
 
 log = logging.getLogger(__name__)

@@ -6,10 +6,10 @@ worker with several teams (the loader thread's warm-up, one per job thread, onnx
 VAD) burns the very cores the decoder needs; on a shared 2-core machine that made
 ``python -m handler`` 3-4x slower than the same transcription in a fresh process. The
 policy is read once, when the OpenMP runtime starts (the first ``import ctranslate2``), so
-:func:`configure` must run before that: ``handler/__init__.py`` calls it when the package is
-first imported (``startup.prepare`` calling it was too late: ``handler.job`` had already
-imported CTranslate2, and the policy never took effect; tests/test_entry.py checks what
-libgomp read).
+:func:`configure` must run before that: ``handler/inference/__init__.py`` calls it when
+that package is first imported, before any module that imports CTranslate2
+(``startup.prepare`` calling it was too late: the policy never took effect;
+tests/test_entry.py checks what libgomp read).
 """
 
 from __future__ import annotations

@@ -38,10 +38,10 @@ from fastapi.responses import JSONResponse, PlainTextResponse, Response, Streami
 from starlette.datastructures import UploadFile
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from handler import openai_api
 from handler.contract import Segment
 from handler.errors import Code, WorkerError
-from handler.job import Worker, run_job, run_openai_job
+from handler.faces import openai_api
+from handler.job import Worker, run_job
 from handler.settings import Settings
 
 log = logging.getLogger(__name__)
@@ -201,7 +201,7 @@ def create_app(state: ServerState, *, health_path: str = "/ping") -> FastAPI:
             return _error(Code.INVALID_INPUT, "the body is not JSON")
         if not isinstance(job, dict) or "input" not in job:
             return _error(Code.INVALID_INPUT, 'a job is {"input": {...}}')
-        result = await _run_admitted(state, request, lambda cancel: run_openai_job(
+        result = await _run_admitted(state, request, lambda cancel: openai_api.run_any_job(
             job["input"], worker, job_id="http", cancel=cancel))  # fmt: skip
         if isinstance(result, Response):
             return result

@@ -30,9 +30,9 @@ from collections import deque
 from dataclasses import dataclass, field
 from typing import Any
 
-from handler import fw_batch
 from handler.errors import Code, WorkerError, is_oom
 from handler.guard import Guard, raise_if_cancelled
+from handler.inference import fw_batch
 
 log = logging.getLogger(__name__)
 

@@ -1,0 +1,104 @@
+"""A job's language, decided in one place.
+
+The deployment's default language (``WHISPER_LANGUAGE``) for a multilingual model, the
+deployment's allow-list (``WHISPER_LANGUAGES``: detection picks among these), the model's
+own list (a language it does not know is refused before any audio is fetched), and
+detection exactly as sequential decoding detects it, for the engine's batched windows.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+from faster_whisper.vad import get_speech_timestamps
+
+from handler.errors import Code, WorkerError
+from handler.inference.fw_batch import SAMPLE_RATE, WINDOW_S
+from handler.inference.models import LoadedModel
+from handler.inference.options import opt, vad_options
+
+
+def plan(
+    model: LoadedModel, kwargs: dict[str, Any], default: str | None, allow: list[str]
+) -> tuple[dict[str, Any], list[str] | None]:
+    """(kwargs with the deployment's default language, the languages detection may pick).
+
+    Raises WorkerError for a language the model does not know (UNSUPPORTED_FOR_MODEL on an
+    English-only model, INVALID_INPUT otherwise).
+    """
+    if default and "language" not in kwargs and model.multilingual:
+        kwargs = {**kwargs, "language": default}
+    lang = kwargs.get("language")
+    if lang is not None and lang not in model.languages:
+        raise WorkerError(
+            Code.INVALID_INPUT if model.multilingual else Code.UNSUPPORTED_FOR_MODEL,
+            f"language '{lang}' is not supported by model '{model.spec.name}'",
+        )
+    allowed = [x for x in allow if x in model.languages] or None
+    return kwargs, allowed
+
+
+def among(
+    model: Any, audio: np.ndarray, kwargs: dict[str, Any], allowed: list[str] | None
+) -> dict[str, Any]:
+    """``kwargs`` with the language detected among ``allowed`` when the job set none."""
+    if not allowed or "language" in kwargs or not model.model.is_multilingual:
+        return kwargs
+    return {**kwargs, "language": detect_among(model, audio, allowed, kwargs)}
+
+
+def detect_among(model: Any, audio: np.ndarray, allowed: list[str], kwargs: dict[str, Any]) -> str:
+    """The most probable of the ``allowed`` languages (faster-whisper's own detection)."""
+    _lang, _prob, probs = model.detect_language(
+        audio=audio,
+        vad_filter=bool(opt(kwargs, "vad_filter")),
+        language_detection_segments=opt(kwargs, "language_detection_segments"),
+        language_detection_threshold=opt(kwargs, "language_detection_threshold"),
+    )
+    ranked = [lang for lang, _p in probs if lang in allowed]
+    return ranked[0] if ranked else allowed[0]
+
+
+# Speech that language detection reads beyond its segments' 30 s each: the features'
+# normalisation (log-mel clamped at the input's maximum - 8) sees this much more.
+DETECTION_MARGIN_S = 30
+
+
+def as_sequential(
+    instance: Any, audio: np.ndarray, kwargs: dict[str, Any]
+) -> tuple[str, float] | None:
+    """The language sequential decoding would detect for this job, or None (no speech).
+
+    Sequential decoding gathers the speech with the job's VAD options (2-s pauses by
+    default) and ``WhisperModel.transcribe`` detects on the features of that speech; the
+    engine's windows come from the batched pipeline's VAD (160-ms pauses) and are padded
+    one by one, and on clips of a second or two that flipped the language (an Italian
+    "amici" heard as Portuguese, "telephone number" as Malayalam: the accuracy bench's
+    short group, 34.8 % WER through the engine against 32.6 % sequential). Same VAD, same
+    features, same call here. Only the first ``language_detection_segments`` x 30 s of
+    speech (plus a margin) are read, so a long file costs no second copy of itself; within
+    that the result is exactly the sequential one (tests/test_engine.py).
+    """
+    segments = int(opt(kwargs, "language_detection_segments") or 1)
+    limit = (segments * WINDOW_S + DETECTION_MARGIN_S) * SAMPLE_RATE
+    if kwargs.get("vad_filter", True):  # the job's kwargs always say (handler.schema)
+        parts, n = [], 0
+        for span in get_speech_timestamps(audio, vad_options(kwargs)):
+            take = min(span["end"] - span["start"], limit - n)
+            parts.append(audio[span["start"] : span["start"] + take])
+            n += take
+            if n >= limit:
+                break
+        if not parts:
+            return None
+        speech = np.concatenate(parts)
+    else:
+        speech = audio[:limit]
+    features = instance.feature_extractor(speech, chunk_length=kwargs.get("chunk_length"))
+    language, probability, _ = instance.detect_language(
+        features=features,
+        language_detection_segments=segments,
+        language_detection_threshold=opt(kwargs, "language_detection_threshold"),
+    )
+    return language, float(probability)

@@ -1,0 +1,235 @@
+"""Run faster-whisper on decoded audio and consume the whole segment generator.
+
+``WhisperModel.transcribe`` returns a lazy generator: nothing is decoded until it is
+iterated, so the caller times this function, not the call that builds the generator.
+Segments are turned into plain dicts here (the only module besides models.py that touches
+faster-whisper types), checked for cancellation one by one, and handed to an optional
+callback for streaming and progress.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from handler.contract import Segment, Word
+from handler.errors import Code, WorkerError, is_oom
+from handler.guard import raise_if_cancelled
+from handler.inference import fw_batch, language
+from handler.inference.checks import budget_guard
+from handler.inference.engine import Engine, EngineJob
+from handler.inference.models import LoadedModel, guarded_calls
+from handler.inference.options import vad_options
+
+log = logging.getLogger(__name__)
+
+SegmentCallback = Callable[[Segment], None]
+
+
+@dataclass
+class Transcript:
+    segments: list[Segment]
+    language: str
+    language_probability: float
+    seconds: float
+    warnings: list[str] = field(default_factory=list)
+    batch_wait: float | None = None
+    """Engine only: seconds this job's windows waited for a batch, summed."""
+    batch_sizes: list[int] | None = None
+    """Engine only: the size of each batch this job's windows rode in."""
+
+
+def segment_dict(seg: Any) -> Segment:
+    words: list[Word] | None = None
+    if seg.words is not None:
+        words = [
+            {"start": w.start, "end": w.end, "word": w.word, "probability": w.probability}
+            for w in seg.words
+        ]
+    return {
+        "id": seg.id,
+        "seek": seg.seek,
+        "start": seg.start,
+        "end": seg.end,
+        "text": seg.text,
+        "tokens": list(seg.tokens),
+        "temperature": seg.temperature,
+        "avg_logprob": seg.avg_logprob,
+        "compression_ratio": seg.compression_ratio,
+        "no_speech_prob": seg.no_speech_prob,
+        "words": words,
+    }
+
+
+# Options the batched pipeline accepts but ignores, or reads in another format.
+NOT_BATCHABLE = frozenset(
+    {
+        "clip_timestamps",
+        "condition_on_previous_text",
+        "prompt_reset_on_temperature",
+        "hallucination_silence_threshold",
+        # Sequential decoding puts a prefix on the first window only; batched would put
+        # it on every window.
+        "prefix",
+    }
+)
+
+
+def batch_blocker(kwargs: dict[str, Any], audio_seconds: float) -> str | None:
+    """Why this job cannot use the batched pipeline, or None."""
+    given = sorted(NOT_BATCHABLE & kwargs.keys())
+    if given:
+        return f"option(s) {', '.join(given)} need sequential decoding"
+    return None
+
+
+def run(
+    instance: Any,
+    audio: np.ndarray,
+    kwargs: dict[str, Any],
+    *,
+    cancel: threading.Event | None = None,
+    on_segment: SegmentCallback | None = None,
+    languages: list[str] | None = None,
+    budget_s: float | None = None,
+    consume_audio: bool = False,
+) -> Transcript:
+    """Transcribe ``audio`` (float32, 16 kHz mono) and return every segment.
+
+    ``languages``: detect only among these (when the job set no language). ``budget_s``:
+    seconds this job may spend in the model (COMPUTE_BUDGET_EXCEEDED past it).
+    ``consume_audio``: the caller is done with ``audio``; the speech the VAD keeps is
+    gathered inside it instead of into a second copy (overwriting it).
+    """
+    with guarded_calls(budget_guard(cancel, budget_s)):
+        return _run_sequential(
+            instance, audio, kwargs, cancel, on_segment, languages, consume_audio
+        )
+
+
+def _run_sequential(
+    instance: Any,
+    audio: np.ndarray,
+    kwargs: dict[str, Any],
+    cancel: threading.Event | None,
+    on_segment: SegmentCallback | None,
+    languages: list[str] | None,
+    consume_audio: bool = False,
+) -> Transcript:
+    start = time.perf_counter()
+    kwargs = language.among(instance, audio, kwargs, languages)
+    try:
+        generator, info = _transcribe_sequential(instance, audio, kwargs, consume_audio)
+        segments = []
+        for seg in generator:
+            item = segment_dict(seg)
+            segments.append(item)
+            if on_segment is not None:
+                on_segment(item)
+            if cancel is not None and cancel.is_set():
+                generator.close()
+                raise_if_cancelled(cancel)
+    except WorkerError:
+        raise
+    except RuntimeError as exc:
+        if is_oom(exc):
+            raise WorkerError(
+                Code.GPU_OOM, "the GPU ran out of memory; the job can be retried"
+            ) from None
+        raise
+    return Transcript(
+        segments=segments,
+        language=info.language,
+        language_probability=float(info.language_probability),
+        seconds=time.perf_counter() - start,
+    )
+
+
+def _transcribe_sequential(
+    instance: Any, audio: np.ndarray, kwargs: dict[str, Any], consume: bool = False
+):
+    """``WhisperModel.transcribe``, with its VAD step done here in bounded memory.
+
+    With ``vad_filter`` faster-whisper gathers the speech with ``collect_chunks``, which
+    grows one array by ``np.concatenate`` per speech span (quadratic time, and two copies
+    at once: on hours of audio, gigabytes and minutes). The same spans are found with the
+    same VAD call and copied once into one array; transcribing that with the VAD off and
+    mapping the times back (faster-whisper's own ``restore_speech_timestamps``) is what
+    ``transcribe`` does itself, so the text is the same (tests/test_features.py). With
+    ``consume`` the spans are moved to the front of ``audio`` itself (each span moves left,
+    never over one still to come), so no second copy of the speech exists at all.
+    """
+    if not kwargs.get("vad_filter") or kwargs.get("clip_timestamps", "0") != "0":
+        return instance.transcribe(audio, **kwargs)
+    from faster_whisper.transcribe import restore_speech_timestamps
+    from faster_whisper.vad import get_speech_timestamps
+
+    spans = get_speech_timestamps(audio, vad_options(kwargs))
+    total = sum(s["end"] - s["start"] for s in spans)
+    in_place = consume and audio.dtype == np.float32 and audio.flags.writeable
+    speech = audio if in_place else np.empty(total, dtype=np.float32)
+    at = 0
+    for span in spans:
+        n = span["end"] - span["start"]
+        if not (in_place and at == span["start"]):
+            speech[at : at + n] = audio[span["start"] : span["end"]]  # overlap-safe in numpy
+        at += n
+    speech = speech[:total]
+    rest = {k: v for k, v in kwargs.items() if k not in ("vad_filter", "vad_parameters")}
+    generator, info = instance.transcribe(speech, vad_filter=False, **rest)
+    if spans:
+        generator = restore_speech_timestamps(generator, spans, fw_batch.SAMPLE_RATE)
+    return generator, info
+
+
+def run_engine(
+    engine: Engine,
+    model: LoadedModel,
+    audio: np.ndarray,
+    kwargs: dict[str, Any],
+    *,
+    batch_size: int,
+    cancel: threading.Event | None = None,
+    on_segment: SegmentCallback | None = None,
+    languages: list[str] | None = None,
+    budget_s: float | None = None,
+) -> Transcript:
+    """Transcribe through the engine: windows prepared here, decoded in shared batches."""
+    start = time.perf_counter()
+    instance, scheduler = engine.scheduler_for(model.instances)
+    kwargs = language.among(instance, audio, kwargs, languages)
+    detected = None
+    if kwargs.get("language") is None and instance.model.is_multilingual:
+        detected = language.as_sequential(instance, audio, kwargs)
+    prepared = fw_batch.prepare(instance, audio, kwargs, detected)
+    raise_if_cancelled(cancel)
+    job = EngineJob(prepared, batch_size, cancel, guard=budget_guard(cancel, budget_s))
+    scheduler.submit(job)
+
+    def windows() -> Any:
+        for index in range(len(prepared.features)):
+            yield scheduler.result(job, index)
+
+    segments: list[Segment] = []
+    try:
+        for seg in fw_batch.to_segments(windows(), prepared):
+            item = segment_dict(seg)
+            segments.append(item)
+            if on_segment is not None:
+                on_segment(item)
+    finally:
+        scheduler.drop(job)
+    return Transcript(
+        segments=segments,
+        language=prepared.language,
+        language_probability=prepared.language_probability,
+        seconds=time.perf_counter() - start,
+        batch_wait=sum(job.waits),
+        batch_sizes=list(job.batch_sizes),
+    )
