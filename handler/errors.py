@@ -72,4 +72,12 @@ class WorkerError(Exception):
         self.retryable = self.code in RETRYABLE if retryable is None else retryable
 
     def to_result(self) -> dict:
-        return {"error": self.message, "error_code": self.code.value, "retryable": self.retryable}
+        """The error result. ``message`` repeats ``error`` because the platform moves
+        ``error`` out of the job's output: without it the runpod SDK's ``run_sync`` and
+        ``Job.output()`` hand their callers the code and no sentence."""
+        return {
+            "error": self.message,
+            "error_code": self.code.value,
+            "retryable": self.retryable,
+            "message": self.message,
+        }

@@ -185,7 +185,9 @@ def _plan(job: JobInput, worker: Worker) -> tuple[LoadedModel, dict[str, Any], l
     settings = worker.settings
     model = worker.pool.get(job.model)
     kwargs = job.transcribe_kwargs(vad_default=settings.vad_default)
-    kwargs, languages = language.plan(model, kwargs, settings.language, settings.languages)
+    kwargs, languages = language.plan(
+        model, kwargs, settings.language, settings.languages, job.languages
+    )
     checks.check_request(model, kwargs)
     return model, kwargs, languages
 
@@ -380,6 +382,7 @@ def _legacy_keys(job: JobInput, segments: list[Segment], language: str) -> dict[
         "transcription": _legacy_format(job.transcription or "plain_text", segments, job.layout),
         "detected_language": language or None,
         "segments": formats.segments_public(segments, include_words=False),
+        "translation": None,  # that worker always sends the key
     }
     if job.translate:
         # One translate pass: its text is the translation (the official worker ran two).

@@ -63,6 +63,27 @@ LEGACY_KEYS = frozenset(
 )
 
 
+# Every input key of the official worker (runpod-workers/worker-faster_whisper's schema).
+OFFICIAL_KEYS = LEGACY_KEYS | frozenset(
+    {
+        "audio_base64",
+        "model",
+        "language",
+        "temperature",
+        "best_of",
+        "beam_size",
+        "patience",
+        "length_penalty",
+        "suppress_tokens",
+        "initial_prompt",
+        "condition_on_previous_text",
+        "compression_ratio_threshold",
+        "no_speech_threshold",
+        "word_timestamps",
+    }
+)
+
+
 class VadParameters(BaseModel):
     """faster_whisper.vad.VadOptions, checked field by field."""
 
@@ -93,6 +114,11 @@ class JobInput(BaseModel):
     output: list[OutputFormat] = Field(default_factory=lambda: list(DEFAULT_OUTPUT), min_length=1)
     batch_size: int | None = Field(None, ge=1, le=128)
     """> 1 runs faster-whisper's BatchedInferencePipeline. Unset: the worker's default."""
+    languages: (
+        list[Annotated[str, Field(min_length=2, max_length=8, pattern=r"^[a-zA-Z_-]+$")]] | None
+    ) = Field(None, min_length=1, max_length=100)
+    """Languages detection may pick among when ``language`` is unset (OpenAI's
+    ``languages[]``); within the deployment's own WHISPER_LANGUAGES when that is set."""
 
     # --- faster-whisper options (names as in WhisperModel.transcribe) ---------------------
     language: str | None = Field(None, min_length=2, max_length=8, pattern=r"^[a-zA-Z_-]+$")
@@ -228,8 +254,12 @@ class JobInput(BaseModel):
 
     @property
     def legacy(self) -> bool:
-        """True for a job in the official worker's shape: it also gets that worker's keys."""
-        return bool(LEGACY_KEYS & self._given)
+        """True for a job in the official worker's shape: it also gets that worker's keys.
+
+        That is a job with a key only that worker uses, or one whose keys are all keys that
+        worker knows (``{"audio_base64": ...}`` alone is a job its clients send)."""
+        sent = self._raw_keys
+        return bool(LEGACY_KEYS & self._given) or bool(sent) and sent <= OFFICIAL_KEYS
 
     @property
     def _given(self) -> set[str]:
@@ -299,6 +329,7 @@ DECODING_OPTIONS: frozenset[str] = frozenset(
         "model",
         "output",
         "batch_size",
+        "languages",
         "transcription",
         "translate",
         "translation",

@@ -11,7 +11,7 @@ import os
 from collections.abc import Mapping, MutableMapping
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic import BaseModel, ConfigDict, Field, SecretStr, ValidationError, field_validator
 
 PREFIX = "WHISPER_"
 
@@ -151,6 +151,10 @@ class Settings(BaseModel):
     http_max_queue: int = Field(16, ge=0, le=10_000)
     """HTTP mode: requests that may wait for a free slot beyond the max_concurrency running;
     past it a request gets 429 with Retry-After at once."""
+    api_key: SecretStr | None = Field(None, min_length=16, max_length=512)
+    """HTTP mode: when set, every route but the health routes needs `Authorization: Bearer
+    <key>` (at least 16 characters; compared in constant time; never logged). Unset: open,
+    as on RunPod, whose platform authenticates callers itself."""
     max_upload_bytes: int = Field(30_000_000, ge=1)
     """HTTP mode: largest request body (bytes). 30 MB is what RunPod's load balancer lets
     through, above OpenAI's own 25 MB upload limit; larger files go by audio_url."""

@@ -5,6 +5,7 @@ disconnects). The model is the real tiny.en; slow sources are a real local HTTP 
 
 from __future__ import annotations
 
+import json
 import os
 import socket
 import subprocess
@@ -289,6 +290,163 @@ def test_burst_beyond_the_queue_gets_429_and_a_disconnect_frees_its_slot(
     assert "client disconnected" in server.logs()
 
 
+# --- what real clients hit (issue 20) ------------------------------------------------------
+
+
+def metric(srv: Server, name: str, headers: dict[str, str] | None = None) -> float:
+    """A sample's value from /metrics (0 when the series does not exist yet)."""
+    text = requests.get(srv.url + "/metrics", headers=headers, timeout=30).text
+    for line in text.splitlines():
+        if line.split(" ")[0] == name:
+            return float(line.rsplit(" ", 1)[1])
+    return 0.0
+
+
+def test_usage_in_json_verbose_json_and_the_streams_done_event(server: Server) -> None:
+    client = server.client()
+    with open(JFK, "rb") as f:
+        res = client.audio.transcriptions.create(model="whisper-1", file=f)
+    assert res.usage is not None and res.usage.type == "duration"
+    assert res.usage.seconds == pytest.approx(11.0, abs=0.1)
+    with open(JFK, "rb") as f:
+        verbose = client.audio.transcriptions.create(model="whisper-1", file=f,
+                                                     response_format="verbose_json")  # fmt: skip
+    assert verbose.usage is not None and verbose.usage.seconds == pytest.approx(11.0, abs=0.1)
+    with open(JFK, "rb") as f:
+        events = list(client.audio.transcriptions.create(model="whisper-1", file=f, stream=True))
+    usage = events[-1].usage  # the SDK types it as token usage; the server sends duration
+    assert usage is not None and usage.type == "duration"
+    assert usage.model_dump(exclude_none=True) == {
+        "type": "duration",
+        "seconds": pytest.approx(11.0, abs=0.1),
+    }
+
+
+def test_litellm_prices_a_transcription_from_the_usage(server: Server, monkeypatch) -> None:
+    """Issue 20: LiteLLM reported a cost of $0 without usage. Its cost map is its own
+    bundled copy (LITELLM_LOCAL_MODEL_COST_MAP: no fetch from GitHub)."""
+    monkeypatch.setenv("LITELLM_LOCAL_MODEL_COST_MAP", "True")
+    import litellm
+
+    with open(JFK, "rb") as f:
+        res = litellm.transcription(model="openai/whisper-1", file=f, api_base=server.url + "/v1",
+                                    api_key="unused")  # fmt: skip
+    assert wer(res.text, JFK_TEXT) < 0.15
+    assert res._hidden_params.get("response_cost", 0) > 0
+
+
+def test_granularities_as_repeated_plain_fields_and_openais_newer_fields(server: Server) -> None:
+    # What requests and httpx send for a list: the same plain field twice (was 400).
+    resp = requests.post(
+        server.url + "/v1/audio/transcriptions",
+        files={"file": ("jfk.wav", JFK.read_bytes())},
+        data=[("model", "whisper-1"), ("response_format", "verbose_json"),
+              ("timestamp_granularities", "word"), ("timestamp_granularities", "segment")],
+        timeout=120,
+    )  # fmt: skip
+    assert resp.status_code == 200, resp.text
+    body = TranscriptionVerbose.model_validate(resp.json())
+    assert body.words and body.segments
+    with open(JFK, "rb") as f:
+        res = server.client().audio.transcriptions.create(
+            model="gpt-transcribe", file=f,
+            chunking_strategy={"type": "server_vad", "threshold": 0.5, "prefix_padding_ms": 300,
+                               "silence_duration_ms": 500},
+            extra_body={"keywords": ["Americans"], "languages": ["en"]},
+        )  # fmt: skip
+    assert wer(res.text, JFK_TEXT) < 0.15
+    with open(JFK, "rb") as f, pytest.raises(openai.BadRequestError) as info:
+        server.client().audio.transcriptions.create(model="whisper-1", file=f,
+                                                    include=["logprobs"])  # fmt: skip
+    assert "logprobs" in info.value.message
+
+
+def test_unknown_routes_and_the_realtime_route_answer_in_openais_shape(server: Server) -> None:
+    from websockets.sync.client import connect
+
+    resp = requests.get(server.url + "/v1/nothing-here", timeout=30)
+    assert resp.status_code == 404
+    assert resp.json()["error"]["code"] == "not_found", resp.text
+    resp = requests.get(server.url + "/v1/audio/transcriptions", timeout=30)
+    assert resp.status_code == 405 and resp.json()["error"]["type"] == "invalid_request_error"
+    ws_url = server.url.replace("http", "ws") + "/v1/realtime?intent=transcription"
+    with connect(ws_url, open_timeout=30) as ws:
+        event = json.loads(ws.recv(timeout=30))
+    assert event["type"] == "error" and event["error"]["code"] == "unsupported"
+
+
+def test_metrics_count_requests_jobs_and_audio(server: Server) -> None:
+    before = metric(server, 'whisper_jobs_total{outcome="ok"}')
+    audio = metric(server, "whisper_audio_seconds_total")
+    with open(JFK, "rb") as f:
+        server.client().audio.transcriptions.create(model="whisper-1", file=f)
+    text = requests.get(server.url + "/metrics", timeout=30).text
+    assert metric(server, 'whisper_jobs_total{outcome="ok"}') == before + 1
+    assert metric(server, "whisper_audio_seconds_total") == pytest.approx(audio + 11.0, abs=0.1)
+    assert 'whisper_http_requests_total{route="/v1/audio/transcriptions",status="200"}' in text
+    assert "whisper_realtime_factor_count" in text and "whisper_model_load_seconds" in text
+    assert "whisper_jobs_running 0.0" in text
+
+
+API_KEY = "k" * 8 + "-test-key-0123"
+
+
+@pytest.fixture(scope="module")
+def keyed() -> Iterator[Server]:
+    """One slot, one waiting place, and an API key."""
+    srv = Server({"WHISPER_MAX_CONCURRENCY": "1", "WHISPER_HTTP_MAX_QUEUE": "1",
+                  "WHISPER_API_KEY": API_KEY, "WHISPER_WARMUP": "false"})  # fmt: skip
+    yield srv
+    srv.stop()
+
+
+AUTH = {"Authorization": f"Bearer {API_KEY}"}
+
+
+def test_the_api_key_closes_every_route_but_health(keyed: Server) -> None:
+    from websockets.exceptions import InvalidStatus
+    from websockets.sync.client import connect
+
+    with open(JFK, "rb") as f, pytest.raises(openai.AuthenticationError) as info:
+        keyed.client().audio.transcriptions.create(model="whisper-1", file=f)
+    assert info.value.body["code"] == "invalid_api_key"
+    for path in ("/metrics", "/v1/models", "/v1/nothing"):
+        assert requests.get(keyed.url + path, timeout=30).status_code == 401, path
+    assert requests.get(keyed.url + "/ping", timeout=30).status_code == 200
+    assert requests.get(keyed.url + "/ready", timeout=30).status_code == 200
+    ws_url = keyed.url.replace("http", "ws") + "/v1/realtime"
+    with pytest.raises(InvalidStatus) as refused:
+        connect(ws_url, open_timeout=30)
+    assert refused.value.response.status_code == 401
+    good = openai.OpenAI(base_url=keyed.url + "/v1", api_key=API_KEY, max_retries=0)
+    with open(JFK, "rb") as f:
+        assert wer(good.audio.transcriptions.create(model="whisper-1", file=f).text,
+                   JFK_TEXT) < 0.15  # fmt: skip
+    assert API_KEY not in keyed.logs()
+
+
+def test_an_abandoned_stream_cancels_its_job(keyed: Server) -> None:
+    """Issue 20: a client that closed a stream left its job running to the end, holding
+    the only slot; the slot was also counted free at once."""
+    from bench.corpus import long_clip
+
+    cancelled = metric(keyed, 'whisper_jobs_total{outcome="CANCELLED"}', AUTH)
+    wav = long_clip(150).wav_bytes()
+    with requests.post(
+        keyed.url + "/v1/audio/transcriptions", headers=AUTH, stream=True, timeout=120,
+        files={"file": ("long.wav", wav)},
+        data={"model": "whisper-1", "stream": "true", "batch_size": "1"},
+    ) as resp:  # fmt: skip
+        assert resp.status_code == 200
+        first = next(line for line in resp.iter_lines() if line.startswith(b"data: "))
+        assert b"transcript.text.delta" in first
+    # The connection is closed: the job stops at its next segment and frees the slot.
+    wait_for(lambda: metric(keyed, 'whisper_jobs_total{outcome="CANCELLED"}', AUTH) > cancelled,
+             90, "the abandoned stream's job to be cancelled")  # fmt: skip
+    assert metric(keyed, "whisper_jobs_running", AUTH) == 0
+    assert "request abandoned" in keyed.logs()
+
+
 # --- the pure mapping and the queue passthrough -----------------------------------------
 
 
@@ -305,17 +463,49 @@ def test_fold_form_reads_lists_objects_and_json() -> None:
     }
     with pytest.raises(WorkerError):
         openai_api.fold_form([("a", "1"), ("a", "2")])
+    # What requests and httpx send for a list: the plain field repeated (issue 20).
+    plain = openai_api.fold_form(
+        [
+            ("timestamp_granularities", "word"),
+            ("timestamp_granularities", "segment"),
+            ("keywords", "Kennedy"),
+        ]
+    )
+    assert plain == {"timestamp_granularities": ["word", "segment"], "keywords": ["Kennedy"]}
     with pytest.raises(WorkerError):
         openai_api.fold_form([(f"f{i}", "1") for i in range(openai_api.MAX_FIELDS + 1)])
 
 
 def test_build_request_refuses_what_whisper_cannot_do() -> None:
-    for fields in ({"response_format": "xml"}, {"chunking_strategy": "auto"},
-                   {"timestamp_granularities": ["word"]}, {"stream": "maybe"}):  # fmt: skip
+    for fields in ({"response_format": "xml"}, {"chunking_strategy": "semantic"},
+                   {"include": ["logprobs"]}, {"timestamp_granularities": ["word"]},
+                   {"stream": "maybe"}, {"keywords": [""]},
+                   {"chunking_strategy": {"type": "server_vad", "eagerness": "low"}}):  # fmt: skip
         with pytest.raises(WorkerError) as info:
             openai_api.build_request("/v1/audio/transcriptions", fields, loaded_models=["tiny.en"],
                                      has_file=True)  # fmt: skip
         assert info.value.code is Code.INVALID_INPUT
+
+
+def test_openais_newer_fields_map_onto_the_job() -> None:
+    req = openai_api.build_request(
+        "/v1/audio/transcriptions",
+        {"model": "gpt-transcribe", "keywords": ["Kennedy", "Americans"], "languages": ["en"],
+         "chunking_strategy": {"type": "server_vad", "threshold": "0.4",
+                               "prefix_padding_ms": "300", "silence_duration_ms": "500"}},
+        loaded_models=["tiny.en"], has_file=True,
+    )  # fmt: skip
+    assert "model" not in req.job_input  # every gpt-*transcribe* name is the default model
+    assert req.job_input["hotwords"] == "Kennedy, Americans"
+    assert req.job_input["languages"] == ["en"]
+    assert req.job_input["vad_filter"] is True
+    assert req.job_input["vad_parameters"] == {
+        "threshold": "0.4", "speech_pad_ms": "300", "min_silence_duration_ms": "500"}  # fmt: skip
+    auto = openai_api.build_request("/v1/audio/transcriptions", {"chunking_strategy": "auto"},
+                                    loaded_models=["tiny.en"], has_file=True)  # fmt: skip
+    assert auto.job_input["vad_filter"] is True
+    assert openai_api.is_openai_model("gpt-4o-mini-transcribe")
+    assert not openai_api.is_openai_model("tiny")
 
 
 def test_every_error_code_has_an_http_status() -> None:

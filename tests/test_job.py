@@ -261,7 +261,7 @@ def test_bad_input_codes_through_the_pipeline(worker, no_leaks, job, code):
     result = run_job(job, worker)
     assert result["error_code"] == code, result
     assert isinstance(result["error"], str) and "Traceback" not in result["error"]
-    assert set(result) == {"error", "error_code", "retryable"}
+    assert set(result) == {"error", "error_code", "retryable", "message"}
 
 
 def test_inline_cap(tiny_pool):

@@ -211,6 +211,7 @@ def _in_image(*argv: str, stdin: str | None = None) -> subprocess.CompletedProce
     blocked = [
         "whisper_client", "runpod_emulator", "bench", "tests", "builder",
         "pytest", "moto", "srt", "webvtt", "matplotlib", "openai", "hypothesis", "jiwer",
+        "litellm",
     ]  # fmt: skip
     return subprocess.run(
         [sys.executable, "-c", BLOCKER, json.dumps(blocked), *argv],

@@ -322,3 +322,22 @@ def test_openai_passthrough_job_through_runsync(shared):
         em.submit({"openai_route": "/v1/chat/completions", "openai_input": {}}), JOB_S
     )
     assert bad["status"] == "FAILED" and bad["output"]["error_code"] == "INVALID_INPUT", bad
+
+
+def test_the_runpod_sdks_endpoint_gets_the_error_sentence(shared, monkeypatch):
+    """Issue 20: Endpoint.run_sync returned only {"error_code", "retryable"} for a failed
+    job: the platform moves "error" out of the output. The sentence is under "message"."""
+    import runpod
+
+    em, _wid, _ = shared
+    monkeypatch.setattr(runpod, "api_key", em.api_key)
+    monkeypatch.setattr(runpod, "endpoint_url_base", em.base_url)
+    endpoint = runpod.Endpoint(em.config.endpoint_id)
+    out = endpoint.run_sync({"audio_url": "ftp://example.com/a.wav"}, timeout=120)
+    assert out["error_code"] == "URL_NOT_ALLOWED" and out["retryable"] is False, out
+    assert "http" in out["message"] and "Traceback" not in out["message"], out
+    good = endpoint.run_sync({"audio_base64": b64(DATA / "jfk.mp3")}, timeout=120)
+    assert wer(JFK_TEXT, good["text"]) <= 0.05
+    # A job in the official worker's shape gets that worker's keys, translation included.
+    assert good["transcription"] and good["detected_language"] == "en", good
+    assert "translation" in good and good["translation"] is None

@@ -33,14 +33,17 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
 
-from fastapi import FastAPI, Request
+from fastapi import FastAPI, Request, WebSocket
 from fastapi.responses import JSONResponse, PlainTextResponse, Response, StreamingResponse
 from starlette.datastructures import UploadFile
+from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from handler.contract import Segment
 from handler.errors import Code, WorkerError
 from handler.faces import openai_api
+from handler.faces.auth import ApiKey
+from handler.faces.metrics import Metrics, RequestMetrics
 from handler.job import Worker, run_job
 from handler.settings import Settings
 
@@ -107,8 +110,11 @@ class ServerState:
     settings: Settings
     worker: Worker | None = None
     admitted: int = 0
+    """Requests holding a place: running or waiting for a slot (the 429 accounting)."""
+    running: int = 0
     executor: ThreadPoolExecutor = field(init=False)
     slots: asyncio.Semaphore | None = None
+    metrics: Metrics = field(default_factory=Metrics)
 
     def __post_init__(self) -> None:
         self.executor = ThreadPoolExecutor(
@@ -131,7 +137,12 @@ def create_app(state: ServerState, *, health_path: str = "/ping") -> FastAPI:
         log.error("request failed with an unexpected %s", type(exc).__name__, exc_info=exc)
         return _error(Code.INTERNAL, "internal error while processing the request")
 
+    @app.exception_handler(StarletteHTTPException)
+    async def _http(request: Request, exc: StarletteHTTPException) -> JSONResponse:
+        return _not_routed(request, exc.status_code)
+
     add_health_route(app, state, health_path)
+    add_service_routes(app, state)
 
     @app.get("/v1/models")
     async def models() -> JSONResponse:
@@ -213,6 +224,52 @@ def create_app(state: ServerState, *, health_path: str = "/ping") -> FastAPI:
     return app
 
 
+NOT_ROUTED = {404: "not_found", 405: "method_not_allowed"}
+
+
+def _not_routed(request: Request, status: int) -> JSONResponse:
+    """OpenAI's error body for a path or method this server does not serve."""
+    what = "unknown route" if status == 404 else f"method {request.method} not allowed on"
+    body = {
+        "error": {
+            "message": f"{what} {request.url.path}; see /v1/models and /v1/audio/transcriptions",
+            "type": "invalid_request_error",
+            "param": None,
+            "code": NOT_ROUTED.get(status, "invalid_request"),
+        }
+    }
+    return JSONResponse(body, status_code=status)
+
+
+REALTIME_UNSERVED = {
+    "type": "error",
+    "error": {
+        "type": "invalid_request_error",
+        "code": "unsupported",
+        "message": "live audio over /v1/realtime is not served by this version; send files "
+        "to /v1/audio/transcriptions (stream=true streams the text as it is decoded)",
+        "param": None,
+    },
+}
+
+
+def add_service_routes(app: FastAPI, state: ServerState) -> None:
+    """``/metrics`` and the realtime route's answer (not a bare 403 that reads like auth)."""
+
+    @app.get("/metrics")
+    async def metrics() -> Response:
+        m = state.metrics
+        m.running.set(state.running)
+        m.waiting.set(max(0, state.admitted - state.running))
+        return Response(m.render(), media_type=m.content_type)
+
+    @app.websocket("/v1/realtime")
+    async def realtime(ws: WebSocket) -> None:
+        await ws.accept()
+        await ws.send_json(REALTIME_UNSERVED)
+        await ws.close(code=1003)  # unsupported data: this server takes no live audio yet
+
+
 def add_health_route(app: FastAPI, state: ServerState, path: str) -> None:
     @app.get(path)
     async def ping() -> Response:
@@ -246,7 +303,9 @@ async def _run_admitted(
 ) -> Any:
     """Run ``job(cancel)`` in a thread once a slot is free; 429 when the queue is full.
 
-    A client that disconnects meanwhile sets the job's cancel event.
+    A client that disconnects meanwhile sets the job's cancel event, and so does the
+    cancellation of this coroutine (an abandoned stream): the slot stays held until the job
+    has left the model, so the admission count never undercounts what runs.
     """
     if state.admitted >= state.capacity:
         return _queue_full(state)
@@ -257,17 +316,46 @@ async def _run_admitted(
         async with state.slots:
             if await request.is_disconnected():
                 return Response(status_code=499)
-            loop = asyncio.get_running_loop()
-            future = loop.run_in_executor(state.executor, job, cancel)
-            while True:
-                done, _ = await asyncio.wait({future}, timeout=POLL_DISCONNECT_S)
-                if done:
-                    return future.result()
-                if not cancel.is_set() and await request.is_disconnected():
-                    log.info("client disconnected: cancelling its job")
-                    cancel.set()
+            future = asyncio.get_running_loop().run_in_executor(state.executor, job, cancel)
+            state.running += 1
+            try:
+                result = await _watch(future, request, cancel)
+            except asyncio.CancelledError:
+                log.info("request abandoned: cancelling its job")
+                cancel.set()
+                state.metrics.job_done(await _settle(future))
+                raise
+            finally:
+                state.running -= 1
+            state.metrics.job_done(result)
+            return result
     finally:
         state.admitted -= 1
+
+
+async def _watch(future: asyncio.Future, request: Request, cancel: threading.Event) -> Any:
+    """The job's result; sets ``cancel`` when the client disconnects meanwhile."""
+    while True:
+        done, _ = await asyncio.wait({future}, timeout=POLL_DISCONNECT_S)
+        if done:
+            return future.result()
+        if not cancel.is_set() and await request.is_disconnected():
+            log.info("client disconnected: cancelling its job")
+            cancel.set()
+
+
+async def _settle(future: asyncio.Future) -> Any:
+    """Wait for a cancelled job's thread to stop (its next cancel check); its result."""
+    while not future.done():
+        try:
+            await asyncio.shield(future)
+        except asyncio.CancelledError:
+            continue  # cancelled again while waiting: the thread still holds the slot
+        except Exception:
+            break
+    if future.cancelled() or future.exception() is not None:
+        return None
+    return future.result()
 
 
 async def _stream(
@@ -313,7 +401,7 @@ async def _stream(
                         _, body = openai_api.error_body(result)
                         yield f"data: {json.dumps(body)}\n\n"
                     else:
-                        done = {"type": "transcript.text.done", "text": result["text"]}
+                        done = openai_api.done_event(result)
                         yield f"data: {json.dumps(done)}\n\n"
                     return
                 delta = {"type": "transcript.text.delta", "delta": item}
@@ -323,6 +411,18 @@ async def _stream(
                 task.cancel()
 
     return StreamingResponse(events(), media_type="text/event-stream")
+
+
+def build_asgi(state: ServerState, health_path: str = "/ping") -> ASGIApp:
+    """The routes inside their guards: the API key (when set) outermost but for the health
+    routes, then the body cap; every request counted by route and status."""
+    app = create_app(state, health_path=health_path)
+    inner: ASGIApp = BodyLimit(app, state.settings.max_upload_bytes)
+    key = state.settings.api_key
+    if key is not None:
+        inner = ApiKey(inner, key.get_secret_value(), open_paths={health_path, "/ready"})
+    routes = {getattr(r, "path", "") for r in app.routes}
+    return RequestMetrics(inner, state.metrics, lambda: routes)
 
 
 # --- start-up ---------------------------------------------------------------------------
@@ -352,7 +452,7 @@ def serve(argv: list[str] | None = None) -> int:
     health_port = int(os.environ.get("PORT_HEALTH") or port)
     health_path = os.environ.get("HEALTH_CHECK_PATH") or "/ping"
     host = os.environ.get("HOST") or "0.0.0.0"
-    app = BodyLimit(create_app(state, health_path=health_path), plan.settings.max_upload_bytes)
+    app = build_asgi(state, health_path)
     servers = [uvicorn.Server(uvicorn.Config(app, host=host, port=port, log_config=None,
                                              access_log=False, lifespan="off"))]  # fmt: skip
     if health_port != port:
@@ -372,6 +472,7 @@ def serve(argv: list[str] | None = None) -> int:
                 s.should_exit = True
             return
         state.worker = Worker(settings=plan.settings, pool=pool)
+        state.metrics.load.set(times.model_load + times.warmup)
         times.ready = time.perf_counter()
         times.log()
         log.info("serving on port %d (health %s on %d)", port, health_path, health_port)

@@ -4,17 +4,25 @@ Pure functions, shared by the HTTP server (``handler.faces.http_server``: multip
 and the queue worker (RunPod's OpenAI passthrough job, ``{"openai_route": ...,
 "openai_input": {...}}``), so both faces validate, limit and answer alike.
 
-What differs from OpenAI's API, and why:
+What differs from OpenAI's API, and why (docs/openai.md lists every field):
 
-- ``model``: OpenAI's names (``whisper-1``, ``gpt-4o-transcribe``, ...) mean this worker's
-  default model; any other name must be one the worker loaded.
-- ``response_format=json`` answers ``{"text"}`` as OpenAI does, plus nothing else;
-  ``verbose_json`` adds our segment fields (tokens, avg_logprob, ...) as whisper-1 does.
+- ``model``: every OpenAI transcription model name (``whisper-1``, ``gpt-4o-transcribe``,
+  ``gpt-4o-mini-transcribe``, ``gpt-transcribe``, ...: ``whisper-1`` or any ``gpt-*``
+  name with ``transcribe`` in it) means this worker's default model; any other name must
+  be one the worker loaded.
+- ``response_format=json`` answers ``{"text", "usage"}`` as OpenAI does; ``verbose_json``
+  adds our segment fields (tokens, avg_logprob, ...) as whisper-1 does. ``usage`` is
+  ``{"type": "duration", "seconds": ...}``: the seconds of audio decoded.
+- ``chunking_strategy`` maps to the VAD (``auto``: the default VAD; ``server_vad``: its
+  ``threshold``, ``prefix_padding_ms`` as the speech padding, ``silence_duration_ms`` as the
+  least silence between speech), ``keywords[]`` to ``hotwords``, ``languages[]`` to the
+  languages detection may pick among.
 - Fields OpenAI does not have (``vad_filter``, ``beam_size``, ``hotwords``, ``audio_url``,
   ...: what the OpenAI SDK sends through ``extra_body``) are our job options, validated by
   the same schema as a queue job.
-- ``chunking_strategy``, ``include[]`` and ``known_speaker_*`` (gpt-4o and diarization
-  models) are refused with INVALID_INPUT rather than silently ignored.
+- ``include[]=logprobs`` is refused (the decoder keeps one log-probability per segment,
+  not per token), as are ``known_speaker_*`` (diarization), with INVALID_INPUT rather than
+  silently ignored.
 """
 
 from __future__ import annotations
@@ -31,6 +39,8 @@ RESPONSE_FORMATS = ("json", "text", "srt", "vtt", "verbose_json")
 OPENAI_MODEL_NAMES = frozenset(
     {"whisper-1", "gpt-4o-transcribe", "gpt-4o-mini-transcribe", "gpt-4o-transcribe-diarize"}
 )
+"""OpenAI's transcription models when this was written; :func:`is_openai_model` takes
+every later ``gpt-*transcribe*`` name the same way."""
 # OpenAI's own request fields; every other field is one of our job options.
 OPENAI_FIELDS = frozenset(
     {
@@ -42,11 +52,19 @@ OPENAI_FIELDS = frozenset(
         "temperature",
         "timestamp_granularities",
         "stream",
+        "chunking_strategy",
+        "keywords",
+        "languages",
     }
 )
-REFUSED_FIELDS = frozenset(
-    {"chunking_strategy", "include", "known_speaker_names", "known_speaker_references"}
-)
+REFUSED_FIELDS = frozenset({"include", "known_speaker_names", "known_speaker_references"})
+LIST_FIELDS = frozenset(
+    {"timestamp_granularities", "include", "keywords", "languages", "known_speaker_names",
+     "known_speaker_references"}
+)  # fmt: skip
+"""OpenAI's list fields: sent as ``name[]`` by the SDKs, as the same plain field repeated by
+``requests`` and ``httpx`` (both fold into one list)."""
+MAX_LIST_ITEMS = 100
 GRANULARITIES = ("segment", "word")
 MAX_FIELDS = 200
 """Form fields in one request: far more than every option, far less than a flood."""
@@ -66,11 +84,14 @@ def fold_form(items: Iterable[tuple[str, str]]) -> dict[str, Any]:
     for n, (key, value) in enumerate(items):
         if n >= MAX_FIELDS:
             raise _bad(f"too many form fields (more than {MAX_FIELDS})")
-        if key.endswith("[]"):
-            out.setdefault(key[:-2], [])
-            if not isinstance(out[key[:-2]], list):
-                raise _bad(f"field {key[:-2]!r} given both as a list and a value")
-            out[key[:-2]].append(value)
+        list_key = key[:-2] if key.endswith("[]") else key if key in LIST_FIELDS else None
+        if list_key is not None:
+            out.setdefault(list_key, [])
+            if not isinstance(out[list_key], list):
+                raise _bad(f"field {list_key!r} given both as a list and a value")
+            if len(out[list_key]) >= MAX_LIST_ITEMS:
+                raise _bad(f"{list_key}: at most {MAX_LIST_ITEMS} items")
+            out[list_key].append(value)
         elif "[" in key and key.endswith("]"):
             name, _, sub = key[:-1].partition("[")
             target = out.setdefault(name, {})
@@ -102,13 +123,19 @@ def _bool(name: str, value: Any) -> bool:
     raise _bad(f"{name}: must be true or false")
 
 
+def is_openai_model(name: str) -> bool:
+    """Whether ``name`` is one of OpenAI's transcription models (now or later)."""
+    n = name.lower()
+    return n in OPENAI_MODEL_NAMES or (n.startswith("gpt-") and "transcribe" in n)
+
+
 def resolve_model(name: Any, loaded: list[str]) -> str | None:
     """Our model for OpenAI's ``model`` field: None (the default) for OpenAI's names."""
     if name is None or name == "":
         return None
     if not isinstance(name, str):
         raise _bad("model: must be a string")
-    if name in OPENAI_MODEL_NAMES:
+    if name not in loaded and is_openai_model(name):
         return None
     if name not in loaded:
         raise _bad(
@@ -141,6 +168,11 @@ def build_request(
     if task is None:
         raise _bad(f"unknown route {route!r}; use one of {', '.join(ROUTES)}")
     refused = sorted(REFUSED_FIELDS & fields.keys())
+    if refused == ["include"]:
+        raise _bad(
+            "include[]=logprobs is not served: the Whisper decoder here keeps one "
+            "log-probability per segment (verbose_json's avg_logprob), not one per token"
+        )
     if refused:
         raise _bad(f"not supported by Whisper models: {', '.join(refused)}")
     fmt = fields.get("response_format") or "json"
@@ -174,6 +206,15 @@ def build_request(
         job["initial_prompt"] = fields["prompt"]
     if fields.get("temperature") not in (None, ""):
         job["temperature"] = fields["temperature"]
+    job.update(_chunking(fields.get("chunking_strategy")))
+    keywords = _strings("keywords", fields.get("keywords"))
+    if keywords:
+        if "hotwords" in job:
+            raise _bad("give either keywords[] or hotwords, not both")
+        job["hotwords"] = ", ".join(keywords)
+    languages = _strings("languages", fields.get("languages"))
+    if languages:
+        job["languages"] = languages
     want_words = fmt == "verbose_json" and "word" in granularities
     if want_words:
         job["word_timestamps"] = True
@@ -230,11 +271,42 @@ def run_any_job(raw_input: Any, worker: Worker, **options: Any) -> Any:
     return body
 
 
+SERVER_VAD_FIELDS = {"threshold": "threshold", "prefix_padding_ms": "speech_pad_ms",
+                     "silence_duration_ms": "min_silence_duration_ms"}  # fmt: skip
+
+
+def _chunking(value: Any) -> dict[str, Any]:
+    """OpenAI's ``chunking_strategy`` as our VAD options."""
+    if value in (None, "", "auto"):
+        return {"vad_filter": True} if value == "auto" else {}
+    if not isinstance(value, dict) or value.get("type") != "server_vad":
+        raise _bad('chunking_strategy: "auto" or {"type": "server_vad", ...}')
+    extra = set(value) - set(SERVER_VAD_FIELDS) - {"type"}
+    if extra:
+        raise _bad(f"chunking_strategy: unknown field(s) {sorted(extra)}")
+    params = {ours: value[theirs] for theirs, ours in SERVER_VAD_FIELDS.items() if theirs in value}
+    return {"vad_filter": True, "vad_parameters": params}
+
+
+def _strings(name: str, value: Any) -> list[str]:
+    if value in (None, "", []):
+        return []
+    items = value if isinstance(value, list) else [value]
+    if not all(isinstance(v, str) and v.strip() for v in items):
+        raise _bad(f"{name}[]: a list of non-empty strings")
+    return [v.strip() for v in items]
+
+
+def usage(output: Mapping[str, Any]) -> dict[str, Any]:
+    """OpenAI's duration usage: what LiteLLM and the SDKs read to price a request."""
+    return {"type": "duration", "seconds": float(output.get("duration") or 0.0)}
+
+
 def response_body(req: OpenAIRequest, output: Mapping[str, Any]) -> tuple[Any, str]:
     """(body, media type) of OpenAI's response for a finished job's output."""
     fmt = req.response_format
     if fmt == "json":
-        return {"text": output["text"]}, "application/json"
+        return {"text": output["text"], "usage": usage(output)}, "application/json"
     if fmt == "text":
         return output["text"] + "\n", "text/plain; charset=utf-8"
     if fmt == "srt":
@@ -244,6 +316,7 @@ def response_body(req: OpenAIRequest, output: Mapping[str, Any]) -> tuple[Any, s
     body = dict(output["verbose_json"])
     if "segment" not in req.granularities:
         body.pop("segments", None)
+    body["usage"] = usage(output)
     return body, "application/json"
 
 
@@ -296,11 +369,9 @@ def error_body(error: Mapping[str, Any]) -> tuple[int, dict[str, Any]]:
     }
 
 
-def stream_events(text_deltas: Iterable[str], final_text: str) -> Iterable[dict[str, Any]]:
-    """OpenAI's streamed transcription events: deltas, then one done event."""
-    for delta in text_deltas:
-        yield {"type": "transcript.text.delta", "delta": delta}
-    yield {"type": "transcript.text.done", "text": final_text}
+def done_event(output: Mapping[str, Any]) -> dict[str, Any]:
+    """The stream's last event: the whole text and the usage."""
+    return {"type": "transcript.text.done", "text": output["text"], "usage": usage(output)}
 
 
 __all__ = [
@@ -312,5 +383,6 @@ __all__ = [
     "error_body",
     "fold_form",
     "response_body",
-    "stream_events",
+    "done_event",
+    "usage",
 ]

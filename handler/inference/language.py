@@ -20,13 +20,33 @@ from handler.inference.options import opt, vad_options
 
 
 def plan(
-    model: LoadedModel, kwargs: dict[str, Any], default: str | None, allow: list[str]
+    model: LoadedModel,
+    kwargs: dict[str, Any],
+    default: str | None,
+    allow: list[str],
+    job_allow: list[str] | None = None,
 ) -> tuple[dict[str, Any], list[str] | None]:
     """(kwargs with the deployment's default language, the languages detection may pick).
 
-    Raises WorkerError for a language the model does not know (UNSUPPORTED_FOR_MODEL on an
-    English-only model, INVALID_INPUT otherwise).
+    ``allow``: the deployment's list; ``job_allow``: the job's own (OpenAI's
+    ``languages[]``), which narrows the deployment's and cannot widen it. Raises
+    WorkerError for a language the model does not know (UNSUPPORTED_FOR_MODEL on an
+    English-only model, INVALID_INPUT otherwise), or a job list that leaves none.
     """
+    if job_allow:
+        unknown = sorted(set(job_allow) - set(model.languages))
+        if unknown and model.multilingual:
+            raise WorkerError(
+                Code.INVALID_INPUT,
+                f"languages: {', '.join(unknown)} not supported by model '{model.spec.name}'",
+            )
+        narrowed = [x for x in job_allow if not allow or x in allow]
+        if not narrowed:
+            raise WorkerError(
+                Code.INVALID_INPUT,
+                f"languages: none of them is allowed here (WHISPER_LANGUAGES: {', '.join(allow)})",
+            )
+        allow = narrowed
     if default and "language" not in kwargs and model.multilingual:
         kwargs = {**kwargs, "language": default}
     lang = kwargs.get("language")

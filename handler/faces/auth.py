@@ -1,0 +1,83 @@
+"""An optional API key for the HTTP face (``WHISPER_API_KEY``), as vLLM's ``--api-key`` and
+speaches' ``API_KEY`` work.
+
+On RunPod the platform authenticates callers, but on Kubernetes, Cloud Run or a laptop the
+server is open to whoever reaches its port. With a key set, every route but the health
+routes needs ``Authorization: Bearer <key>`` (what the OpenAI SDKs send), compared in
+constant time; a WebSocket may instead offer the key as the subprotocol
+``openai-insecure-api-key.<key>``, which is how OpenAI's browser clients send it (a browser
+cannot set headers on a WebSocket). A refusal is OpenAI's 401 body; on a WebSocket, that
+401 when the server can send an HTTP answer to the handshake, else a close with 1008
+(policy violation). The key itself is never logged.
+"""
+
+from __future__ import annotations
+
+import hmac
+import json
+import logging
+
+from starlette.types import ASGIApp, Receive, Scope, Send
+
+log = logging.getLogger(__name__)
+
+SUBPROTOCOL_PREFIX = "openai-insecure-api-key."
+UNAUTHORIZED = {
+    "error": {
+        "message": "Incorrect or missing API key: send Authorization: Bearer <key>.",
+        "type": "invalid_request_error",
+        "param": None,
+        "code": "invalid_api_key",
+    }
+}
+
+
+def presented_keys(scope: Scope) -> list[bytes]:
+    """The keys a request offers: the bearer token, and on a WebSocket the subprotocol."""
+    keys = []
+    for name, value in scope.get("headers") or []:
+        if name == b"authorization" and value[:7].lower() == b"bearer ":
+            keys.append(value[7:].strip())
+    if scope["type"] == "websocket":
+        for proto in scope.get("subprotocols") or []:
+            if proto.startswith(SUBPROTOCOL_PREFIX):
+                keys.append(proto[len(SUBPROTOCOL_PREFIX) :].encode())
+    return keys
+
+
+class ApiKey:
+    """ASGI middleware: refuse every request without the key, but those to ``open_paths``."""
+
+    def __init__(self, app: ASGIApp, key: str, open_paths: set[str]) -> None:
+        self.app = app
+        self.key = key.encode()
+        self.open_paths = open_paths
+
+    def allowed(self, scope: Scope) -> bool:
+        # Every offered key is compared (constant time each), so timing says nothing.
+        ok = False
+        for offered in presented_keys(scope):
+            ok |= hmac.compare_digest(offered, self.key)
+        return ok
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] not in ("http", "websocket") or scope["path"] in self.open_paths:
+            await self.app(scope, receive, send)
+            return
+        if self.allowed(scope):
+            await self.app(scope, receive, send)
+            return
+        log.info("refused a request without a valid API key (%s)", scope["type"])
+        body = json.dumps(UNAUTHORIZED).encode()
+        headers = [(b"content-type", b"application/json"), (b"www-authenticate", b"Bearer")]
+        if scope["type"] == "http":
+            await send({"type": "http.response.start", "status": 401, "headers": headers})
+            await send({"type": "http.response.body", "body": body})
+            return
+        await receive()  # websocket.connect
+        if "websocket.http.response" in (scope.get("extensions") or {}):
+            await send({"type": "websocket.http.response.start", "status": 401,
+                        "headers": headers})  # fmt: skip
+            await send({"type": "websocket.http.response.body", "body": body})
+        else:
+            await send({"type": "websocket.close", "code": 1008, "reason": "invalid API key"})
