@@ -163,7 +163,17 @@ def test_official_worker_shape_keeps_its_output_keys(worker):
         "start",
         "end",
     }
-    assert "translation" not in result
+    assert "translation" in result and result["translation"] is None  # that worker sends it
+
+
+def test_a_job_with_only_the_official_workers_fields_gets_its_keys(worker):
+    """Issue 20: {"audio_base64": ...} alone is a job the official worker's clients send;
+    it got no transcription or detected_language. A field of ours makes it our shape."""
+    result = run_job({"audio_base64": b64(DATA / "jfk.wav"), "language": "en"}, worker)
+    assert result["transcription"] == result["text"] and result["detected_language"] == "en"
+    assert result["translation"] is None
+    ours = run_job({"audio_base64": b64(DATA / "jfk.wav"), "output": ["text"]}, worker)
+    assert not {"transcription", "detected_language", "translation"} & set(ours)
 
 
 def test_every_decoding_option_is_a_faster_whisper_parameter():
@@ -236,6 +246,7 @@ def test_unexpected_exception_is_internal_without_traceback(worker, monkeypatch,
         "error": "internal error while processing the job",
         "error_code": "INTERNAL",
         "retryable": True,
+        "message": "internal error while processing the job",
     }
     assert "ZeroDivisionError" in caplog.text  # the log has the traceback
 
