@@ -21,13 +21,12 @@ from pathlib import Path
 from typing import Any
 
 from handler.job import Worker
-from handler.startup import STARTUP_ERRORS, configure_logging, start_worker
+from handler.startup import STARTUP_ERRORS, Loader
 
 
 def _load(args: argparse.Namespace) -> Worker:
-    configure_logging("DEBUG" if args.verbose else "WARNING")
     try:
-        return start_worker()
+        return Loader(log_level="DEBUG" if args.verbose else "WARNING").wait()
     except STARTUP_ERRORS as exc:
         print(f"whisper-worker: {exc}", file=sys.stderr)
         sys.exit(1)
@@ -159,7 +158,7 @@ def cmd_job(args: argparse.Namespace) -> int:
 def cmd_serve(args: argparse.Namespace) -> int:
     import os
 
-    from handler.faces.http_server import serve
+    from handler.serve import serve
 
     if args.port is not None:
         os.environ["PORT"] = str(args.port)

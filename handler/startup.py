@@ -8,9 +8,10 @@ from __future__ import annotations
 
 import json
 import logging
-import os
 import sys
+import threading
 import time
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
@@ -34,8 +35,9 @@ STARTUP_LOG_TAG = "startup"
 LOG_FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"
 
 
-def configure_logging(level: str | None = None) -> None:
-    level = (level or os.environ.get("WHISPER_LOG_LEVEL") or "INFO").upper()
+def configure_logging(level: str = "INFO") -> None:
+    """The worker's log format on stderr at ``level`` (Settings.log_level for the worker)."""
+    level = level.upper()
     root = logging.getLogger()
     for h in list(root.handlers):
         root.removeHandler(h)
@@ -162,13 +164,76 @@ def load_models(plan: Plan, times: StartupTimes) -> ModelPool:
     return pool
 
 
-def start_worker(settings: Settings | None = None, times: StartupTimes | None = None) -> Worker:
-    """Sequential start-up (the CLI, the HTTP server, the model-tier tests).
+class Loader:
+    """Start-up, written once for every entry point: the queue worker, HTTP mode, the CLI.
 
-    The same prepare + load_models that ``python -m handler`` runs (there the load
-    overlaps ``import runpod``). Raises SettingsError or ModelLoadError.
+    ``Loader(settings)`` reads the settings (when not given), configures logging at
+    ``Settings.log_level`` and does every import the load needs, in the calling thread
+    (:func:`prepare`); ``start()`` loads and warms the models in a thread, so the caller's
+    own slow work (``import runpod``, starting the HTTP server) overlaps it; ``wait()``
+    joins it and returns the Worker or raises the load's error. Both raise what
+    STARTUP_ERRORS names, whose message is the one line printed before exiting 1.
     """
-    times = times or StartupTimes()
+
+    def __init__(self, settings: Settings | None = None, *, log_level: str | None = None) -> None:
+        self.times = StartupTimes()
+        if settings is None:
+            settings = load_settings()
+        configure_logging(log_level or settings.log_level)
+        self.plan = prepare(self.times, settings)
+        self.worker: Worker | None = None
+        self.error: str | None = None
+        self._thread: threading.Thread | None = None
+
+    @property
+    def settings(self) -> Settings:
+        return self.plan.settings
+
+    def start(
+        self,
+        on_ready: Callable[[Worker], None] | None = None,
+        on_error: Callable[[str], None] | None = None,
+    ) -> Loader:
+        """Load in a thread; then ``on_ready(worker)`` or ``on_error(message)`` there."""
+
+        def load() -> None:
+            try:
+                pool = load_models(self.plan, self.times)
+            except STARTUP_ERRORS as exc:
+                self.error = str(exc)
+                if on_error is not None:
+                    on_error(self.error)
+                return
+            self.worker = Worker(settings=self.plan.settings, pool=pool)
+            if on_ready is not None:
+                on_ready(self.worker)
+
+        self._thread = threading.Thread(target=load, name="model-load", daemon=True)
+        self._thread.start()
+        return self
+
+    def wait(self) -> Worker:
+        """The loaded Worker (ModelLoadError if the load failed); logs the start-up line."""
+        if self._thread is None:
+            self.start()
+        assert self._thread is not None
+        self._thread.join()
+        if self.worker is None:
+            raise ModelLoadError(self.error or "the model load did not finish")
+        self.ready()
+        return self.worker
+
+    def ready(self) -> None:
+        self.times.ready = time.perf_counter()
+        self.times.log()
+
+
+def start_worker(settings: Settings | None = None) -> Worker:
+    """Sequential start-up (the CLI, the benches, the model-tier tests): load, then return.
+
+    Logging is left as the caller set it. Raises SettingsError or ModelLoadError.
+    """
+    times = StartupTimes()
     plan = prepare(times, settings)
     return Worker(settings=plan.settings, pool=load_models(plan, times))
 

@@ -37,7 +37,7 @@ RUNPOD_OK = {
     "handler/faces/result_posts.py",
 }
 ROOMS = ("faces", "audio", "inference", "output")
-TOP = {"handler/__main__.py", "handler/cli.py", "handler/startup.py"}
+TOP = {"handler/__main__.py", "handler/cli.py", "handler/startup.py", "handler/serve.py"}
 """The entry points: the only modules that may import a face."""
 GROUND = {"handler/settings.py", "handler/schema.py", "handler/errors.py",
           "handler/guard.py", "handler/contract.py"}  # fmt: skip

@@ -24,10 +24,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
-import os
-import sys
 import threading
-import time
 from collections.abc import AsyncIterator, Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
@@ -423,72 +420,3 @@ def build_asgi(state: ServerState, health_path: str = "/ping") -> ASGIApp:
         inner = ApiKey(inner, key.get_secret_value(), open_paths={health_path, "/ready"})
     routes = {getattr(r, "path", "") for r in app.routes}
     return RequestMetrics(inner, state.metrics, lambda: routes)
-
-
-# --- start-up ---------------------------------------------------------------------------
-
-
-def serve(argv: list[str] | None = None) -> int:
-    """Start the server at once (health answers 204), load the model, then serve."""
-    from handler.startup import (
-        STARTUP_ERRORS,
-        StartupTimes,
-        configure_logging,
-        load_models,
-        prepare,
-    )
-
-    times = StartupTimes()
-    configure_logging()
-    try:
-        plan = prepare(times)
-    except STARTUP_ERRORS as exc:
-        print(f"whisper-worker: {exc}", file=sys.stderr)
-        return 1
-    import uvicorn  # in this thread, before the loader starts (the loader imports nothing)
-
-    state = ServerState(plan.settings)
-    port = int(os.environ.get("PORT") or 80)
-    health_port = int(os.environ.get("PORT_HEALTH") or port)
-    health_path = os.environ.get("HEALTH_CHECK_PATH") or "/ping"
-    host = os.environ.get("HOST") or "0.0.0.0"
-    app = build_asgi(state, health_path)
-    servers = [uvicorn.Server(uvicorn.Config(app, host=host, port=port, log_config=None,
-                                             access_log=False, lifespan="off"))]  # fmt: skip
-    if health_port != port:
-        health = FastAPI(docs_url=None, redoc_url=None)
-        add_health_route(health, state, health_path)
-        servers.append(uvicorn.Server(uvicorn.Config(
-            health, host=host, port=health_port, log_config=None, access_log=False,
-            lifespan="off")))  # fmt: skip
-    failure: list[str] = []
-
-    def load() -> None:
-        try:
-            pool = load_models(plan, times)
-        except STARTUP_ERRORS as exc:
-            failure.append(str(exc))
-            for s in servers:
-                s.should_exit = True
-            return
-        state.worker = Worker(settings=plan.settings, pool=pool)
-        state.metrics.load.set(times.model_load + times.warmup)
-        times.ready = time.perf_counter()
-        times.log()
-        log.info("serving on port %d (health %s on %d)", port, health_path, health_port)
-
-    async def main() -> None:
-        state.slots = asyncio.Semaphore(plan.settings.concurrency)
-        tasks = [asyncio.ensure_future(s.serve()) for s in servers]
-        # Load once the health route answers (204 meanwhile), so a load balancer sees the
-        # worker as starting rather than unreachable.
-        while not all(s.started for s in servers) and not any(t.done() for t in tasks):
-            await asyncio.sleep(0.01)
-        threading.Thread(target=load, name="model-load", daemon=True).start()
-        await asyncio.gather(*tasks)
-
-    asyncio.run(main())
-    if failure:
-        print(f"whisper-worker: {failure[0]}", file=sys.stderr)
-        return 1
-    return 0
