@@ -83,6 +83,38 @@ def redact_url(url: str) -> str:
 # --------------------------------------------------------------------------- address policy
 
 
+def _ipv4_inside(addr: ipaddress.IPv6Address) -> list[ipaddress.IPv4Address]:
+    """The IPv4 addresses an IPv6 form carries: a relay or gateway on the way dials them."""
+    inside: list[ipaddress.IPv4Address] = []
+    if addr.ipv4_mapped is not None:
+        inside.append(addr.ipv4_mapped)  # ::ffff:a.b.c.d is only an envelope
+    elif addr in _NAT64:  # so is 64:ff9b::a.b.c.d (a NAT64 gateway dials a.b.c.d)
+        inside.append(ipaddress.IPv4Address(int(addr) & 0xFFFFFFFF))
+    if addr.sixtofour is not None:  # 2002:AABB:CCDD::/48 (6to4)
+        inside.append(addr.sixtofour)
+    if addr.teredo is not None:  # 2001:0::/32 (Teredo: server and obfuscated client)
+        inside.extend(addr.teredo)
+    if int(addr) >> 32 == 0 and int(addr) > 1:  # ::a.b.c.d (IPv4-compatible, deprecated)
+        inside.append(ipaddress.IPv4Address(int(addr) & 0xFFFFFFFF))
+    return inside
+
+
+def _reason(a: ipaddress.IPv4Address | ipaddress.IPv6Address, allow_private: bool) -> str | None:
+    if a.is_multicast:
+        return "multicast"
+    if a.is_unspecified or any(a in net for net in _ALWAYS_BLOCKED):
+        return "reserved"
+    if a.is_link_local:
+        return "link-local (cloud metadata)"
+    if a.is_loopback:
+        return None if allow_private else "loopback"
+    if a.is_reserved:
+        return "reserved"
+    if not (a.is_global and a not in _CGNAT) and not allow_private:
+        return "private"
+    return None
+
+
 def blocked_reason(ip: str, allow_private: bool = False) -> str | None:
     """Why ``ip`` may not be dialled (a short label), or None when it may."""
     try:
@@ -91,33 +123,13 @@ def blocked_reason(ip: str, allow_private: bool = False) -> str | None:
         return "unparseable address"
     candidates: list[ipaddress.IPv4Address | ipaddress.IPv6Address] = [addr]
     if isinstance(addr, ipaddress.IPv6Address):
-        # Every IPv6 form that carries an IPv4 address is judged by that address too: a
-        # relay or gateway on the way dials the IPv4 host.
-        if addr.ipv4_mapped is not None:
-            candidates = [addr.ipv4_mapped]  # ::ffff:a.b.c.d is only an envelope
-        elif addr in _NAT64:  # so is 64:ff9b::a.b.c.d (a NAT64 gateway dials a.b.c.d)
-            candidates = [ipaddress.IPv4Address(int(addr) & 0xFFFFFFFF)]
-        if addr.sixtofour is not None:  # 2002:AABB:CCDD::/48 (6to4)
-            candidates.append(addr.sixtofour)
-        if addr.teredo is not None:  # 2001:0::/32 (Teredo: server and obfuscated client)
-            candidates.extend(addr.teredo)
-        if int(addr) >> 32 == 0 and int(addr) > 1:  # ::a.b.c.d (IPv4-compatible, deprecated)
-            candidates.append(ipaddress.IPv4Address(int(addr) & 0xFFFFFFFF))
+        inside = _ipv4_inside(addr)
+        # A mapped or NAT64 address is judged by its IPv4 alone; the others by both.
+        envelope = addr.ipv4_mapped is not None or addr in _NAT64
+        candidates = [*([] if envelope else [addr]), *inside]
     for a in candidates:
-        if a.is_multicast:
-            return "multicast"
-        if a.is_unspecified or any(a in net for net in _ALWAYS_BLOCKED):
-            return "reserved"
-        if a.is_link_local:
-            return "link-local (cloud metadata)"
-        if a.is_loopback:
-            if not allow_private:
-                return "loopback"
-            continue
-        if a.is_reserved:
-            return "reserved"
-        if not (a.is_global and a not in _CGNAT) and not allow_private:
-            return "private"
+        if (why := _reason(a, allow_private)) is not None:
+            return why
     return None
 
 

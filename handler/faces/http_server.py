@@ -124,6 +124,7 @@ class ServerState:
 
 
 def create_app(state: ServerState, *, health_path: str = "/ping") -> FastAPI:
+    """The routes: health, service (metrics, realtime), models, OpenAI's audio, our jobs."""
     app = FastAPI(title="whisper-worker", docs_url=None, redoc_url=None)
     app.add_exception_handler(
         BodyTooLarge, lambda _r, _e: _too_large(state.settings.max_upload_bytes)
@@ -140,85 +141,105 @@ def create_app(state: ServerState, *, health_path: str = "/ping") -> FastAPI:
 
     add_health_route(app, state, health_path)
     add_service_routes(app, state)
+    add_job_routes(app, state)
+    return app
+
+
+def add_job_routes(app: FastAPI, state: ServerState) -> None:
+    """``/v1/models``, OpenAI's audio routes and ``/v1/jobs``."""
 
     @app.get("/v1/models")
-    async def models() -> JSONResponse:
-        worker = _ready_worker(state)
-        if isinstance(worker, Response):
-            return worker  # type: ignore[return-value]
-        names = worker.pool.names
-        data = [{"id": n, "object": "model", "created": 0, "owned_by": "whisper-worker"}
-                for n in ["whisper-1", *names]]  # fmt: skip
-        return JSONResponse({"object": "list", "data": data})
-
-    async def audio_route(request: Request) -> Response:
+    async def models() -> Response:
         worker = _ready_worker(state)
         if isinstance(worker, Response):
             return worker
-        try:
-            form = await request.form(max_files=1, max_fields=openai_api.MAX_FIELDS)
-        except BodyTooLarge:
-            raise
-        except Exception as exc:  # python-multipart's and Starlette's parse errors
-            log.info("unreadable form: %s", type(exc).__name__)
-            return _error(Code.INVALID_INPUT, "the body is not a valid multipart form")
-        upload = form.get("file")
-        items = [(k, v) for k, v in form.multi_items() if k != "file" and isinstance(v, str)]
-        try:
-            fields = openai_api.fold_form(items)
-            req = openai_api.build_request(
-                request.url.path,
-                fields,
-                loaded_models=worker.pool.names,
-                has_file=isinstance(upload, UploadFile),
-            )
-        except WorkerError as exc:
-            return _error_response(exc.to_result())
-        audio: bytes | None = None
-        if isinstance(upload, UploadFile):
-            audio = await upload.read()
-            await upload.close()
-        elif not any(k in req.job_input for k in ("audio_url", "audio_base64", "audio")):
-            return _error(Code.INVALID_INPUT, "file: a file upload (or audio_url) is required")
-        if req.stream:
-            return await _stream(state, worker, request, req, audio)
-        result = await _run_admitted(state, request, lambda cancel: run_job(
-            req.job_input, worker, job_id="http", cancel=cancel, audio=audio))  # fmt: skip
-        if isinstance(result, Response):
-            return result
-        if "error" in result:
-            return _error_response(result)
-        body, media = openai_api.response_body(req, result)
-        if isinstance(body, str):
-            return PlainTextResponse(body, media_type=media)
-        return JSONResponse(body)
+        data = [{"id": n, "object": "model", "created": 0, "owned_by": "whisper-worker"}
+                for n in ["whisper-1", *worker.pool.names]]  # fmt: skip
+        return JSONResponse({"object": "list", "data": data})
+
+    async def audio_route(request: Request) -> Response:
+        return await _audio(state, request)
 
     for route in openai_api.ROUTES:
         app.add_api_route(route, audio_route, methods=["POST"])
 
     @app.post("/v1/jobs")
     async def native(request: Request) -> Response:
-        worker = _ready_worker(state)
-        if isinstance(worker, Response):
-            return worker
-        try:
-            job = json.loads(await request.body())
-        except BodyTooLarge:
-            raise
-        except ValueError:
-            return _error(Code.INVALID_INPUT, "the body is not JSON")
-        if not isinstance(job, dict) or "input" not in job:
-            return _error(Code.INVALID_INPUT, 'a job is {"input": {...}}')
-        result = await _run_admitted(state, request, lambda cancel: openai_api.run_any_job(
-            job["input"], worker, job_id="http", cancel=cancel))  # fmt: skip
-        if isinstance(result, Response):
-            return result
-        if isinstance(result, dict) and "error" in result:
-            status, _ = openai_api.error_body(result)
-            return JSONResponse(result, status_code=status)
-        return JSONResponse({"output": result})
+        return await _native(state, request)
 
-    return app
+
+async def _audio_request(
+    request: Request, worker: Worker
+) -> tuple[openai_api.OpenAIRequest, bytes | None] | Response:
+    """The multipart form as a request and its upload, or the error answer."""
+    try:
+        form = await request.form(max_files=1, max_fields=openai_api.MAX_FIELDS)
+    except BodyTooLarge:
+        raise
+    except Exception as exc:  # python-multipart's and Starlette's parse errors
+        log.info("unreadable form: %s", type(exc).__name__)
+        return _error(Code.INVALID_INPUT, "the body is not a valid multipart form")
+    upload = form.get("file")
+    items = [(k, v) for k, v in form.multi_items() if k != "file" and isinstance(v, str)]
+    try:
+        fields = openai_api.fold_form(items)
+        req = openai_api.build_request(request.url.path, fields, loaded_models=worker.pool.names,
+                                       has_file=isinstance(upload, UploadFile))  # fmt: skip
+    except WorkerError as exc:
+        return _error_response(exc.to_result())
+    audio: bytes | None = None
+    if isinstance(upload, UploadFile):
+        audio = await upload.read()
+        await upload.close()
+    elif not any(k in req.job_input for k in ("audio_url", "audio_base64", "audio")):
+        return _error(Code.INVALID_INPUT, "file: a file upload (or audio_url) is required")
+    return req, audio
+
+
+async def _audio(state: ServerState, request: Request) -> Response:
+    """OpenAI's ``/v1/audio/transcriptions`` and ``/translations``."""
+    worker = _ready_worker(state)
+    if isinstance(worker, Response):
+        return worker
+    parsed = await _audio_request(request, worker)
+    if isinstance(parsed, Response):
+        return parsed
+    req, audio = parsed
+    if req.stream:
+        return await _stream(state, worker, request, req, audio)
+    result = await _run_admitted(state, request, lambda cancel: run_job(
+        req.job_input, worker, job_id="http", cancel=cancel, audio=audio))  # fmt: skip
+    if isinstance(result, Response):
+        return result
+    if "error" in result:
+        return _error_response(result)
+    body, media = openai_api.response_body(req, result)
+    if isinstance(body, str):
+        return PlainTextResponse(body, media_type=media)
+    return JSONResponse(body)
+
+
+async def _native(state: ServerState, request: Request) -> Response:
+    """``POST /v1/jobs``: a queue job's JSON (either shape), answered as the queue does."""
+    worker = _ready_worker(state)
+    if isinstance(worker, Response):
+        return worker
+    try:
+        job = json.loads(await request.body())
+    except BodyTooLarge:
+        raise
+    except ValueError:
+        return _error(Code.INVALID_INPUT, "the body is not JSON")
+    if not isinstance(job, dict) or "input" not in job:
+        return _error(Code.INVALID_INPUT, 'a job is {"input": {...}}')
+    result = await _run_admitted(state, request, lambda cancel: openai_api.run_any_job(
+        job["input"], worker, job_id="http", cancel=cancel))  # fmt: skip
+    if isinstance(result, Response):
+        return result
+    if isinstance(result, dict) and "error" in result:
+        status, _ = openai_api.error_body(result)
+        return JSONResponse(result, status_code=status)
+    return JSONResponse({"output": result})
 
 
 NOT_ROUTED = {404: "not_found", 405: "method_not_allowed"}

@@ -167,6 +167,28 @@ def build_request(
     task = ROUTES.get(route)
     if task is None:
         raise _bad(f"unknown route {route!r}; use one of {', '.join(ROUTES)}")
+    _refuse(fields)
+    fmt, granularities = _format(fields)
+    stream = _bool("stream", fields.get("stream", False))
+    job: dict[str, Any] = {
+        k: v for k, v in fields.items() if k not in OPENAI_FIELDS and v is not None
+    }
+    if has_file and ("audio_url" in job or "audio_base64" in job or "audio" in job):
+        raise _bad("give either file or audio_url, not both")
+    if task == "translate":
+        if job.get("task", "translate") != "translate":
+            raise _bad("the translations route only translates")
+        job["task"] = "translate"
+    job.update(_mapped(fields, loaded_models, has_hotwords="hotwords" in job))
+    want_words = fmt == "verbose_json" and "word" in granularities
+    if want_words:
+        job["word_timestamps"] = True
+    outputs = {"json": ["text"], "text": ["text"], "srt": ["srt"], "vtt": ["vtt"]}
+    job.setdefault("output", outputs.get(fmt, ["verbose_json", *(["words"] if want_words else [])]))
+    return OpenAIRequest(task, job, fmt, stream, granularities)
+
+
+def _refuse(fields: Mapping[str, Any]) -> None:
     refused = sorted(REFUSED_FIELDS & fields.keys())
     if refused == ["include"]:
         raise _bad(
@@ -175,6 +197,10 @@ def build_request(
         )
     if refused:
         raise _bad(f"not supported by Whisper models: {', '.join(refused)}")
+
+
+def _format(fields: Mapping[str, Any]) -> tuple[str, tuple[str, ...]]:
+    """(response_format, timestamp granularities), checked against each other."""
     fmt = fields.get("response_format") or "json"
     if fmt not in RESPONSE_FORMATS:
         raise _bad(f"response_format must be one of {', '.join(RESPONSE_FORMATS)}")
@@ -185,18 +211,14 @@ def build_request(
         raise _bad("timestamp_granularities[] takes segment and/or word")
     if raw_gran and fmt != "verbose_json":
         raise _bad("timestamp_granularities needs response_format=verbose_json")
-    granularities = tuple(dict.fromkeys(raw_gran)) or ("segment",)
-    stream = _bool("stream", fields.get("stream", False))
+    return fmt, tuple(dict.fromkeys(raw_gran)) or ("segment",)
 
-    job: dict[str, Any] = {
-        k: v for k, v in fields.items() if k not in OPENAI_FIELDS and v is not None
-    }
-    if has_file and ("audio_url" in job or "audio_base64" in job or "audio" in job):
-        raise _bad("give either file or audio_url, not both")
-    if task == "translate":
-        if job.get("task", "translate") != "translate":
-            raise _bad("the translations route only translates")
-        job["task"] = "translate"
+
+def _mapped(
+    fields: Mapping[str, Any], loaded_models: list[str], *, has_hotwords: bool
+) -> dict[str, Any]:
+    """OpenAI's fields under our job's names."""
+    job: dict[str, Any] = {}
     model = resolve_model(fields.get("model"), loaded_models)
     if model is not None:
         job["model"] = model
@@ -209,18 +231,13 @@ def build_request(
     job.update(_chunking(fields.get("chunking_strategy")))
     keywords = _strings("keywords", fields.get("keywords"))
     if keywords:
-        if "hotwords" in job:
+        if has_hotwords:
             raise _bad("give either keywords[] or hotwords, not both")
         job["hotwords"] = ", ".join(keywords)
     languages = _strings("languages", fields.get("languages"))
     if languages:
         job["languages"] = languages
-    want_words = fmt == "verbose_json" and "word" in granularities
-    if want_words:
-        job["word_timestamps"] = True
-    outputs = {"json": ["text"], "text": ["text"], "srt": ["srt"], "vtt": ["vtt"]}
-    job.setdefault("output", outputs.get(fmt, ["verbose_json", *(["words"] if want_words else [])]))
-    return OpenAIRequest(task, job, fmt, stream, granularities)
+    return job
 
 
 PASSTHROUGH_KEYS = frozenset({"openai_route", "openai_input"})

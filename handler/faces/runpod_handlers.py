@@ -45,6 +45,9 @@ def _finish(worker: Worker, result: Any) -> Any:
     return result
 
 
+Submit = Callable[..., "asyncio.Future[Any]"]
+
+
 def make_handlers(worker: Worker) -> tuple[Callable, Callable]:
     """(plain async handler, streaming async-generator handler) sharing one thread pool."""
     executor = ThreadPoolExecutor(max_workers=worker.settings.concurrency, thread_name_prefix="job")
@@ -74,39 +77,49 @@ def make_handlers(worker: Worker) -> tuple[Callable, Callable]:
         return _finish(worker, result)
 
     async def stream_handler(job: dict[str, Any]) -> AsyncIterator[Any]:
-        cancel = threading.Event()
-        loop = asyncio.get_running_loop()
-        items: asyncio.Queue = asyncio.Queue()
-
-        def on_segment(seg: Segment) -> None:
-            item = {
-                "segment": {
-                    "id": seg["id"],
-                    "start": round(seg["start"], 3),
-                    "end": round(seg["end"], 3),
-                    "text": seg["text"][:STREAM_TEXT_LIMIT],
-                }
-            }
-            loop.call_soon_threadsafe(items.put_nowait, item)
-
-        future = submit(job, cancel, on_segment)
-        future.add_done_callback(lambda _f: loop.call_soon_threadsafe(items.put_nowait, None))
-        try:
-            while (item := await items.get()) is not None:
-                yield item
-            result = future.result()
-        except (asyncio.CancelledError, GeneratorExit):
-            cancel.set()
-            raise
-        if not (isinstance(result, dict) and "error" in result):
-            yield result
-        else:
-            # The SDK keeps only str(error) of a streamed error: carry the code inside it.
-            yield {"error": f"{result['error_code']}: {result['error']}"}
-        if worker.refresh_wanted:
-            # The SDK reads refresh_worker only from plain results. Ask for the same thing
-            # the way the platform's own stop does: SIGTERM drains this job, then exits.
-            log.info("asking for a fresh worker: stopping after this job")
-            loop.call_soon(os.kill, os.getpid(), signal.SIGTERM)
+        async for item in _stream(worker, submit, job):
+            yield item
 
     return handler, stream_handler
+
+
+def _stream_item(seg: Segment) -> dict[str, Any]:
+    """One streamed segment: its text and times, far below the platform's item limits."""
+    return {
+        "segment": {
+            "id": seg["id"],
+            "start": round(seg["start"], 3),
+            "end": round(seg["end"], 3),
+            "text": seg["text"][:STREAM_TEXT_LIMIT],
+        }
+    }
+
+
+async def _stream(worker: Worker, submit: Submit, job: dict[str, Any]) -> AsyncIterator[Any]:
+    """Segments as they are decoded, then the whole result (or the error, code inside)."""
+    cancel = threading.Event()
+    loop = asyncio.get_running_loop()
+    items: asyncio.Queue = asyncio.Queue()
+
+    def on_segment(seg: Segment) -> None:
+        loop.call_soon_threadsafe(items.put_nowait, _stream_item(seg))
+
+    future = submit(job, cancel, on_segment)
+    future.add_done_callback(lambda _f: loop.call_soon_threadsafe(items.put_nowait, None))
+    try:
+        while (item := await items.get()) is not None:
+            yield item
+        result = future.result()
+    except (asyncio.CancelledError, GeneratorExit):
+        cancel.set()
+        raise
+    if not (isinstance(result, dict) and "error" in result):
+        yield result
+    else:
+        # The SDK keeps only str(error) of a streamed error: carry the code inside it.
+        yield {"error": f"{result['error_code']}: {result['error']}"}
+    if worker.refresh_wanted:
+        # The SDK reads refresh_worker only from plain results. Ask for the same thing
+        # the way the platform's own stop does: SIGTERM drains this job, then exits.
+        log.info("asking for a fresh worker: stopping after this job")
+        loop.call_soon(os.kill, os.getpid(), signal.SIGTERM)

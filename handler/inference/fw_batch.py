@@ -103,8 +103,8 @@ def prepare(
     """VAD, windows, features, language and prompt for one job (no batched decode yet).
 
     ``detected``: the language (and its probability) found by the caller for a job that set
-    none (handler.inference.transcribe detects it as sequential decoding does); without it the
-    language is detected on this job's windows, as ``BatchedInferencePipeline`` does.
+    none (handler.inference.transcribe detects it as sequential decoding does); without it
+    the language is detected on this job's windows, as ``BatchedInferencePipeline`` does.
     """
     chunk_length = int(kwargs.get("chunk_length") or model.feature_extractor.chunk_length)
     chunks = _speech_chunks(audio, kwargs, chunk_length)
@@ -114,25 +114,62 @@ def prepare(
         [pad_or_trim(model.feature_extractor(c)[..., :-1]) for c in audio_chunks] if speech else []
     )
     multilingual_model = bool(model.model.is_multilingual)
-    language = kwargs.get("language")
-    probability = 1.0
-    if language is None and detected is not None and features:
-        language, probability = detected
-    elif language is None:
-        if not multilingual_model or not features:
-            language = "en"
-        else:
-            language, probability, _ = model.detect_language(
-                features=np.concatenate(
-                    [*features, np.full((model.model.n_mels, 1), -1.5, dtype="float32")], axis=1
-                ),
-                language_detection_segments=opt(kwargs, "language_detection_segments"),
-                language_detection_threshold=opt(kwargs, "language_detection_threshold"),
-            )
+    language, probability = _language(model, kwargs, features, detected)
     task = opt(kwargs, "task")
     tokenizer = Tokenizer(model.hf_tokenizer, multilingual_model, task=task, language=language)
+    options = _options(kwargs, tokenizer, chunks, multilingual_model)
+    initial = options.initial_prompt
+    prompt = model.get_prompt(
+        tokenizer,
+        previous_tokens=tokenizer.encode(initial) if initial is not None else [],
+        without_timestamps=options.without_timestamps,
+        hotwords=options.hotwords,
+    )
+    key: tuple[Any, ...] = (
+        tuple(tuple(v) if isinstance(v := getattr(options, k), list) else v for k in GENERATE_KEYS),
+        options.temperatures[0],
+        len(prompt),
+    )
+    if options.word_timestamps:
+        # Word alignment runs once per batch with one tokenizer: same language and task.
+        key += (language, task)
+    ladder = temperatures(kwargs)
+    fallback = dataclasses.replace(options, temperatures=ladder) if len(ladder) > 1 else None
+    return PreparedJob(features, metadata, chunks, tokenizer, options, prompt, language,
+                       float(probability), key, fallback)  # fmt: skip
+
+
+def _language(
+    model: Any,
+    kwargs: dict[str, Any],
+    features: list[np.ndarray],
+    detected: tuple[str, float] | None,
+) -> tuple[str, float]:
+    """The job's language and its probability: set, detected by the caller, or here."""
+    language = kwargs.get("language")
+    if language is not None:
+        return language, 1.0
+    if detected is not None and features:
+        return detected
+    if not model.model.is_multilingual or not features:
+        return "en", 1.0
+    language, probability, _ = model.detect_language(
+        features=np.concatenate(
+            [*features, np.full((model.model.n_mels, 1), -1.5, dtype="float32")], axis=1
+        ),
+        language_detection_segments=opt(kwargs, "language_detection_segments"),
+        language_detection_threshold=opt(kwargs, "language_detection_threshold"),
+    )
+    return language, probability
+
+
+def _options(
+    kwargs: dict[str, Any], tokenizer: Tokenizer, chunks: list[dict], multilingual_model: bool
+) -> TranscriptionOptions:
+    """The job's options with faster-whisper's defaults, and the batched pipeline's fixed
+    choices (no previous text, no hallucination skip, no prefix: see NOT_BATCHABLE)."""
     suppress = opt(kwargs, "suppress_tokens")
-    options = TranscriptionOptions(
+    return TranscriptionOptions(
         beam_size=opt(kwargs, "beam_size"),
         best_of=opt(kwargs, "best_of"),
         patience=opt(kwargs, "patience"),
@@ -155,30 +192,11 @@ def prepare(
         hallucination_silence_threshold=None,
         condition_on_previous_text=False,
         clip_timestamps=chunks,
-        prompt_reset_on_temperature=0.5,
+        prompt_reset_on_temperature=opt(kwargs, "prompt_reset_on_temperature"),
         multilingual=bool(opt(kwargs, "multilingual")) and multilingual_model,
         without_timestamps=bool(opt(kwargs, "without_timestamps")),
         max_initial_timestamp=0.0,
     )
-    initial = options.initial_prompt
-    prompt = model.get_prompt(
-        tokenizer,
-        previous_tokens=tokenizer.encode(initial) if initial is not None else [],
-        without_timestamps=options.without_timestamps,
-        hotwords=options.hotwords,
-    )
-    key: tuple[Any, ...] = (
-        tuple(tuple(v) if isinstance(v := getattr(options, k), list) else v for k in GENERATE_KEYS),
-        options.temperatures[0],
-        len(prompt),
-    )
-    if options.word_timestamps:
-        # Word alignment runs once per batch with one tokenizer: same language and task.
-        key += (language, task)
-    ladder = temperatures(kwargs)
-    fallback = dataclasses.replace(options, temperatures=ladder) if len(ladder) > 1 else None
-    return PreparedJob(features, metadata, chunks, tokenizer, options, prompt, language,
-                       float(probability), key, fallback)  # fmt: skip
 
 
 @dataclass
@@ -249,17 +267,48 @@ def _decode_round(
     features = np.stack(
         [p.features if p.pos == 0 else pad_or_trim(p.features[:, p.pos : p.size]) for p in pending]
     )
-    max_length = model.max_length
-    if options.max_new_tokens is not None:
-        max_length = len(first.prompt) + options.max_new_tokens  # equal lengths: in the key
     encoder_output = model.encode(features)
+    prompts = _prompts(model, options, pending, encoder_output)
+    results = _generate(model, first, encoder_output, prompts)
+    left: list[_Pending] = []
+    unfinished: list[tuple[_Pending, int, list[dict[str, Any]]]] = []
+    decoded: list[tuple[_Pending, list[dict[str, Any]]]] = []
+    for n, (p, result) in enumerate(zip(pending, results, strict=True)):
+        window = _window_segments(model, options, p, result, features[n : n + 1], prompts[n])
+        if window is None:
+            continue  # WhisperModel.generate_segments skips a silent window
+        segments, seek, window_seek = window
+        out[p.slot].extend(segments)
+        if segments:
+            decoded.append((p, segments))
+        if p.pos < seek < p.size:
+            left.append(dataclasses.replace(p, pos=seek))
+            unfinished.append((left[-1], window_seek - p.pos, segments))
+    if options.word_timestamps and decoded:
+        _add_words(model, first, pending, decoded, unfinished, features, encoder_output)
+    return [p for p in left if p.pos < p.size]
+
+
+def _prompts(
+    model: Any, options: TranscriptionOptions, pending: list[_Pending], encoder_output: Any
+) -> list[list[int]]:
+    """Each window's prompt; with ``multilingual``, its language detected per window."""
     prompts = [list(p.item.job.prompt) for p in pending]
     if options.multilingual:
         detected = model.model.detect_language(encoder_output)
         for prompt, p, langs in zip(prompts, pending, detected, strict=True):
             index = prompt.index(p.item.job.tokenizer.language)
             prompt[index] = p.item.job.tokenizer.tokenizer.token_to_id(langs[0][0])
-    results = model.model.generate(
+    return prompts
+
+
+def _generate(model: Any, first: PreparedJob, encoder_output: Any, prompts: list[list[int]]) -> Any:
+    """One batched generate() with the options the batch shares (its key)."""
+    options = first.options
+    max_length = model.max_length
+    if options.max_new_tokens is not None:
+        max_length = len(first.prompt) + options.max_new_tokens  # equal lengths: in the key
+    return model.model.generate(
         encoder_output,
         prompts,
         beam_size=options.beam_size,
@@ -274,80 +323,91 @@ def _decode_round(
         repetition_penalty=options.repetition_penalty,
         no_repeat_ngram_size=options.no_repeat_ngram_size,
     )
-    left: list[_Pending] = []
-    unfinished: list[tuple[_Pending, int, list[dict[str, Any]]]] = []
-    decoded: list[tuple[_Pending, list[dict[str, Any]]]] = []
-    for n, (p, result) in enumerate(zip(pending, results, strict=True)):
+
+
+def _window_segments(
+    model: Any,
+    options: TranscriptionOptions,
+    p: _Pending,
+    result: Any,
+    features: np.ndarray,
+    prompt: list[int],
+) -> tuple[list[dict[str, Any]], int, int] | None:
+    """(segments, seek, the window's first frame) of one decoded window; None if silent."""
+    tokens = result.sequences_ids[0]
+    seq_len = len(tokens)
+    avg_logprob = result.scores[0] * (seq_len**options.length_penalty) / (seq_len + 1)
+    temperature = options.temperatures[0]
+    job = p.item.job
+    tok = job.tokenizer
+    if job.fallback is not None and needs_fallback(
+        options, avg_logprob, get_compression_ratio(tok.decode(tokens).strip()),
+        result.no_speech_prob,
+    ):  # fmt: skip
+        # As WhisperModel.generate_with_fallback does for one window of a sequential
+        # decode: the temperature ladder, on this window alone.
+        result, avg_logprob, temperature, _ = model.generate_with_fallback(
+            model.encode(features), prompt, tok, job.fallback
+        )
         tokens = result.sequences_ids[0]
-        seq_len = len(tokens)
-        avg_logprob = result.scores[0] * (seq_len**options.length_penalty) / (seq_len + 1)
-        temperature = options.temperatures[0]
-        job = p.item.job
-        tok = job.tokenizer
-        if job.fallback is not None and needs_fallback(
-            options, avg_logprob, get_compression_ratio(tok.decode(tokens).strip()),
-            result.no_speech_prob,
-        ):  # fmt: skip
-            # As WhisperModel.generate_with_fallback does for one window of a sequential
-            # decode: the temperature ladder, on this window alone.
-            one = model.encode(features[n : n + 1])
-            result, avg_logprob, temperature, _ = model.generate_with_fallback(
-                one, prompts[n], tok, job.fallback
-            )
-            tokens = result.sequences_ids[0]
-        if is_silence(options, avg_logprob, result.no_speech_prob):
-            continue  # WhisperModel.generate_segments skips such a window
-        meta = job.metadata[p.item.index]
-        remaining = p.size - p.pos
-        window_seek = int(round(meta["offset"] * model.frames_per_second)) + p.pos
-        subsegments, seek, _ = model._split_segments_by_timestamps(
-            tokenizer=tok,
-            tokens=tokens,
-            time_offset=meta["offset"] + p.pos / model.frames_per_second,
-            segment_size=remaining,
-            segment_duration=meta["duration"] - p.pos / model.frames_per_second,
-            seek=p.pos,
-        )
-        segments = [
-            {
-                "text": (text := tok.decode(sub["tokens"])),
-                "avg_logprob": avg_logprob,
-                "no_speech_prob": result.no_speech_prob,
-                "tokens": sub["tokens"],
-                "start": sub["start"],
-                "end": sub["end"],
-                "compression_ratio": get_compression_ratio(text),
-                "seek": window_seek,
-                "temperature": temperature,
-            }
-            for sub in subsegments
-            if sub["tokens"]
-        ]
-        out[p.slot].extend(segments)
-        if segments:
-            decoded.append((p, segments))
-        if p.pos < seek < p.size:
-            left.append(dataclasses.replace(p, pos=seek))
-            unfinished.append((left[-1], window_seek - p.pos, segments))
-    if options.word_timestamps and decoded:
-        if len(decoded) < len(pending):  # alignment needs one encoder row per window
-            rows = [n for n, p in enumerate(pending) if any(p is d for d, _ in decoded)]
-            encoder_output = model.encode(features[rows])
-        model.add_word_timestamps(
-            [segments for _, segments in decoded],
-            first.tokenizer,
-            encoder_output,
-            [p.size - p.pos for p, _ in decoded],
-            options.prepend_punctuations,
-            options.append_punctuations,
-            0.0,
-        )
-        for p, window_frame, segments in unfinished:
-            # As the sequential decoder does with words: go on from the last word's end.
-            ends = [w["end"] for seg in segments for w in seg.get("words") or []]
-            if ends and (pos := round(ends[-1] * model.frames_per_second) - window_frame) > p.pos:
-                p.pos = min(pos, p.size)
-    return [p for p in left if p.pos < p.size]
+    if is_silence(options, avg_logprob, result.no_speech_prob):
+        return None
+    meta = job.metadata[p.item.index]
+    window_seek = int(round(meta["offset"] * model.frames_per_second)) + p.pos
+    subsegments, seek, _ = model._split_segments_by_timestamps(
+        tokenizer=tok,
+        tokens=tokens,
+        time_offset=meta["offset"] + p.pos / model.frames_per_second,
+        segment_size=p.size - p.pos,
+        segment_duration=meta["duration"] - p.pos / model.frames_per_second,
+        seek=p.pos,
+    )
+    segments = [
+        {
+            "text": (text := tok.decode(sub["tokens"])),
+            "avg_logprob": avg_logprob,
+            "no_speech_prob": result.no_speech_prob,
+            "tokens": sub["tokens"],
+            "start": sub["start"],
+            "end": sub["end"],
+            "compression_ratio": get_compression_ratio(text),
+            "seek": window_seek,
+            "temperature": temperature,
+        }
+        for sub in subsegments
+        if sub["tokens"]
+    ]
+    return segments, seek, window_seek
+
+
+def _add_words(
+    model: Any,
+    first: PreparedJob,
+    pending: list[_Pending],
+    decoded: list[tuple[_Pending, list[dict[str, Any]]]],
+    unfinished: list[tuple[_Pending, int, list[dict[str, Any]]]],
+    features: np.ndarray,
+    encoder_output: Any,
+) -> None:
+    """Word timestamps for the decoded windows; unfinished ones go on from their last word."""
+    options = first.options
+    if len(decoded) < len(pending):  # alignment needs one encoder row per window
+        rows = [n for n, p in enumerate(pending) if any(p is d for d, _ in decoded)]
+        encoder_output = model.encode(features[rows])
+    model.add_word_timestamps(
+        [segments for _, segments in decoded],
+        first.tokenizer,
+        encoder_output,
+        [p.size - p.pos for p, _ in decoded],
+        options.prepend_punctuations,
+        options.append_punctuations,
+        0.0,
+    )
+    for p, window_frame, segments in unfinished:
+        # As the sequential decoder does with words: go on from the last word's end.
+        ends = [w["end"] for seg in segments for w in seg.get("words") or []]
+        if ends and (pos := round(ends[-1] * model.frames_per_second) - window_frame) > p.pos:
+            p.pos = min(pos, p.size)
 
 
 def needs_fallback(

@@ -173,38 +173,22 @@ def runpod_cached_model(name: str, cache_dir: str) -> Path | None:
     return max(found, key=lambda p: p.stat().st_mtime) if found else None
 
 
-def _can_translate(name: str, multilingual: bool) -> bool:
-    # turbo and distil checkpoints were trained without the translate task: they answer
-    # in the source language, so refusing is more honest than returning a transcript.
-    lowered = name.lower()
-    return multilingual and "turbo" not in lowered and "distil" not in lowered
-
-
-def load_one(spec: ModelSpec, settings: Settings, device: str, compute: str) -> LoadedModel:
+def _instances(spec: ModelSpec, settings: Settings, device: str, compute: str) -> list[Any]:
     from faster_whisper import WhisperModel
 
-    start = time.perf_counter()
-    instances = []
     cpu_threads = settings.cpu_threads
     if device == "cpu" and not cpu_threads:
         cpu_threads = threads.default_cpu_threads(
             settings.instances_per_device * settings.num_workers
         )
     try:
-        for index in settings.device_index if device == "cuda" else [0]:
-            for _ in range(settings.instances_per_device):
-                instances.append(
-                    WhisperModel(
-                        spec.source,
-                        device=device,
-                        device_index=index,
-                        compute_type=compute,
-                        cpu_threads=cpu_threads,
-                        num_workers=settings.num_workers,
-                        download_root=settings.download_root,
-                        local_files_only=True,
-                    )
-                )
+        return [
+            WhisperModel(spec.source, device=device, device_index=index, compute_type=compute,
+                         cpu_threads=cpu_threads, num_workers=settings.num_workers,
+                         download_root=settings.download_root, local_files_only=True)
+            for index in (settings.device_index if device == "cuda" else [0])
+            for _ in range(settings.instances_per_device)
+        ]  # fmt: skip
     except Exception as exc:
         reason = str(exc).splitlines()[0][:300] if str(exc) else type(exc).__name__
         if "local_files_only" in str(exc) or "snapshot folder" in str(exc):
@@ -219,6 +203,19 @@ def load_one(spec: ModelSpec, settings: Settings, device: str, compute: str) -> 
         raise ModelLoadError(
             f"cannot load model {spec.name!r} ({spec.tried}) on {device}/{compute}: {reason}"
         ) from None
+
+
+def _can_translate(name: str, multilingual: bool) -> bool:
+    # turbo and distil checkpoints were trained without the translate task: they answer
+    # in the source language, so refusing is more honest than returning a transcript.
+    lowered = name.lower()
+    return multilingual and "turbo" not in lowered and "distil" not in lowered
+
+
+def load_one(spec: ModelSpec, settings: Settings, device: str, compute: str) -> LoadedModel:
+    """Every instance of one model on every device, guarded and bounded; ModelLoadError."""
+    start = time.perf_counter()
+    instances = _instances(spec, settings, device, compute)
     for inst in instances:
         inst.model = GuardedModel(inst.model)  # cancel and budget checked per model call
         # Features of long audio a block at a time (the same values, bounded transient).
