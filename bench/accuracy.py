@@ -26,6 +26,7 @@ import sys
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -161,6 +162,14 @@ def _fmt(v: float | None) -> str:
     return "-" if v is None else f"{100 * v:.1f} %"
 
 
+def _is_language(lang: str, o: Outcome) -> bool:
+    return o.item.language == lang
+
+
+def _in_group(group: str, o: Outcome) -> bool:
+    return o.item.group == group
+
+
 def table(runs: list[Run], audio_s: float) -> str:
     names = [r.name for r in runs]
     lines = ["| group | files | " + " | ".join(names) + " |", "|---|---|" + "---|" * len(names)]
@@ -175,11 +184,11 @@ def table(runs: list[Run], audio_s: float) -> str:
     langs = sorted({o.item.language for o in runs[0].outcomes if o.item.language})
     for lang in langs:
         unit = ", CER" if lang in CER_LANGUAGES else ""
-        row(f"{lang} (all{unit})", lambda o, lang=lang: o.item.language == lang)
+        row(f"{lang} (all{unit})", partial(_is_language, lang))
     groups = sorted({o.item.group for o in runs[0].outcomes})
     for g in groups:
         if g != "no_speech":
-            row(g, lambda o, g=g: o.item.group == g)
+            row(g, partial(_in_group, g))
     row("**all**", lambda o: bool(o.ref))
     halluc = [sum(is_hallucination(o) for o in r.outcomes) for r in runs]
     lines.append("| hallucinated files | | " + " | ".join(map(str, halluc)) + " |")
@@ -273,9 +282,9 @@ def main(argv: list[str] | None = None) -> int:
         print(detection_table(json.loads(Path(args.detection_of).read_text())["files"]))
         return 0
 
-    from bench import pypi_models
     from handler.settings import load_settings
     from handler.startup import start_worker
+    from speech_assets import models as pypi_models
 
     try:
         items = build(DEFAULT_DIR, args.per_language)
@@ -288,7 +297,7 @@ def main(argv: list[str] | None = None) -> int:
         items = [it for it in items if it.language in keep or not it.language]
     print(describe(items), flush=True)
     audio_s = sum(_dur(it.path) for it in items)
-    configs = {"worker": {}}
+    configs: dict[str, dict[str, Any]] = {"worker": {}}
     for c in args.config:
         name, _, js = c.partition("=")
         configs[name] = json.loads(js)

@@ -21,7 +21,7 @@ import tempfile
 from pathlib import Path
 
 from bench.machine import describe, line
-from bench.pypi_models import ModelMissing, model_dir
+from speech_assets.models import ModelMissing, model_dir
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -35,10 +35,11 @@ from faster_whisper import WhisperModel
 from faster_whisper.audio import decode_audio, pad_or_trim
 
 model_path, files, rounds = sys.argv[1], json.loads(sys.argv[2]), int(sys.argv[3])
-m = WhisperModel(model_path, device="cpu", compute_type="int8", cpu_threads=default_cpu_threads(1))
+compute = sys.argv[4]
+m = WhisperModel(model_path, device="cpu", compute_type=compute, cpu_threads=default_cpu_threads(1))
 feats = [pad_or_trim(m.feature_extractor(decode_audio(f))[..., :3000]) for f in files]
 prompt = [50258, 50259, 50359, 50363] if m.model.is_multilingual else [50257, 50362]
-out = {"policy": allocator.policy()}
+out = {"policy": allocator.policy(), "compute_type": m.model.compute_type}
 
 def cpu():
     r = resource.getrusage(resource.RUSAGE_SELF)
@@ -62,14 +63,14 @@ print(json.dumps(out))
 """
 
 
-def run(model: str, path: Path, policy: str, rounds: int) -> dict:
+def run(model: str, path: Path, policy: str, rounds: int, compute: str = "int8") -> dict:
     files = [str(ROOT / "tests" / "data" / "jfk.wav")] + sorted(
         str(p) for p in (ROOT / "tests" / "data" / "librivox").glob("*.wav")
     )
     env = {k: v for k, v in os.environ.items() if not k.startswith(("MALLOC_", "GLIBC_"))}
     env["WHISPER_MALLOC"] = policy
     proc = subprocess.run(
-        [sys.executable, "-c", CHILD, str(path), json.dumps(files), str(rounds)],
+        [sys.executable, "-c", CHILD, str(path), json.dumps(files), str(rounds), compute],
         env=env, capture_output=True, text=True, timeout=1800,
     )  # fmt: skip
     if proc.returncode:
@@ -83,6 +84,10 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("--models", default="tiny.en,base")
     parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--policies", default="system,keep", help="allocator policies to run")
+    parser.add_argument("--compute-types", default="int8",
+                        help="CTranslate2 compute types, e.g. int8,int8_float32,int8_bfloat16,"
+                        "bfloat16 (one a CPU cannot run is reported, not fatal)")  # fmt: skip
     parser.add_argument("--out", default=str(ROOT / "bench" / "out" / "alloc.json"))
     args = parser.parse_args(argv)
     machine = describe()
@@ -94,10 +99,16 @@ def main(argv: list[str] | None = None) -> int:
             except ModelMissing as exc:
                 print(f"{name}: skipped ({exc})")
                 continue
-            for policy in ("system", "keep"):
-                r = run(name, path, policy, args.rounds)
+            for policy, compute in [
+                (p, c) for p in args.policies.split(",") for c in args.compute_types.split(",")
+            ]:
+                try:
+                    r = run(name, path, policy, args.rounds, compute)
+                except RuntimeError as exc:
+                    print(f"{name} {compute}: not run ({str(exc).strip().splitlines()[-1]})")
+                    continue
                 results.append({"model": name, **r})
-                cells = [name, r["policy"]]
+                cells = [name, r["policy"], f"{compute} ({r['compute_type']})"]
                 for bs in (1, 8):
                     d = r[f"batch{bs}"]
                     cells += [f"{statistics.median(d['encode_ms']):.0f}",
@@ -105,7 +116,7 @@ def main(argv: list[str] | None = None) -> int:
                               f"{100 * statistics.median(d['kernel_share']):.0f} %"]  # fmt: skip
                 rows.append(cells)
     print(line(machine, describe()["load_1m"]))
-    head = ["model", "policy", "encode b1", "generate b1", "kernel b1",
+    head = ["model", "policy", "compute type (used)", "encode b1", "generate b1", "kernel b1",
             "encode b8 (per window)", "generate b8 (per window)", "kernel b8"]  # fmt: skip
     print("| " + " | ".join(head) + " |\n|" + "---|" * len(head))
     for cells in rows:

@@ -41,7 +41,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", default=str(ROOT / "bench" / "out" / "english_only.json"))
     args = parser.parse_args(argv)
 
-    from handler.inference.transcribe import ENGLISH_ONLY_MIN_LOGPROB
+    from handler.inference.checks import ENGLISH_ONLY_MIN_LOGPROB
     from handler.job import run_job
     from handler.settings import load_settings
     from handler.startup import start_worker
@@ -84,10 +84,10 @@ def main(argv: list[str] | None = None) -> int:
     print(f"{'language':<10}{'files':>6}{'warned':>8}{'min':>8}{'median':>8}{'max':>8}")
     for lang in sorted({r["language"] for r in rows}, key=lambda x: (x != "en", x)):
         mine = [r for r in rows if r["language"] == lang]
-        lps = [r["mean_logprob"] for r in mine if r["mean_logprob"] is not None]
-        warned = sum(r["warned"] for r in mine)
+        lps = [float(r["mean_logprob"]) for r in mine if r["mean_logprob"] is not None]
+        n_warned = sum(bool(r["warned"]) for r in mine)
         spread = f"{min(lps):>8.2f}{statistics.median(lps):>8.2f}{max(lps):>8.2f}" if lps else ""
-        print(f"{lang:<10}{len(mine):>6}{warned:>8}{spread}")
+        print(f"{lang:<10}{len(mine):>6}{n_warned:>8}{spread}")
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     Path(args.out).write_text(json.dumps(rows, indent=1))
     print(f"json      {args.out}")

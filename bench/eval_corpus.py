@@ -40,7 +40,7 @@ from pathlib import Path
 
 import numpy as np
 
-from bench.corpus import DATA, JFK_TEXT, RATE, read_wav
+from speech_assets.clips import DATA, JFK_TEXT, RATE, read_wav
 
 ROOT = Path(__file__).resolve().parent.parent
 DEFAULT_DIR = ROOT / "bench" / "out" / "corpus"
@@ -175,7 +175,7 @@ def _seconds(path: Path) -> float:
 
 
 def _write(path: Path, samples: np.ndarray) -> Path:
-    from bench.corpus import wav_bytes
+    from speech_assets.clips import wav_bytes
 
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_bytes(wav_bytes(samples))

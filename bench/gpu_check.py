@@ -2,7 +2,7 @@
 
 ``bench/gpu_check.sh`` (or ``python -m bench.gpu_check``) measures, per model:
 
-- real-time factor of a long real-speech file (bench.corpus clips repeated) at batch
+- real-time factor of a long real-speech file (speech_assets.clips clips repeated) at batch
   1 (sequential) and 8/16/32 (the engine), float16 on CUDA;
 - a burst of short clips held at once: one job at a time against the engine;
 - cold start split from the worker's own start-up line (imports, load, warm-up, ready);
@@ -28,7 +28,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from bench.corpus import Clip, clips, long_clip, wav_bytes, wer
+from speech_assets.clips import Clip, clips, long_clip, wav_bytes, wer
 
 ROOT = Path(__file__).resolve().parent.parent
 

@@ -22,9 +22,9 @@ from dataclasses import asdict, dataclass, field
 from typing import IO, Any, Protocol
 
 from bench.autoscaler import Autoscaler, ScalerConfig
-from bench.corpus import wer
 from bench.scenarios import Arrival
 from runpod_emulator import Emulator
+from speech_assets.clips import wer
 from whisper_client.client import Client, ClientError
 
 log = logging.getLogger(__name__)
@@ -234,7 +234,7 @@ def wait_all(
 def job_entry(o: Outcome, taken_at: float | None, finished_at: float | None) -> dict[str, Any]:
     """One job in the cost contract's shape, plus everything else that was measured."""
     st = o.status
-    output = st.get("output") if isinstance(st.get("output"), dict) else {}
+    output: dict[str, Any] = st["output"] if isinstance(st.get("output"), dict) else {}
     ok = st.get("status") == "COMPLETED" and "error" not in st and o.error is None
     audio_s = output.get("duration", o.audio_seconds)
     entry: dict[str, Any] = {
@@ -283,9 +283,9 @@ def attach_jobs(workers: list[dict[str, Any]], jobs: list[dict[str, Any]]) -> li
         w["jobs"] = []
     stray = []
     for j in jobs:
-        w = by_id.get(j.get("worker_id") or "")
-        if w is not None and j["taken_at"] is not None and j["finished_at"] is not None:
-            w["jobs"].append(j)
+        owner = by_id.get(j.get("worker_id") or "")
+        if owner is not None and j["taken_at"] is not None and j["finished_at"] is not None:
+            owner["jobs"].append(j)
         else:
             stray.append(j)
     return stray
@@ -339,7 +339,7 @@ def probe(target: Target, timeout: float) -> dict[str, Any]:
         status = target.wait(target.submit(dict(PROBE_INPUT)), timeout)
     except (ClientError, TimeoutError, OSError) as exc:
         return {"input": "17 bytes of text as audio_base64", "client_error": str(exc)}
-    output = status.get("output") if isinstance(status.get("output"), dict) else {}
+    output: dict[str, Any] = status["output"] if isinstance(status.get("output"), dict) else {}
     return {
         "input": "17 bytes of text as audio_base64",
         "status": status.get("status"),

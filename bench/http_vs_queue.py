@@ -26,8 +26,8 @@ from typing import Any
 
 import requests
 
-from bench.corpus import Clip, clips, wer
 from runpod_emulator import Emulator
+from speech_assets.clips import Clip, clips, wer
 
 ROOT = Path(__file__).resolve().parent.parent
 

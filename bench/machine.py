@@ -17,7 +17,8 @@ ISA_FLAGS = ("avx2", "fma", "avx512f", "avx512_vnni", "avx512_bf16", "amx_bf16",
 
 
 def _cpuinfo() -> tuple[str, list[str]]:
-    model, flags = platform.processor() or platform.machine(), []
+    model: str = platform.processor() or platform.machine()
+    flags: list[str] = []
     try:
         text = Path("/proc/cpuinfo").read_text()
     except OSError:

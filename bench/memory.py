@@ -1,7 +1,7 @@
 """Peak memory of one job against audio length: sequential decoding vs the engine.
 
 ``python -m bench memory --lengths 600,3600,7200``: for each length, real speech (the
-bench.corpus clips repeated) encoded as FLAC and served from 127.0.0.1, one job per fresh
+speech_assets.clips clips repeated) encoded as FLAC and served from 127.0.0.1, one job per fresh
 ``whisper-worker job`` process, at ``batch_size`` 1 (sequential: faster-whisper computes
 the features of the whole file at once) and 8 (the engine: features per 30-s window).
 Reports each process's peak RSS (getrusage of the child) beside the idle worker's and
@@ -24,7 +24,7 @@ from pathlib import Path
 import av
 import numpy as np
 
-from bench.corpus import RATE, long_clip
+from speech_assets.clips import RATE, long_clip
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -72,7 +72,7 @@ def main(argv: list[str] | None = None) -> int:
     env = {**os.environ, "WHISPER_DEVICE": "cpu", "WHISPER_ALLOW_PRIVATE_URLS": "true",
            "WHISPER_WARMUP": "false", "WHISPER_LOG_LEVEL": "WARNING"}  # fmt: skip
     if args.model == "base":
-        from bench.pypi_models import base_dir
+        from speech_assets.models import base_dir
 
         env["WHISPER_MODEL"] = str(base_dir(ROOT / "bench" / "out" / "whisper-base"))
     elif args.model != "tiny.en":

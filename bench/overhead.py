@@ -19,8 +19,8 @@ import tempfile
 import time
 from pathlib import Path
 
-from bench.corpus import DATA
 from runpod_emulator import Emulator
+from speech_assets.clips import DATA
 
 ROOT = Path(__file__).resolve().parent.parent
 

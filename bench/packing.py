@@ -27,8 +27,8 @@ import jiwer
 import numpy as np
 
 from bench.accuracy import normalise
-from bench.corpus import RATE, wav_bytes
 from bench.eval_corpus import DEFAULT_DIR, FetchError, Item, _load16k, build
+from speech_assets.clips import RATE, wav_bytes
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -112,9 +112,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", default=str(ROOT / "bench" / "out" / "packing.json"))
     args = parser.parse_args(argv)
 
-    from bench import pypi_models
     from handler.settings import load_settings
     from handler.startup import start_worker
+    from speech_assets import models as pypi_models
 
     try:
         items = build(DEFAULT_DIR)

@@ -2,7 +2,7 @@
 
 A schedule is a list of :class:`Arrival`: when (seconds after the start of the run) a
 query is handed to the platform, and the query itself (real speech from
-:mod:`bench.corpus`, sent inline as ``audio_base64``). LoadGen's terms: Offline hands
+:mod:`speech_assets.clips`, sent inline as ``audio_base64``). LoadGen's terms: Offline hands
 every query over at once; Server hands them over at Poisson-distributed times.
 """
 
@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from bench.corpus import Clip, clips, long_clip
+from speech_assets.clips import Clip, clips, long_clip
 
 SCENARIOS = ("offline", "server", "trace")
 

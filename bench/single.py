@@ -20,8 +20,8 @@ import sys
 import time
 from pathlib import Path
 
-from bench.corpus import Clip, clips, long_clip, wer
 from handler.contract import parse_startup_line
+from speech_assets.clips import Clip, clips, long_clip, wer
 
 ROOT = Path(__file__).resolve().parent.parent
 

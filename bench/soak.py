@@ -40,8 +40,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from bench.corpus import DATA, Clip, clips, wer
 from runpod_emulator import Emulator
+from speech_assets.clips import DATA, Clip, clips, wer
 
 ROOT = Path(__file__).resolve().parent.parent
 TERMINAL = {"COMPLETED", "FAILED", "CANCELLED", "TIMED_OUT"}
@@ -262,7 +262,7 @@ def judge(sent: Sent, all_clips: list[Clip]) -> str | None:
     """None when the outcome is the expected one, else why it is wrong."""
     st = sent.status or {}
     status = st.get("status")
-    out = st.get("output") if isinstance(st.get("output"), dict) else {}
+    out: dict[str, Any] = st["output"] if isinstance(st.get("output"), dict) else {}
     if sent.case.codes:
         if status != "FAILED":
             return f"expected {sorted(sent.case.codes)}, got {status}"

@@ -1,6 +1,6 @@
 """Transcribe time per audio second: the queue worker against the in-process path.
 
-``python -m bench threads``: the same long real-speech job (the clips of bench.corpus
+``python -m bench threads``: the same long real-speech job (the clips of speech_assets.clips
 repeated to ``--seconds``) through ``python -m handler`` (the runpod SDK's local test
 mode: the model loaded in the loader thread, run in a job thread of the SDK's loop) and
 through ``whisper-worker job`` (loaded and run in the main thread), alternating, ``--runs``
@@ -24,7 +24,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-from bench.corpus import long_clip
+from speech_assets.clips import long_clip
 
 ROOT = Path(__file__).resolve().parent.parent
 

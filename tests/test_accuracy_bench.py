@@ -10,8 +10,8 @@ import numpy as np
 import pytest
 
 from bench.accuracy import _BASIC, Run, normalise, run_plain, run_worker, table, wer_of
-from bench.corpus import JFK_TEXT, wav_bytes
 from bench.eval_corpus import Item, _unsure, sound_effects
+from speech_assets.clips import JFK_TEXT, wav_bytes
 from tests.conftest import DATA
 
 
@@ -66,7 +66,7 @@ def test_a_small_run_scores_the_worker_beside_plain(worker, tmp_path) -> None:
     worker's own job pipeline on the same model: the table reads as the README's does."""
     from faster_whisper import WhisperModel
 
-    from bench.pypi_models import tiny_en_dir
+    from speech_assets.models import tiny_en_dir
 
     silence = tmp_path / "silence.wav"
     silence.write_bytes(wav_bytes(np.zeros(3 * 16000, np.float32)))

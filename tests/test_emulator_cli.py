@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 import requests
 
-from bench.corpus import long_clip
+from speech_assets.clips import long_clip
 from tests.conftest import wait_for
 
 ROOT = Path(__file__).resolve().parent.parent

@@ -16,13 +16,13 @@ from typing import Any
 import numpy as np
 import pytest
 
-from bench.corpus import long_clip
 from handler.audio.decode import decode_audio
 from handler.errors import Code, WorkerError
 from handler.inference import fw_batch
 from handler.inference.engine import EngineJob, Scheduler
 from handler.job import run_job
 from handler.settings import Settings
+from speech_assets.clips import long_clip
 from tests.conftest import DATA, JFK_TEXT, b64, make_settings, wer, words
 from tests.test_multilingual import CLIPS
 
@@ -82,12 +82,18 @@ def test_a_lone_job_equals_faster_whispers_batched_pipeline(worker) -> None:
            "output": ["segments"]}  # fmt: skip
     out = run_job(job, worker)
     inst = worker.pool.get(None).instances[0]
-    ref, _ = BatchedInferencePipeline(inst).transcribe(
+    segments, _ = BatchedInferencePipeline(inst).transcribe(
         clip.samples, batch_size=8, vad_filter=True, without_timestamps=True
     )
-    assert [(s.start, s.end, s.text) for s in ref] == [
-        (s["start"], s["end"], s["text"]) for s in out["segments"]
-    ]
+    ref = list(segments)
+    # Deterministic: the windows (the VAD's spans, hence every segment's times without
+    # timestamps) and the batch. Not bit for bit: the text. The int8 GEMMs (MKL/oneDNN) may
+    # sum in another order with another buffer alignment or thread split, and a near-tie
+    # token flips ("selfish is" against "selfish, is" on a fresh clone, issue 19), so the
+    # words must agree within one flip and the punctuation may differ.
+    assert [(s.start, s.end) for s in ref] == [(s["start"], s["end"]) for s in out["segments"]]
+    ours, theirs = [" ".join(s["text"] for s in out["segments"]), " ".join(s.text for s in ref)]
+    assert wer(theirs, ours) <= 1 / len(words(theirs)) + 1e-9, (theirs, ours)
     assert out["batch_sizes"] == [3, 3, 3]  # its three windows in one batch
     assert out["timings"]["batch_wait"] >= 0
 
@@ -95,7 +101,7 @@ def test_a_lone_job_equals_faster_whispers_batched_pipeline(worker) -> None:
 def b64_samples(samples: np.ndarray) -> str:
     import base64
 
-    from bench.corpus import wav_bytes
+    from speech_assets.clips import wav_bytes
 
     return base64.b64encode(wav_bytes(samples)).decode()
 

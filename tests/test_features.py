@@ -15,8 +15,8 @@ import pytest
 from faster_whisper.feature_extractor import FeatureExtractor
 from faster_whisper.vad import VadOptions, get_speech_timestamps, get_vad_model
 
-from bench.corpus import long_clip
 from handler.inference.features import BLOCK_FRAMES, BoundedFeatureExtractor, BoundedVad
+from speech_assets.clips import long_clip
 
 MIB = 2**20
 

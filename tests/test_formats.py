@@ -408,8 +408,8 @@ def test_subtitle_cues_keep_the_layout_limits_on_real_speech(worker, batch) -> N
     import srt as srt_lib
     import webvtt
 
-    from bench.corpus import long_clip
     from handler.job import run_job
+    from speech_assets.clips import long_clip
 
     clip = long_clip(60)
     job = {"audio_base64": base64.b64encode(clip.wav_bytes()).decode(), "batch_size": batch,

@@ -12,11 +12,11 @@ import base64
 
 import pytest
 
-from bench.corpus import long_clip
 from handler.faces.runpod_handlers import make_handlers
 from handler.inference.models import cuda_device_count
 from handler.job import run_job
 from handler.startup import start_worker
+from speech_assets.clips import long_clip
 from tests.conftest import DATA, JFK_TEXT, b64, make_settings, wer
 
 pytestmark = [

@@ -7,9 +7,9 @@ import base64
 
 import pytest
 
-from bench.corpus import long_clip
 from handler.faces.runpod_handlers import make_handlers
 from handler.job import Worker
+from speech_assets.clips import long_clip
 from tests.conftest import DATA, JFK_TEXT, b64, make_settings, wer
 
 pytestmark = pytest.mark.model

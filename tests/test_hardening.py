@@ -19,10 +19,10 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from bench.corpus import long_clip, wav_bytes
 from handler.errors import RETRYABLE, Code, WorkerError
 from handler.job import run_job
 from handler.schema import parse_job_input
+from speech_assets.clips import long_clip, wav_bytes
 from tests.conftest import DATA, JFK_TEXT, b64, make_settings, wer
 from tests.httpserver import LocalServer, respond
 

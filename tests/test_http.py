@@ -428,7 +428,7 @@ def test_the_api_key_closes_every_route_but_health(keyed: Server) -> None:
 def test_an_abandoned_stream_cancels_its_job(keyed: Server) -> None:
     """Issue 20: a client that closed a stream left its job running to the end, holding
     the only slot; the slot was also counted free at once."""
-    from bench.corpus import long_clip
+    from speech_assets.clips import long_clip
 
     cancelled = metric(keyed, 'whisper_jobs_total{outcome="CANCELLED"}', AUTH)
     wav = long_clip(150).wav_bytes()

@@ -12,11 +12,11 @@ import pytest
 import srt
 import webvtt
 
-from bench.corpus import long_clip as bench_long_clip
-from bench.corpus import wav_bytes
 from handler.errors import Code
 from handler.job import Worker, run_job
 from handler.schema import DECODING_OPTIONS
+from speech_assets.clips import long_clip as bench_long_clip
+from speech_assets.clips import wav_bytes
 from tests.conftest import DATA, JFK_TEXT, b64, make_settings, wer, words
 
 pytestmark = pytest.mark.model
@@ -356,7 +356,7 @@ def test_start_up_removes_job_folders_a_killed_worker_left(tmp_path, monkeypatch
 
 
 def _job_of(samples):
-    from bench.corpus import wav_bytes
+    from speech_assets.clips import wav_bytes
 
     return {"audio_base64": base64.b64encode(wav_bytes(samples)).decode()}
 
@@ -377,7 +377,7 @@ def test_defaults_give_empty_text_on_silence_and_noise(worker, kind):
 
 
 def test_defaults_keep_the_first_word_of_a_clip_cut_mid_word(worker):
-    from bench.corpus import read_wav
+    from speech_assets.clips import read_wav
 
     jfk = read_wav(DATA / "jfk.wav")
     out = run_job(_job_of(jfk[int(0.2 * 16000) :]), worker)  # 200 ms into "And"
@@ -385,7 +385,7 @@ def test_defaults_keep_the_first_word_of_a_clip_cut_mid_word(worker):
 
 
 def test_defaults_transcribe_a_one_second_clip(worker):
-    from bench.corpus import read_wav
+    from speech_assets.clips import read_wav
 
     clip = read_wav(sorted((DATA / "librivox").glob("*.wav"))[0])[:16000]
     out = run_job(_job_of(clip), worker)

@@ -84,9 +84,37 @@ def test_the_worker_imports_no_other_product() -> None:
         f"{p.relative_to(ROOT)}: {m}"
         for p in files_of("handler")
         for m in imports_of(p)
-        if top(m) in {"whisper_client", "runpod_emulator", "bench", "tests", "builder"}
+        if top(m)
+        in {
+            "whisper_client",
+            "runpod_emulator",
+            "bench",
+            "tests",
+            "builder",
+            "speech_assets",
+        }  # fmt: skip
     }
     assert not bad, sorted(bad)
+
+
+BENCH_TESTS = {
+    "test_accuracy_bench.py", "test_autoscaler.py", "test_cost.py", "test_harness.py",
+    "test_report.py", "test_soak.py", "test_emulator_cli.py",
+}  # fmt: skip
+"""Tests of the bench itself; every other test needs no bench (issue 19)."""
+
+
+def test_tests_of_the_worker_need_no_bench_and_assets_need_neither() -> None:
+    bad = [
+        f"{p.name}: {m}"
+        for p in sorted((ROOT / "tests").glob("*.py"))
+        if p.name not in BENCH_TESTS
+        for m in imports_of(p)
+        if top(m) == "bench"
+    ]
+    assert not bad, bad
+    for p in files_of("speech_assets"):
+        assert not {top(m) for m in imports_of(p)} & {"bench", "tests", "handler"}, p
 
 
 @pytest.mark.parametrize("package", ["whisper_client", "runpod_emulator"])
@@ -209,7 +237,7 @@ def _in_image(*argv: str, stdin: str | None = None) -> subprocess.CompletedProce
     products and every package of the dev/bench extras (the image installs only the
     project's own dependencies; its model is baked, here it is the PyPI tiny.en)."""
     blocked = [
-        "whisper_client", "runpod_emulator", "bench", "tests", "builder",
+        "whisper_client", "runpod_emulator", "bench", "tests", "builder", "speech_assets",
         "pytest", "moto", "srt", "webvtt", "matplotlib", "openai", "hypothesis", "jiwer",
         "litellm",
     ]  # fmt: skip

@@ -20,8 +20,8 @@ from typing import Any
 import pytest
 import requests
 
-from bench.corpus import long_clip
 from runpod_emulator import Emulator
+from speech_assets.clips import long_clip
 from tests.conftest import DATA, JFK_TEXT, b64, wait_for, wer
 
 pytestmark = pytest.mark.e2e

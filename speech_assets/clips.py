@@ -1,4 +1,5 @@
-"""Real speech for benchmarks: the committed JFK and LibriVox clips, and longer concatenations.
+"""Real speech for tests and benchmarks: the committed JFK and LibriVox clips, and longer
+concatenations.
 
 Every clip comes with its reference text, so a benchmark can report WER beside speed.
 """
