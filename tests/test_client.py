@@ -472,3 +472,18 @@ def test_real_worker_transcribes_jfk_streaming_and_sync(
     assert out.startswith(
         "1\n00:00:00,000 --> "
     ) and "ask not what your country" in out.lower().replace("\n", " ")
+
+
+def test_result_of_reads_what_the_runpod_sdk_returns() -> None:
+    from whisper_client import result_of
+
+    full = {"text": "one two", "segments": []}
+    assert result_of(full) is full
+    streamed = [
+        {"segment": {"id": 1, "text": " one"}},
+        {"segment": {"id": 2, "text": " two"}},
+        full,
+    ]
+    assert result_of(streamed) is full
+    assert result_of([{"segment": {"id": 1, "text": " one"}}]) is None
+    assert result_of(None) is None

@@ -154,6 +154,19 @@ def output_of(status: Mapping[str, Any]) -> dict[str, Any]:
     raise ClientError("NOT_FINISHED", f"job {job_id} is {state}", job_id=job_id)
 
 
+def result_of(output: Any) -> dict[str, Any] | None:
+    """The result dict in what the runpod SDK's ``Endpoint.run_sync`` or ``Job.output()``
+    returns: the dict itself, or, from a streaming worker (``WHISPER_STREAM=true``), the
+    last full result of the list it aggregated (segment items come first). None when there
+    is none (the SDK returns None for a failed streaming job: ask ``Job.status()``)."""
+    if isinstance(output, dict):
+        return output
+    if isinstance(output, list):
+        finals = [o for o in output if isinstance(o, dict) and "segment" not in o]
+        return finals[-1] if finals else None
+    return None
+
+
 def _job_error(status: Mapping[str, Any]) -> ClientError:
     job_id = status.get("id")
     error = str(status.get("error") or "the job failed")
