@@ -4,6 +4,8 @@
 #
 #   docker build -t whisper-worker:turbo .
 #   docker build --build-arg WHISPER_MODEL=large-v3 -t whisper-worker:large-v3 .
+#   docker build --build-arg WHISPER_IMAGE=cpu --build-arg WHISPER_MODEL=small \
+#       -t whisper-worker:cpu-small .
 #
 # Layers run from least to most often changed: system + CUDA libraries, Python
 # dependencies, the model, then our code. Editing handler/ rebuilds only the last layer;
@@ -16,7 +18,19 @@
 # only) plus cuBLAS 12.8, instead of "runtime", which adds ~2 GB of cuFFT, cuSPARSE,
 # cuSOLVER, NPP, nvJPEG and NCCL that are never loaded. Hosts need a driver for CUDA 12.8+
 # (R570+); .runpod/hub.json's allowedCudaVersions says so to the scheduler.
-FROM nvidia/cuda:12.8.1-base-ubuntu24.04
+#
+# WHISPER_IMAGE=cpu builds the CPU image instead (RunPod CPU endpoints, CPU nodes): plain
+# Ubuntu, no CUDA library at all; BuildKit builds only the base stage the argument names.
+ARG WHISPER_IMAGE=cuda
+
+FROM nvidia/cuda:12.8.1-base-ubuntu24.04 AS base-cuda
+ENV IMAGE_SYSTEM_LIBS=libcublas-12-8
+
+FROM ubuntu:24.04 AS base-cpu
+ENV IMAGE_SYSTEM_LIBS=""
+
+# hadolint ignore=DL3006
+FROM base-${WHISPER_IMAGE}
 
 SHELL ["/bin/bash", "-o", "pipefail", "-c"]
 
@@ -27,11 +41,11 @@ ENV DEBIAN_FRONTEND=noninteractive \
     PATH=/opt/venv/bin:$PATH
 
 # Ubuntu's security updates of these packages are wanted, so they are not pinned;
-# libcublas-12-8 pins the CUDA minor by its name.
-# hadolint ignore=DL3008
+# libcublas-12-8 (IMAGE_SYSTEM_LIBS of the CUDA base) pins the CUDA minor by its name.
+# hadolint ignore=DL3008,SC2086
 RUN apt-get update \
     && apt-get install -y --no-install-recommends \
-        ca-certificates python3 python3-venv libcublas-12-8 \
+        ca-certificates python3 python3-venv $IMAGE_SYSTEM_LIBS \
     && rm -rf /var/lib/apt/lists/* \
     && python3 -m venv "$VIRTUAL_ENV" \
     && groupadd --gid 10001 worker \

@@ -7,6 +7,7 @@
     python -m bench http [...]                            HTTP mode against queue mode
     python -m bench accuracy [...]          WER beside plain faster-whisper on a real corpus
     python -m bench throughput [...]        a burst of short clips: one job at a time vs engine
+    python -m bench http-soak [...]    HTTP mode: 1000 requests, bad inputs, disconnects, bursts
     python -m bench alloc [...]         ms per window and kernel CPU share per allocator policy
     python -m bench memory [...]                 peak RSS of one job against audio length
     python -m bench threads [...]       queue worker vs in-process transcribe time per audio s
@@ -399,6 +400,10 @@ def main(argv: list[str] | None = None) -> int:
         from bench.memory import main as memory_main
 
         return int(memory_main(argv[1:]) or 0)
+    if argv[:1] == ["http-soak"]:
+        from bench.http_soak import main as http_soak_main
+
+        return int(http_soak_main(argv[1:]) or 0)
     if argv[:1] == ["alloc"]:
         from bench.alloc import main as alloc_main
 

@@ -574,9 +574,32 @@ def test_ctranslate2_needs_cublas_of_the_base_image_and_no_cudnn(docker):
     ptx = {(int(a), int(b)) for a, b in re.findall(rb"\.version (\d+)\.(\d+)\n", data)}
     if ptx:
         assert PTX_TO_CUDA[max(ptx)] <= (major, minor), "the base image's CUDA is too old"
-    # The cuBLAS package installed matches the base image's CUDA minor.
+    # The cuBLAS package installed (the CUDA base stage's IMAGE_SYSTEM_LIBS) matches the
+    # base image's CUDA minor; the CPU base installs none.
     apt = next(rest for kw, rest in docker if kw == "RUN" and "apt-get install" in rest)
-    assert f"libcublas-{major}-{minor}" in apt
+    assert "$IMAGE_SYSTEM_LIBS" in apt
+    assert _stage_env(docker, "base-cuda")["IMAGE_SYSTEM_LIBS"] == f"libcublas-{major}-{minor}"
+    assert _stage_env(docker, "base-cpu")["IMAGE_SYSTEM_LIBS"] == ""
+
+
+def _stage_env(docker, stage: str) -> dict[str, str]:
+    """The ENV set inside one named stage."""
+    start = _index(docker, lambda ins: ins[0] == "FROM" and ins[1].endswith(f" AS {stage}"))
+    env: dict[str, str] = {}
+    for kw, rest in docker[start + 1 :]:
+        if kw == "FROM":
+            break
+        if kw == "ENV":
+            env.update(item.partition("=")[::2] for item in shlex.split(rest))
+    return env
+
+
+def test_the_cpu_image_is_a_build_argument_and_cuda_the_default(docker):
+    head = DOCKERFILE.read_text().split("\nFROM ", 1)[0]
+    assert "ARG WHISPER_IMAGE=cuda" in head  # before the first FROM: usable in FROM
+    froms = [rest for kw, rest in docker if kw == "FROM"]
+    assert froms[0].startswith("nvidia/cuda:") and froms[1].startswith("ubuntu:")
+    assert froms[2] == "base-${WHISPER_IMAGE}"
 
 
 def test_installed_ctranslate2_is_the_pinned_one():
