@@ -24,6 +24,8 @@ from pathlib import Path
 import av
 import numpy as np
 
+from bench.machine import describe
+from bench.machine import line as describe_line
 from speech_assets.clips import RATE, long_clip
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -43,16 +45,23 @@ def write_flac(path: Path, samples: np.ndarray) -> None:
             out.mux(p)
 
 
-def child_peak_mib(cmd: list[str], env: dict[str, str], stdin: str) -> tuple[float, float, int]:
-    """(peak RSS MiB, seconds, exit code) of one child process (its own rusage, wait4)."""
+def child_peak_mib(
+    cmd: list[str], env: dict[str, str], stdin: str, out: list[str] | None = None
+) -> tuple[float, float, int]:
+    """(peak RSS MiB, seconds, exit code) of one child process (its own rusage, wait4);
+    its stdout is appended to ``out`` when given."""
     t = time.perf_counter()
-    proc = subprocess.Popen(cmd, env=env, stdin=subprocess.PIPE, stdout=subprocess.DEVNULL,
-                            stderr=subprocess.DEVNULL, text=True, cwd=ROOT)  # fmt: skip
-    assert proc.stdin is not None
-    proc.stdin.write(stdin)
-    proc.stdin.close()
-    _, status, usage = os.wait4(proc.pid, 0)
-    proc.returncode = os.waitstatus_to_exitcode(status)
+    with tempfile.TemporaryFile("w+") as stdout:
+        proc = subprocess.Popen(cmd, env=env, stdin=subprocess.PIPE, stdout=stdout,
+                                stderr=subprocess.DEVNULL, text=True, cwd=ROOT)  # fmt: skip
+        assert proc.stdin is not None
+        proc.stdin.write(stdin)
+        proc.stdin.close()
+        _, status, usage = os.wait4(proc.pid, 0)
+        proc.returncode = os.waitstatus_to_exitcode(status)
+        if out is not None:
+            stdout.seek(0)
+            out.append(stdout.read())
     return usage.ru_maxrss / 1024, time.perf_counter() - t, proc.returncode
 
 
@@ -64,6 +73,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--batches", default="8,1", help="batch sizes to compare (default 8,1)")
     parser.add_argument("--model", default="tiny.en",
                         help="tiny.en (packaged) or base (assembled from PyPI)")  # fmt: skip
+    parser.add_argument("--malloc", default="keep",
+                        help="allocator policies, e.g. system,keep (WHISPER_MALLOC)")  # fmt: skip
     parser.add_argument("--out", default=str(ROOT / "bench" / "out" / "memory.json"))
     parser.add_argument("--plot", help="also draw peak RSS against length into this PNG")
     args = parser.parse_args(argv)
@@ -97,24 +108,29 @@ def main(argv: list[str] | None = None) -> int:
                 name = f"speech-{int(seconds)}.flac"
                 write_flac(Path(tmp) / name, long_clip(seconds).samples)
                 url = f"http://127.0.0.1:{server.server_port}/{name}"
-                for b in batches:
+                for b, policy in [(b, m) for b in batches for m in args.malloc.split(",")]:
                     job = json.dumps({"input": {"audio_url": url, "batch_size": b,
                                                 "output": ["text"]}})  # fmt: skip
+                    stdout: list[str] = []
                     peak, dt, rc = child_peak_mib(
-                        [sys.executable, "-m", "handler.cli", "job", "-"], env, job
-                    )
-                    row = {"seconds": seconds, "batch_size": b, "peak_mib": round(peak),
-                           "over_idle_mib": round(peak - idle), "wall_s": round(dt, 1),
+                        [sys.executable, "-m", "handler.cli", "job", "-"],
+                        {**env, "WHISPER_MALLOC": policy}, job, stdout,
+                    )  # fmt: skip
+                    row = {"seconds": seconds, "batch_size": b, "malloc": policy,
+                           "peak_mib": round(peak), "over_idle_mib": round(peak - idle),
+                           "wall_s": round(dt, 1), "rtf": _rtf(stdout[0], seconds),
                            "rc": rc}  # fmt: skip
                     rows.append(row)
                     print(json.dumps(row), flush=True)
         finally:
             server.shutdown()
+    print(describe_line(describe()))
     print(f"idle worker: {idle:.0f} MiB")
-    print("| audio | batch | peak MiB | over idle MiB | wall s |\n|---|---|---|---|---|")
+    print("| audio | batch | malloc | peak MiB | over idle MiB | wall s | RTF |")
+    print("|---|---|---|---|---|---|---|")
     for r in rows:
-        print(f"| {r['seconds'] / 60:.0f} min | {r['batch_size']} | {r['peak_mib']} | "
-              f"{r['over_idle_mib']} | {r['wall_s']} |")  # fmt: skip
+        print(f"| {r['seconds'] / 60:.0f} min | {r['batch_size']} | {r['malloc']} | "
+              f"{r['peak_mib']} | {r['over_idle_mib']} | {r['wall_s']} | {r['rtf']} |")  # fmt: skip
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps({"model": args.model, "idle_mib": round(idle), "rows": rows},
@@ -125,6 +141,14 @@ def main(argv: list[str] | None = None) -> int:
     return 0 if all(r["rc"] == 0 for r in rows) else 1
 
 
+def _rtf(stdout: str, seconds: float) -> float | None:
+    """The job's model seconds per audio second, from its printed output."""
+    try:
+        return round(json.loads(stdout)["timings"]["transcribe"] / seconds, 4)
+    except (ValueError, KeyError, TypeError):
+        return None
+
+
 def plot(rows: list[dict], idle: float, model: str, path: Path) -> None:
     from matplotlib.backends.backend_agg import FigureCanvasAgg
     from matplotlib.figure import Figure
@@ -133,7 +157,9 @@ def plot(rows: list[dict], idle: float, model: str, path: Path) -> None:
     FigureCanvasAgg(fig)
     ax = fig.add_subplot()
     for b in sorted({r["batch_size"] for r in rows}):
-        mine = [r for r in rows if r["batch_size"] == b]
+        mine = [
+            r for r in rows if r["batch_size"] == b and r.get("malloc") == rows[-1].get("malloc")
+        ]
         label = "sequential (batch 1)" if b == 1 else f"engine (batch {b})"
         ax.plot([r["seconds"] / 3600 for r in mine], [r["over_idle_mib"] for r in mine],
                 marker="o", label=label)  # fmt: skip

@@ -99,7 +99,7 @@ def test_the_worker_imports_no_other_product() -> None:
 
 BENCH_TESTS = {
     "test_accuracy_bench.py", "test_autoscaler.py", "test_cost.py", "test_harness.py",
-    "test_report.py", "test_soak.py", "test_emulator_cli.py",
+    "test_report.py", "test_soak.py", "test_emulator_cli.py", "test_http_soak.py",
 }  # fmt: skip
 """Tests of the bench itself; every other test needs no bench (issue 19)."""
 
