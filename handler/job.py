@@ -17,7 +17,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from handler.audio.decode import DecodedAudio, decode_audio
+import numpy as np
+
+from handler.audio.decode import SAMPLE_RATE, DecodedAudio, decode_audio
 from handler.audio.sources import decode_base64, fetch_to_file
 from handler.contract import Segment
 from handler.errors import Code, WorkerError
@@ -125,6 +127,8 @@ class Call:
     on_progress: ProgressCallback | None = None
     audio: bytes | None = None
     """The file's bytes when they arrive beside the input (an HTTP upload, bounded there)."""
+    samples: np.ndarray | None = None
+    """Audio already decoded (16-kHz float32: a realtime session's turn)."""
     start: float = field(default_factory=time.perf_counter)
     timings: dict[str, float] = field(default_factory=dict)
     warnings: list[str] = field(default_factory=list)
@@ -139,13 +143,15 @@ def run_job(
     on_segment: transcribe.SegmentCallback | None = None,
     on_progress: ProgressCallback | None = None,
     audio: bytes | None = None,
+    samples: np.ndarray | None = None,
 ) -> dict[str, Any]:
     """Run one job; returns the output dict or an error dict, never raises.
 
     ``audio``: the file's bytes when they arrive beside the input (an HTTP upload, already
-    bounded by the server); the input then carries no audio field.
+    bounded by the server); ``samples``: audio already decoded (16-kHz float32, a realtime
+    turn). With either, the input carries no audio field.
     """
-    call = Call(job_id, cancel, on_segment, on_progress, audio)
+    call = Call(job_id, cancel, on_segment, on_progress, audio, samples)
     worker.job_started()
     try:
         result = _run(raw_input, worker, call)
@@ -164,7 +170,7 @@ def run_job(
 
 def _run(raw_input: Any, worker: Worker, call: Call) -> dict[str, Any]:
     """The pipeline, step by step: each step is a function below, in this order."""
-    job = parse_job_input(raw_input, audio_given=call.audio is not None)
+    job = parse_job_input(raw_input, audio_given=call.audio is not None or call.samples is not None)
     model, kwargs, languages = _plan(job, worker)
     audio = _fetch_and_decode(job, worker.settings, call)
     duration = audio.duration
@@ -194,6 +200,12 @@ def _plan(job: JobInput, worker: Worker) -> tuple[LoadedModel, dict[str, Any], l
 
 def _fetch_and_decode(job: JobInput, settings: Settings, call: Call) -> DecodedAudio:
     """The job's audio as 16-kHz samples; its file lives only inside this step."""
+    if call.samples is not None:
+        seconds = len(call.samples) / SAMPLE_RATE
+        if seconds > settings.max_audio_seconds:
+            raise WorkerError(Code.AUDIO_TOO_LONG, f"{seconds:.0f} s of audio is over the cap")
+        call.timings["fetch"] = call.timings["decode"] = 0.0
+        return DecodedAudio(call.samples, seconds, None, "live")
     with tempfile.TemporaryDirectory(prefix=JOB_DIR_PREFIX) as tmp:
         src = Path(tmp) / "audio"
         t = time.perf_counter()

@@ -40,8 +40,10 @@ def serve(settings: Settings | None = None) -> int:
     host = os.environ.get("HOST") or "0.0.0.0"
 
     def server(app: Any, at: int) -> uvicorn.Server:
-        return uvicorn.Server(uvicorn.Config(app, host=host, port=at, log_config=None,
-                                             access_log=False, lifespan="off"))  # fmt: skip
+        # An oversized WebSocket message closes the socket with 1009 (message too big).
+        return uvicorn.Server(uvicorn.Config(
+            app, host=host, port=at, log_config=None, access_log=False, lifespan="off",
+            ws_max_size=loader.settings.realtime_max_message_bytes))  # fmt: skip
 
     servers = [server(build_asgi(state, health_path), port)]
     if health_port != port:

@@ -155,6 +155,19 @@ class Settings(BaseModel):
     """HTTP mode: when set, every route but the health routes needs `Authorization: Bearer
     <key>` (at least 16 characters; compared in constant time; never logged). Unset: open,
     as on RunPod, whose platform authenticates callers itself."""
+    realtime_max_sessions: int = Field(8, ge=0, le=1000)
+    """HTTP mode: live sessions on `/v1/realtime` at once; the next gets an `error` event and
+    a close (1013, try again later). 0 turns the route off."""
+    realtime_max_session_s: float = Field(3600.0, gt=0, le=86_400)
+    """HTTP mode: longest live session (seconds of wall time); then it is closed."""
+    realtime_max_turn_s: float = Field(30.0, ge=1, le=600)
+    """HTTP mode: audio appended but not yet committed (seconds); server VAD commits a turn
+    this long, manual mode refuses audio past it until a commit or clear."""
+    realtime_idle_s: float = Field(60.0, gt=0, le=3600)
+    """HTTP mode: a live session that sends nothing this long is closed."""
+    realtime_max_message_bytes: int = Field(1_048_576, ge=1024, le=16_777_216)
+    """HTTP mode: largest WebSocket message; a bigger one closes the socket with 1009 (about
+    5 s of 24-kHz PCM as base64 per MiB)."""
     max_upload_bytes: int = Field(30_000_000, ge=1)
     """HTTP mode: largest request body (bytes). 30 MB is what RunPod's load balancer lets
     through, above OpenAI's own 25 MB upload limit; larger files go by audio_url."""

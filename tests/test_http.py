@@ -369,7 +369,9 @@ def test_unknown_routes_and_the_realtime_route_answer_in_openais_shape(server: S
     assert resp.json()["error"]["code"] == "not_found", resp.text
     resp = requests.get(server.url + "/v1/audio/transcriptions", timeout=30)
     assert resp.status_code == 405 and resp.json()["error"]["type"] == "invalid_request_error"
-    ws_url = server.url.replace("http", "ws") + "/v1/realtime?intent=transcription"
+    # Live transcription is served (tests/test_realtime.py); a conversation is refused in
+    # OpenAI's shape, not with a bare 403.
+    ws_url = server.url.replace("http", "ws") + "/v1/realtime?intent=conversation"
     with connect(ws_url, open_timeout=30) as ws:
         event = json.loads(ws.recv(timeout=30))
     assert event["type"] == "error" and event["error"]["code"] == "unsupported"

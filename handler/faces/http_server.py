@@ -38,7 +38,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from handler.contract import Segment
 from handler.errors import Code, WorkerError
-from handler.faces import openai_api
+from handler.faces import openai_api, realtime
 from handler.faces.auth import ApiKey
 from handler.faces.metrics import Metrics, RequestMetrics
 from handler.job import Worker, run_job
@@ -112,10 +112,17 @@ class ServerState:
     executor: ThreadPoolExecutor = field(init=False)
     slots: asyncio.Semaphore | None = None
     metrics: Metrics = field(default_factory=Metrics)
+    sessions: list[int] = field(default_factory=lambda: [0])
+    """Live sessions open (one item: the event loop's own count)."""
+    live_executor: ThreadPoolExecutor = field(init=False)
 
     def __post_init__(self) -> None:
         self.executor = ThreadPoolExecutor(
             max_workers=self.settings.concurrency, thread_name_prefix="http-job"
+        )
+        # A live turn's thread mostly waits on the engine; two per session (interim, final).
+        self.live_executor = ThreadPoolExecutor(
+            max_workers=max(1, 2 * self.settings.realtime_max_sessions), thread_name_prefix="live"
         )
 
     @property
@@ -259,33 +266,21 @@ def _not_routed(request: Request, status: int) -> JSONResponse:
     return JSONResponse(body, status_code=status)
 
 
-REALTIME_UNSERVED = {
-    "type": "error",
-    "error": {
-        "type": "invalid_request_error",
-        "code": "unsupported",
-        "message": "live audio over /v1/realtime is not served by this version; send files "
-        "to /v1/audio/transcriptions (stream=true streams the text as it is decoded)",
-        "param": None,
-    },
-}
-
-
 def add_service_routes(app: FastAPI, state: ServerState) -> None:
-    """``/metrics`` and the realtime route's answer (not a bare 403 that reads like auth)."""
+    """``/metrics`` and live audio (``/v1/realtime``, handler.faces.realtime)."""
 
     @app.get("/metrics")
     async def metrics() -> Response:
         m = state.metrics
         m.running.set(state.running)
         m.waiting.set(max(0, state.admitted - state.running))
+        m.sessions.set(state.sessions[0])
         return Response(m.render(), media_type=m.content_type)
 
     @app.websocket("/v1/realtime")
-    async def realtime(ws: WebSocket) -> None:
-        await ws.accept()
-        await ws.send_json(REALTIME_UNSERVED)
-        await ws.close(code=1003)  # unsupported data: this server takes no live audio yet
+    async def live(ws: WebSocket) -> None:
+        await realtime.serve(ws, state.worker, state.settings, state.sessions,
+                             state.live_executor, state.metrics.job_done)  # fmt: skip
 
 
 def add_health_route(app: FastAPI, state: ServerState, path: str) -> None:

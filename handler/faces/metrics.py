@@ -65,6 +65,7 @@ class Metrics:
         self.waiting = Gauge(
             "whisper_jobs_waiting", "Jobs admitted, waiting for a slot", registry=r
         )
+        self.sessions = Gauge("whisper_realtime_sessions", "Live sessions open", registry=r)
         self.load = Gauge(
             "whisper_model_load_seconds", "Seconds the model load and warm-up took", registry=r
         )

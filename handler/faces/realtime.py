@@ -1,0 +1,643 @@
+"""Live audio: OpenAI's Realtime transcription protocol on ``/v1/realtime?intent=transcription``.
+
+A client appends audio in small base64 chunks; server VAD (or the client's commits) closes
+turns; each turn is transcribed through the same pipeline as a file (``run_job`` with the
+decoded samples: the engine batches its windows with other sessions' turns and with file
+jobs, round-robin), and answered with OpenAI's events. Served:
+
+- client events: ``session.update`` (a transcription session: ``audio.input.format``
+  ``audio/pcm`` at 24 kHz or another PCM rate, ``audio/pcmu``, ``audio/pcma``;
+  ``audio.input.transcription`` ``model``, ``language``, ``prompt``;
+  ``audio.input.turn_detection`` ``server_vad`` with ``threshold``, ``prefix_padding_ms``,
+  ``silence_duration_ms``, or null for manual commits), the older
+  ``transcription_session.update`` shape, ``input_audio_buffer.append``, ``.commit`` and
+  ``.clear``;
+- server events: ``session.created``/``.updated`` (``transcription_session.*`` for the old
+  shape), ``input_audio_buffer.speech_started``/``speech_stopped`` (``audio_start_ms``,
+  ``audio_end_ms``), ``.committed``, ``.cleared``, ``conversation.item.added``,
+  ``conversation.item.input_audio_transcription.delta`` (interim text of a turn still being
+  spoken, re-decoded every ``INTERIM_EVERY_S`` of new audio; only words two decodes agree
+  on are sent, and from the first decode all but its last words, so deltas do not take
+  text back; the completed transcript is the final word), ``...completed`` (the transcript and
+  ``usage``), ``...failed``, and ``error`` (OpenAI's error body; the session goes on).
+
+Refused with an ``error`` event: conversation sessions (this is transcription only),
+``semantic_vad``, noise reduction, logprobs, binary messages. Bounded by the
+``WHISPER_REALTIME_*`` settings: sessions at once, session length, idle time, audio
+buffered per turn, message size (uvicorn closes an oversized message with 1009). A client
+that vanishes cancels its turns at their next cancel check.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import secrets
+import threading
+import time
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any
+
+import numpy as np
+from starlette.websockets import WebSocket, WebSocketDisconnect
+
+from handler.audio.live import LEGACY_FORMATS, SAMPLE_RATE, LiveDecoder, chunk_bytes
+from handler.errors import WorkerError
+from handler.faces.openai_api import resolve_model
+from handler.inference.live_vad import StreamVad, TurnDetector, TurnRules
+from handler.job import Worker, run_job
+from handler.settings import Settings
+
+log = logging.getLogger(__name__)
+
+INTERIM_EVERY_S = 2.0
+"""Seconds of new speech between two interim decodes of a turn still being spoken."""
+HOLD_BACK = 3
+"""Words at the end of a turn's first interim decode that wait for a second one."""
+MIN_COMMIT_S = 0.1
+"""OpenAI refuses to commit less than 100 ms of audio; so does this server."""
+IDLE_PREFIX_S = 1.0
+"""Audio kept before speech starts, beyond the prefix padding (server VAD)."""
+
+
+def _id(prefix: str) -> str:
+    return f"{prefix}_{secrets.token_hex(8)}"
+
+
+def error_event(
+    message: str, code: str, kind: str = "invalid_request_error", event_id: str | None = None
+) -> dict[str, Any]:
+    return {
+        "type": "error",
+        "event_id": _id("event"),
+        "error": {
+            "type": kind,
+            "code": code,
+            "message": message,
+            "param": None,
+            "event_id": event_id,
+        },
+    }
+
+
+class SessionError(Exception):
+    """A client event this session refuses: answered with an error event, then go on."""
+
+    def __init__(self, message: str, code: str = "invalid_value") -> None:
+        super().__init__(message)
+        self.code = code
+
+
+class Config:
+    """A transcription session's settings, as OpenAI's session object names them."""
+
+    def __init__(self, loaded_models: list[str]) -> None:
+        self.loaded_models = loaded_models
+        self.format, self.rate = "audio/pcm", 24000
+        self.model, self.prompt = "whisper-1", ""
+        self.language: str | None = None
+        self.turns: TurnRules | None = TurnRules()
+
+    def session(self, session_id: str, expires_at: int) -> dict[str, Any]:
+        turn = (
+            None
+            if self.turns is None
+            else {
+                "type": "server_vad",
+                "threshold": self.turns.threshold,
+                "prefix_padding_ms": self.turns.prefix_padding_ms,
+                "silence_duration_ms": self.turns.silence_duration_ms,
+            }
+        )
+        fmt: dict[str, Any] = {"type": self.format}
+        if self.format == "audio/pcm":
+            fmt["rate"] = self.rate
+        return {
+            "type": "transcription",
+            "id": session_id,
+            "object": "realtime.transcription_session",
+            "expires_at": expires_at,
+            "include": None,
+            "audio": {
+                "input": {
+                    "format": fmt,
+                    "noise_reduction": None,
+                    "transcription": {
+                        "model": self.model,
+                        "language": self.language,
+                        "prompt": self.prompt,
+                    },
+                    "turn_detection": turn,
+                }
+            },
+        }
+
+    def update(self, session: Any) -> None:
+        """Apply ``session.update``'s session (the current shape)."""
+        if not isinstance(session, dict):
+            raise SessionError("session: an object")
+        if session.get("type", "transcription") != "transcription":
+            raise SessionError(
+                "only transcription sessions are served here (intent="
+                "transcription): not conversations",
+                "unsupported",
+            )
+        if session.get("include"):
+            raise SessionError(
+                "include: logprobs are not served (the decoder keeps one "
+                "log-probability per segment)",
+                "unsupported",
+            )
+        audio_in = (session.get("audio") or {}).get("input") or {}
+        if not isinstance(audio_in, dict):
+            raise SessionError("session.audio.input: an object")
+        if audio_in.get("noise_reduction") is not None:
+            raise SessionError("noise_reduction is not served here", "unsupported")
+        if "format" in audio_in:
+            fmt = audio_in["format"] or {}
+            self._format(fmt.get("type", "audio/pcm"), fmt.get("rate"))
+        if "transcription" in audio_in:
+            self._transcription(audio_in["transcription"] or {})
+        if "turn_detection" in audio_in:
+            self._turns(audio_in["turn_detection"])
+
+    def update_legacy(self, session: Any) -> None:
+        """Apply the older ``transcription_session.update`` shape."""
+        if not isinstance(session, dict):
+            raise SessionError("session: an object")
+        if session.get("include"):
+            raise SessionError("include: logprobs are not served", "unsupported")
+        if "input_audio_format" in session:
+            name = session["input_audio_format"]
+            if name not in LEGACY_FORMATS:
+                raise SessionError(f"input_audio_format: one of {', '.join(LEGACY_FORMATS)}")
+            self._format(LEGACY_FORMATS[name], None)
+        if "input_audio_transcription" in session:
+            self._transcription(session["input_audio_transcription"] or {})
+        if "turn_detection" in session:
+            self._turns(session["turn_detection"])
+
+    def _format(self, fmt: str, rate: Any) -> None:
+        try:
+            LiveDecoder(fmt, rate)  # validates the pair
+        except WorkerError as exc:
+            raise SessionError(exc.message) from None
+        self.format = fmt
+        self.rate = LiveDecoder(fmt, rate).rate
+
+    def _transcription(self, t: dict[str, Any]) -> None:
+        model = t.get("model", self.model)
+        try:
+            resolve_model(model, self.loaded_models)
+        except WorkerError as exc:
+            raise SessionError(exc.message, "invalid_model") from None
+        language, prompt = t.get("language"), t.get("prompt") or ""
+        if language is not None and not (isinstance(language, str) and 2 <= len(language) <= 8):
+            raise SessionError("transcription.language: a language code such as en")
+        if not isinstance(prompt, str) or len(prompt) > 2000:
+            raise SessionError("transcription.prompt: a string of at most 2000 characters")
+        self.model, self.language, self.prompt = model, language, prompt
+
+    def _turns(self, td: Any) -> None:
+        if td is None:
+            self.turns = None
+            return
+        if not isinstance(td, dict) or td.get("type", "server_vad") != "server_vad":
+            raise SessionError(
+                "turn_detection: server_vad or null (semantic_vad is not served)", "unsupported"
+            )
+        rules = TurnRules()
+        for name, lo, hi in (
+            ("threshold", 0.0, 1.0),
+            ("prefix_padding_ms", 0, 5000),
+            ("silence_duration_ms", 100, 10000),
+        ):
+            value = td.get(name)
+            if value is None:
+                continue
+            if not isinstance(value, (int, float)) or not lo <= value <= hi:
+                raise SessionError(f"turn_detection.{name}: from {lo} to {hi}")
+            setattr(rules, name, type(getattr(rules, name))(value))
+        self.turns = rules
+
+    def job_input(self) -> dict[str, Any]:
+        job: dict[str, Any] = {"output": ["text"]}
+        model = resolve_model(self.model, self.loaded_models)
+        if model is not None:
+            job["model"] = model
+        if self.language:
+            job["language"] = self.language
+        if self.prompt:
+            job["initial_prompt"] = self.prompt
+        return job
+
+
+class Turn:
+    """One item: the audio of a turn, its interim decodes and its transcript."""
+
+    def __init__(self, item_id: str, start_ms: int) -> None:
+        self.item_id = item_id
+        self.start_ms = start_ms
+        self.emitted: list[str] = []
+        """Words already sent as deltas (never taken back)."""
+        self.previous: list[str] | None = None
+        """The last interim decode's words: a word is sent once two decodes agree on it."""
+        self.interim_at = 0
+        """Samples of the turn when its last interim decode started."""
+        self.interim: asyncio.Future | None = None
+
+    def agreed_delta(self, words: list[str]) -> str:
+        """The words this decode and the previous one agree on beyond those already sent;
+        from a turn's first decode, all but its last ``HOLD_BACK`` words (the end of what
+        was heard is the part a longer context changes)."""
+        prev, self.previous = self.previous, words
+        if prev is None:
+            return self._advance(words[: max(0, len(words) - HOLD_BACK)])
+        agreed = 0
+        while agreed < min(len(prev), len(words)) and prev[agreed] == words[agreed]:
+            agreed += 1
+        return self._advance(words[:agreed])
+
+    def final_delta(self, words: list[str]) -> str:
+        return self._advance(words)
+
+    def _advance(self, words: list[str]) -> str:
+        n = len(self.emitted)
+        if len(words) <= n or words[:n] != self.emitted:
+            return ""
+        new = words[n:]
+        self.emitted = list(words)
+        return (" " if n else "") + " ".join(new)
+
+
+class Session:
+    """One live WebSocket: its config, decoder, VAD, buffer and turns."""
+
+    def __init__(
+        self,
+        ws: WebSocket,
+        worker: Worker,
+        settings: Settings,
+        executor: ThreadPoolExecutor,
+        on_result: Callable[[Any], None],
+    ) -> None:
+        self.ws, self.worker, self.settings = ws, worker, settings
+        self.executor, self.on_result = executor, on_result
+        self.id = _id("sess")
+        self.started = time.monotonic()
+        self.config = Config(worker.pool.names)
+        self.decoder = LiveDecoder()
+        self.vad: StreamVad | None = None
+        self.detector = TurnDetector()
+        self.buffer = np.empty(0, dtype=np.float32)
+        self.buffer_start_ms = 0
+        """Session ms of the buffer's first sample."""
+        self.received_ms = 0
+        self.turn: Turn | None = None
+        self.previous_item: str | None = None
+        self.cancel = threading.Event()
+        self.tasks: set[asyncio.Task] = set()
+        self._send_lock = asyncio.Lock()
+
+    # --- the loop ---------------------------------------------------------------------
+
+    async def run(self) -> None:
+        await self.send({"type": "session.created", "session": self._session()})
+        try:
+            while True:
+                left = self.settings.realtime_max_session_s - (time.monotonic() - self.started)
+                if left <= 0:
+                    await self.send(
+                        error_event("the session reached its longest length", "session_expired")
+                    )
+                    await self.ws.close(code=1000)
+                    return
+                try:
+                    message = await asyncio.wait_for(
+                        self.ws.receive(), timeout=min(left, self.settings.realtime_idle_s)
+                    )
+                except asyncio.TimeoutError:
+                    if time.monotonic() - self.started < self.settings.realtime_max_session_s:
+                        await self.send(error_event("no event for too long", "idle_timeout"))
+                        await self.ws.close(code=1000)
+                        return
+                    continue
+                if message["type"] == "websocket.disconnect":
+                    return
+                await self.receive(message)
+        except (WebSocketDisconnect, RuntimeError):
+            return  # the client vanished
+        finally:
+            self.cancel.set()  # turns in flight stop at their next cancel check
+            for task in list(self.tasks):
+                task.cancel()
+
+    async def receive(self, message: Any) -> None:
+        if message.get("text") is None:
+            await self.send(error_event("send JSON text events, not binary", "binary_unsupported"))
+            return
+        try:
+            event = json.loads(message["text"])
+        except ValueError:
+            await self.send(error_event("the message is not JSON", "invalid_json"))
+            return
+        if not isinstance(event, dict) or not isinstance(event.get("type"), str):
+            await self.send(error_event("an event is a JSON object with a type", "invalid_event"))
+            return
+        try:
+            await self.dispatch(event)
+        except SessionError as exc:
+            await self.send(error_event(str(exc), exc.code, event_id=event.get("event_id")))
+        except WorkerError as exc:
+            await self.send(
+                error_event(exc.message, exc.code.value.lower(), event_id=event.get("event_id"))
+            )
+
+    async def dispatch(self, event: dict[str, Any]) -> None:
+        kind = event["type"]
+        if kind == "session.update":
+            self._reconfigure(self.config.update, event.get("session"))
+            await self.send({"type": "session.updated", "session": self._session()})
+        elif kind == "transcription_session.update":
+            self._reconfigure(self.config.update_legacy, event.get("session"))
+            await self.send({"type": "transcription_session.updated", "session": self._session()})
+        elif kind == "input_audio_buffer.append":
+            await self.append(
+                chunk_bytes(event.get("audio"), self.settings.realtime_max_message_bytes)
+            )
+        elif kind == "input_audio_buffer.commit":
+            if len(self.buffer) < MIN_COMMIT_S * SAMPLE_RATE:
+                raise SessionError(
+                    "the buffer holds less than 100 ms of audio", "input_audio_buffer_commit_empty"
+                )
+            await self.commit(self.received_ms)
+        elif kind == "input_audio_buffer.clear":
+            self._clear()
+            await self.send({"type": "input_audio_buffer.cleared"})
+        else:
+            raise SessionError(f"unknown event type {kind[:80]!r}", "unknown_event")
+
+    def _reconfigure(self, update: Callable[[Any], None], session: Any) -> None:
+        before = (self.config.format, self.config.rate)
+        update(session)
+        if (self.config.format, self.config.rate) != before:
+            self.decoder = LiveDecoder(self.config.format, self.config.rate)
+        self.detector = TurnDetector(self.config.turns or TurnRules(), self.received_ms)
+        self.vad = None
+        self._clear()
+
+    def _session(self) -> dict[str, Any]:
+        expires = int(
+            time.time() + self.settings.realtime_max_session_s - (time.monotonic() - self.started)
+        )
+        return self.config.session(self.id, expires)
+
+    # --- audio, turns -----------------------------------------------------------------
+
+    async def append(self, data: bytes) -> None:
+        samples = self.decoder.decode(data)
+        cap = int(self.settings.realtime_max_turn_s * SAMPLE_RATE)
+        if self.config.turns is None and len(self.buffer) + len(samples) > cap:
+            raise SessionError(
+                f"the buffer holds {self.settings.realtime_max_turn_s:g} s: "
+                "commit or clear it first",
+                "input_audio_buffer_full",
+            )
+        self.buffer = np.concatenate([self.buffer, samples])
+        self.received_ms += len(samples) * 1000 // SAMPLE_RATE
+        if self.config.turns is None:
+            await self._maybe_interim(self.buffer_start_ms)
+            return
+        if self.vad is None:
+            self.vad = StreamVad()
+            self.detector = TurnDetector(
+                self.config.turns, self.received_ms - len(samples) * 1000 // SAMPLE_RATE
+            )
+        for kind, ms in self.detector.feed(self.vad.push(samples)):
+            if kind == "started":
+                await self.speech_started(ms)
+            else:
+                await self.send(
+                    {
+                        "type": "input_audio_buffer.speech_stopped",
+                        "audio_end_ms": ms,
+                        "item_id": self._item().item_id,
+                    }
+                )
+                await self.commit(ms)
+        if self.turn is not None and self.detector.speaking:
+            turn_ms = self.received_ms - self.turn.start_ms
+            if turn_ms >= self.settings.realtime_max_turn_s * 1000:
+                # A turn this long is committed as it stands; speech goes on in a new one.
+                await self.commit(self.received_ms)
+                self.detector.speaking = False
+            else:
+                await self._maybe_interim(self._turn_start_ms())
+        elif not self.detector.speaking:
+            self._trim_idle()
+
+    async def speech_started(self, ms: int) -> None:
+        self.turn = Turn(_id("item"), ms)
+        await self.send(
+            {
+                "type": "input_audio_buffer.speech_started",
+                "audio_start_ms": ms,
+                "item_id": self.turn.item_id,
+            }
+        )
+
+    def _item(self) -> Turn:
+        if self.turn is None:
+            self.turn = Turn(_id("item"), self.buffer_start_ms)
+        return self.turn
+
+    def _turn_start_ms(self) -> int:
+        pad = self.config.turns.prefix_padding_ms if self.config.turns else 0
+        return max(self.buffer_start_ms, self._item().start_ms - pad)
+
+    def _samples(self, from_ms: int, to_ms: int) -> np.ndarray:
+        a = max(0, (from_ms - self.buffer_start_ms) * SAMPLE_RATE // 1000)
+        b = max(a, (to_ms - self.buffer_start_ms) * SAMPLE_RATE // 1000)
+        return self.buffer[a:b]
+
+    def _trim_idle(self) -> None:
+        """Before speech, keep only what a turn's prefix padding can reach back to."""
+        keep_ms = self.config.turns.prefix_padding_ms if self.config.turns else 0
+        keep = int((keep_ms / 1000 + IDLE_PREFIX_S) * SAMPLE_RATE)
+        if len(self.buffer) > 2 * keep:
+            cut = len(self.buffer) - keep
+            self.buffer = self.buffer[cut:]
+            self.buffer_start_ms += cut * 1000 // SAMPLE_RATE
+
+    def _clear(self) -> None:
+        self.buffer = np.empty(0, dtype=np.float32)
+        self.buffer_start_ms = self.received_ms
+        self.turn = None
+
+    async def commit(self, end_ms: int) -> None:
+        turn = self._item()
+        start_ms = self._turn_start_ms() if self.config.turns else self.buffer_start_ms
+        samples = self._samples(start_ms, end_ms).copy()
+        cut = max(0, (end_ms - self.buffer_start_ms) * SAMPLE_RATE // 1000)
+        self.buffer = self.buffer[cut:]
+        self.buffer_start_ms = end_ms
+        self.turn = None
+        await self.send(
+            {
+                "type": "input_audio_buffer.committed",
+                "item_id": turn.item_id,
+                "previous_item_id": self.previous_item,
+            }
+        )
+        await self.send(
+            {
+                "type": "conversation.item.added",
+                "previous_item_id": self.previous_item,
+                "item": {
+                    "id": turn.item_id,
+                    "object": "realtime.item",
+                    "type": "message",
+                    "role": "user",
+                    "status": "completed",
+                    "content": [{"type": "input_audio", "transcript": None}],
+                },
+            }
+        )
+        self.previous_item = turn.item_id
+        self._spawn(self._final(turn, samples))
+
+    # --- transcription ----------------------------------------------------------------
+
+    def _spawn(self, coroutine: Any) -> asyncio.Task:
+        task = asyncio.ensure_future(coroutine)
+        self.tasks.add(task)
+        task.add_done_callback(self.tasks.discard)
+        return task
+
+    async def _transcribe(self, samples: np.ndarray, item_id: str) -> dict[str, Any]:
+        job = self.config.job_input()
+        loop = asyncio.get_running_loop()
+        result = await loop.run_in_executor(
+            self.executor,
+            lambda: run_job(
+                job, self.worker, job_id=f"live-{item_id}", cancel=self.cancel, samples=samples
+            ),
+        )
+        self.on_result(result)
+        return result
+
+    async def _maybe_interim(self, start_ms: int) -> None:
+        turn = self._item()
+        samples_now = len(self._samples(start_ms, self.received_ms))
+        if turn.interim is not None and not turn.interim.done():
+            return  # one interim decode per turn at a time: it throttles itself
+        if samples_now - turn.interim_at < INTERIM_EVERY_S * SAMPLE_RATE:
+            return
+        turn.interim_at = samples_now
+        turn.interim = self._spawn(
+            self._interim(turn, self._samples(start_ms, self.received_ms).copy())
+        )
+
+    async def _interim(self, turn: Turn, samples: np.ndarray) -> None:
+        result = await self._transcribe(samples, turn.item_id)
+        if "error" in result or self.turn is not turn:
+            return  # a failed interim decode is not reported; the final one is
+        delta = turn.agreed_delta(result["text"].split())
+        if delta:
+            await self._delta(turn, delta)
+
+    async def _delta(self, turn: Turn, delta: str) -> None:
+        await self.send(
+            {
+                "type": "conversation.item.input_audio_transcription.delta",
+                "item_id": turn.item_id,
+                "content_index": 0,
+                "delta": delta,
+            }
+        )
+
+    async def _final(self, turn: Turn, samples: np.ndarray) -> None:
+        if turn.interim is not None and not turn.interim.done():
+            await asyncio.wait({turn.interim})  # its deltas come before the final text
+        result = await self._transcribe(samples, turn.item_id)
+        if "error" in result:
+            await self.send(
+                {
+                    "type": "conversation.item.input_audio_transcription.failed",
+                    "item_id": turn.item_id,
+                    "content_index": 0,
+                    "error": {
+                        "type": "transcription_error",
+                        "code": result["error_code"],
+                        "message": result["error"],
+                        "param": None,
+                    },
+                }
+            )
+            return
+        text = result["text"]
+        delta = turn.final_delta(text.split())
+        if delta:
+            await self._delta(turn, delta)
+        await self.send(
+            {
+                "type": "conversation.item.input_audio_transcription.completed",
+                "item_id": turn.item_id,
+                "content_index": 0,
+                "transcript": text,
+                "usage": {"type": "duration", "seconds": round(len(samples) / SAMPLE_RATE, 3)},
+            }
+        )
+
+    async def send(self, event: dict[str, Any]) -> None:
+        event.setdefault("event_id", _id("event"))
+        async with self._send_lock:
+            try:
+                await self.ws.send_text(json.dumps(event))
+            except (WebSocketDisconnect, RuntimeError):
+                self.cancel.set()  # the client is gone: nothing more to send
+
+
+async def serve(
+    ws: WebSocket,
+    worker: Worker | None,
+    settings: Settings,
+    sessions: list[int],
+    executor: ThreadPoolExecutor,
+    on_result: Callable[[Any], None],
+) -> None:
+    """One connection to ``/v1/realtime``: refused with an error event, or a session.
+
+    ``sessions``: a one-item list, the count of sessions running (the event loop's only).
+    """
+    await ws.accept()
+
+    async def refuse(message: str, code: str, close: int) -> None:
+        await ws.send_text(json.dumps(error_event(message, code)))
+        await ws.close(code=close)
+
+    if ws.query_params.get("intent", "transcription") != "transcription":
+        return await refuse(
+            "only intent=transcription is served here: live transcription, not conversations",
+            "unsupported",
+            1008,
+        )
+    if settings.realtime_max_sessions == 0:
+        return await refuse(
+            "live sessions are off here (WHISPER_REALTIME_MAX_SESSIONS=0)", "unsupported", 1008
+        )
+    if worker is None:
+        return await refuse("the model is still loading; retry shortly", "not_ready", 1013)
+    if sessions[0] >= settings.realtime_max_sessions:
+        return await refuse(
+            f"the server holds {settings.realtime_max_sessions} live sessions; retry later",
+            "session_limit",
+            1013,
+        )
+    sessions[0] += 1
+    try:
+        await Session(ws, worker, settings, executor, on_result).run()
+    finally:
+        sessions[0] -= 1

@@ -1,0 +1,304 @@
+"""Live audio over OpenAI's Realtime transcription protocol (issue 22).
+
+Pure tier: the live decoder, the turn rules, the delta policy. Model tier: the streaming VAD
+scores windows exactly as scoring the whole stream at once does. End to end: the real
+``python -m handler serve`` on 127.0.0.1 with tiny.en, driven by the real ``openai`` SDK's
+realtime client (sync and async) streaming real speech faster than real time (turn
+detection and deltas depend on the audio, not on the clock), and a raw WebSocket client
+for the protocol's edge cases.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import json
+import threading
+import time
+from collections.abc import Iterator
+from typing import Any
+
+import numpy as np
+import pytest
+
+from handler.audio.live import LiveDecoder, chunk_bytes
+from handler.errors import Code, WorkerError
+from handler.faces.realtime import Turn
+from handler.inference.live_vad import WINDOW_MS, TurnDetector, TurnRules
+from speech_assets.clips import JFK_TEXT, clips, wer
+from tests.test_http import Server
+
+RATE_IN = 24000
+
+
+def pcm24(samples16: np.ndarray) -> bytes:
+    """16-kHz float samples as OpenAI's default input: 24-kHz 16-bit PCM."""
+    t = np.arange(int(len(samples16) * 1.5)) / RATE_IN
+    x = np.interp(t, np.arange(len(samples16)) / 16000, samples16)
+    return (np.clip(x, -1, 1) * 32767).astype("<i2").tobytes()
+
+
+def silence(seconds: float) -> np.ndarray:
+    return np.zeros(int(seconds * 16000), dtype=np.float32)
+
+
+# --- pure -----------------------------------------------------------------------------------
+
+
+def test_the_live_decoder_resamples_every_format_to_16_khz() -> None:
+    pcm = pcm24(np.sin(np.arange(16000) / 10).astype(np.float32) * 0.3)
+    dec = LiveDecoder("audio/pcm", 24000)
+    # Odd-sized chunks: the half sample waits for the next chunk.
+    out = np.concatenate([dec.decode(pcm[i : i + 4801]) for i in range(0, len(pcm), 4801)])
+    assert abs(len(out) - 16000) < 200 and 0.2 < float(np.abs(out).max()) < 0.35
+    mulaw = LiveDecoder("audio/pcmu").decode(bytes(range(256)) * 32)  # 1.024 s at 8 kHz
+    assert abs(len(mulaw) - 16384) < 200
+    assert len(LiveDecoder("audio/pcma").decode(b"\xd5" * 8000)) > 15000
+    with pytest.raises(WorkerError):
+        LiveDecoder("audio/opus")
+    with pytest.raises(WorkerError):
+        LiveDecoder("audio/pcmu", 16000)
+    with pytest.raises(WorkerError) as info:
+        chunk_bytes("not base64 !!", 1000)
+    assert info.value.code is Code.INVALID_BASE64
+    assert chunk_bytes(base64.b64encode(b"abc").decode(), 1000) == b"abc"
+    with pytest.raises(WorkerError) as info:
+        chunk_bytes("A" * 5000, 1000)
+    assert info.value.code is Code.INPUT_TOO_LARGE
+
+
+def test_turn_rules_start_and_stop_as_server_vad_says() -> None:
+    det = TurnDetector(TurnRules(threshold=0.5, silence_duration_ms=320))
+    probs = [0.1] * 10 + [0.9] * 20 + [0.1] * 5 + [0.9] * 5 + [0.1] * 12
+    events = list(det.feed(np.array(probs)))
+    # A 160-ms pause (5 windows) does not end the turn; 320 ms of silence does.
+    assert events == [("started", 10 * WINDOW_MS), ("stopped", 40 * WINDOW_MS)]
+    assert det.position_ms == len(probs) * WINDOW_MS and not det.speaking
+
+
+def test_deltas_carry_only_words_two_decodes_agree_on_and_never_take_text_back() -> None:
+    turn = Turn("item_1", 0)
+    assert turn.agreed_delta("and so my fellow".split()) == "and"  # the last 3 words wait
+    assert turn.agreed_delta("and so my fellow Americans".split()) == " so my fellow"
+    assert turn.agreed_delta("and so am I fellow".split()) == ""  # disagreement: wait
+    assert turn.final_delta("and so my fellow Americans ask".split()) == " Americans ask"
+    assert turn.final_delta("something else".split()) == ""  # never contradicts a delta
+
+
+@pytest.mark.model
+def test_streaming_vad_scores_as_the_whole_stream_does(tiny_pool) -> None:  # noqa: ARG001
+    from faster_whisper.vad import get_vad_model
+
+    from handler.inference.live_vad import StreamVad
+
+    audio = clips()[0].samples[: 512 * 60]
+    whole = np.asarray(get_vad_model()(audio)).reshape(-1)
+    vad = StreamVad()
+    parts = [vad.push(audio[i : i + 1000]) for i in range(0, len(audio), 1000)]
+    got = np.concatenate(parts)
+    assert len(got) == len(whole)
+    # All but the last window: the file VAD zeroes that one's final 64 samples.
+    np.testing.assert_allclose(got[:-1], whole[:-1], atol=1e-5)
+
+
+# --- end to end -----------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def live() -> Iterator[Server]:
+    srv = Server({"WHISPER_MAX_CONCURRENCY": "2", "WHISPER_REALTIME_MAX_SESSIONS": "2",
+                  "WHISPER_REALTIME_IDLE_S": "5", "WHISPER_REALTIME_MAX_MESSAGE_BYTES": "65536",
+                  "WHISPER_WARMUP": "true"})  # fmt: skip
+    yield srv
+    srv.stop()
+
+
+SESSION = {
+    "type": "transcription",
+    "audio": {"input": {"format": {"type": "audio/pcm", "rate": RATE_IN},
+                        "transcription": {"model": "whisper-1", "language": "en"},
+                        "turn_detection": {"type": "server_vad", "silence_duration_ms": 600}}},
+}  # fmt: skip
+CHUNK = RATE_IN * 2 // 10  # 100 ms of PCM16
+PACE_S = 0.025  # 4x real time
+
+
+def feed(append: Any, pcm: bytes) -> None:
+    for i in range(0, len(pcm), CHUNK):
+        append(audio=base64.b64encode(pcm[i : i + CHUNK]).decode())
+        time.sleep(PACE_S)
+
+
+@pytest.mark.e2e
+def test_the_openai_sdks_realtime_client_gets_turns_and_transcripts(live: Server) -> None:
+    # JFK and a LibriVox reading, 1.5 s apart: at least two turns, each transcribed.
+    jfk, read = clips()[0], clips()[1]
+    audio = np.concatenate([silence(0.5), jfk.samples, silence(1.5), read.samples, silence(1.5)])
+    client = live.client()
+    transcripts: dict[str, str] = {}
+    order: list[tuple[str, str]] = []
+    with client.realtime.connect(extra_query={"intent": "transcription"}) as conn:
+        assert conn.recv().type == "session.created"
+        conn.session.update(session=SESSION)  # type: ignore[arg-type]
+        feeder = threading.Thread(target=feed, args=(conn.input_audio_buffer.append, pcm24(audio)))
+        feeder.start()
+        deadline = time.time() + 120
+        while time.time() < deadline:
+            ev = conn.recv()
+            item = getattr(ev, "item_id", "") or ""
+            order.append((ev.type, item))
+            if ev.type == "conversation.item.input_audio_transcription.completed":
+                transcripts[item] = ev.transcript
+                assert ev.usage.type == "duration" and ev.usage.seconds > 0  # type: ignore[union-attr]
+            assert ev.type != "error", ev
+            if not feeder.is_alive() and len(transcripts) >= 2 and _all_done(order):
+                break
+        feeder.join()
+    assert len(transcripts) >= 2, order
+    for item in transcripts:  # each item: started, stopped, committed, then its transcript
+        kinds = [k for k, i in order if i == item]
+        assert kinds.index("input_audio_buffer.speech_started") < kinds.index(
+            "input_audio_buffer.speech_stopped") < kinds.index("input_audio_buffer.committed") \
+            < kinds.index("conversation.item.input_audio_transcription.completed")  # fmt: skip
+    text = " ".join(transcripts[i] for i, _ in dict.fromkeys(
+        (i, None) for k, i in order if k == "input_audio_buffer.committed"))  # fmt: skip
+    assert wer(JFK_TEXT + " " + read.text, text) < 0.25, text
+
+
+def _all_done(order: list[tuple[str, str]]) -> bool:
+    committed = {i for k, i in order if k == "input_audio_buffer.committed"}
+    done = {i for k, i in order if k.startswith("conversation.item.input_audio_transcription.c")}
+    return bool(committed) and committed <= done
+
+
+@pytest.mark.e2e
+def test_the_async_client_gets_deltas_before_a_long_turn_ends(live: Server) -> None:
+    import openai
+
+    # Three readings with 0.25-s pauses: one long turn of about 20 s.
+    parts = []
+    for c in clips()[1:4]:
+        parts += [c.samples, silence(0.25)]
+    audio = np.concatenate([silence(0.3), *parts, silence(1.5)])
+    reference = " ".join(c.text for c in clips()[1:4])
+
+    async def run() -> tuple[list[dict[str, Any]], str]:
+        client = openai.AsyncOpenAI(base_url=live.url + "/v1", api_key="unused", max_retries=0)
+        kinds: list[dict[str, Any]] = []
+        async with client.realtime.connect(extra_query={"intent": "transcription"}) as conn:
+            await conn.session.update(session=SESSION)  # type: ignore[arg-type]
+            pcm = pcm24(audio)
+
+            async def feeder() -> None:  # at twice real time: interim decodes keep up
+                for i in range(0, len(pcm), CHUNK):
+                    await conn.input_audio_buffer.append(
+                        audio=base64.b64encode(pcm[i : i + CHUNK]).decode())  # fmt: skip
+                    await asyncio.sleep(0.05)
+
+            task = asyncio.ensure_future(feeder())
+            transcript = ""
+            async with asyncio.timeout(180):
+                async for ev in conn:
+                    kinds.append(ev.model_dump(exclude_none=True))
+                    if ev.type == "conversation.item.input_audio_transcription.completed":
+                        transcript += " " + ev.transcript
+                        if task.done():
+                            break
+            await task
+        return kinds, transcript
+
+    events, transcript = asyncio.run(run())
+    starts = {e["item_id"]: (n, e["audio_start_ms"]) for n, e in enumerate(events)
+              if e["type"] == "input_audio_buffer.speech_started"}  # fmt: skip
+    long_turns = 0
+    for n, e in enumerate(events):
+        if e["type"] != "input_audio_buffer.speech_stopped":
+            continue
+        began, start_ms = starts[e["item_id"]]
+        if e["audio_end_ms"] - start_ms < 6000:
+            continue
+        long_turns += 1
+        # A turn of 6 s or more: interim text arrived while it was still being spoken.
+        assert any(d["type"] == "conversation.item.input_audio_transcription.delta"
+                   and d["item_id"] == e["item_id"] for d in events[began:n]), events  # fmt: skip
+    assert long_turns >= 1, [(e["type"], e.get("audio_start_ms"), e.get("audio_end_ms"))
+                             for e in events]  # fmt: skip
+    assert wer(reference, transcript) < 0.25, transcript
+
+
+def raw(srv: Server, query: str = "?intent=transcription") -> Any:
+    from websockets.sync.client import connect
+
+    return connect(srv.url.replace("http", "ws") + "/v1/realtime" + query, open_timeout=30,
+                   max_size=None)  # fmt: skip
+
+
+def events_until(ws: Any, kind: str, timeout: float = 60) -> list[dict[str, Any]]:
+    seen = []
+    deadline = time.time() + timeout
+    while time.time() < deadline:
+        ev = json.loads(ws.recv(timeout=max(0.1, deadline - time.time())))
+        seen.append(ev)
+        if ev["type"] == kind:
+            return seen
+    raise AssertionError(f"no {kind} in {[e['type'] for e in seen]}")
+
+
+@pytest.mark.e2e
+def test_protocol_edge_cases_get_error_events_and_the_session_goes_on(live: Server) -> None:
+    with raw(live) as ws:
+        events_until(ws, "session.created")
+        semantic = {"audio": {"input": {"turn_detection": {"type": "semantic_vad"}}}}
+        cases = [
+            ("{not json", "invalid_json"),
+            ('["a list"]', "invalid_event"),
+            ('{"type": "response.create"}', "unknown_event"),
+            ('{"type": "input_audio_buffer.append", "audio": "!!"}', "invalid_base64"),
+            ('{"type": "input_audio_buffer.commit"}', "input_audio_buffer_commit_empty"),
+            ('{"type": "session.update", "session": {"type": "realtime"}}', "unsupported"),
+            (json.dumps({"type": "session.update", "session": semantic}), "unsupported"),
+        ]
+        for bad, code in cases:
+            ws.send(bad)
+            ev = events_until(ws, "error")[-1]
+            assert ev["error"]["code"] == code, (bad, ev)
+        # Still served: a manual session (turn detection off), committed by the client.
+        ws.send(json.dumps({"type": "transcription_session.update", "session": {
+            "input_audio_format": "pcm16", "turn_detection": None,
+            "input_audio_transcription": {"model": "whisper-1"}}}))  # fmt: skip
+        assert events_until(ws, "transcription_session.updated")[-1]["session"]["audio"][
+            "input"]["turn_detection"] is None  # fmt: skip
+        pcm = pcm24(clips()[0].samples)
+        for i in range(0, len(pcm), CHUNK * 5):
+            chunk = base64.b64encode(pcm[i : i + CHUNK * 5]).decode()
+            ws.send(json.dumps({"type": "input_audio_buffer.append", "audio": chunk}))
+        ws.send(json.dumps({"type": "input_audio_buffer.commit"}))
+        done = events_until(ws, "conversation.item.input_audio_transcription.completed")[-1]
+        assert wer(JFK_TEXT, done["transcript"]) < 0.2
+        ws.send(json.dumps({"type": "input_audio_buffer.clear"}))
+        events_until(ws, "input_audio_buffer.cleared")
+
+
+@pytest.mark.e2e
+def test_bounds_message_size_session_count_idle_and_intent(live: Server) -> None:
+    from websockets.exceptions import ConnectionClosed
+
+    with raw(live) as ws:  # a message over WHISPER_REALTIME_MAX_MESSAGE_BYTES: 1009
+        events_until(ws, "session.created")
+        ws.send(json.dumps({"type": "input_audio_buffer.append", "audio": "A" * 100_000}))
+        with pytest.raises(ConnectionClosed) as closed:
+            events_until(ws, "never")
+        assert closed.value.rcvd is not None and closed.value.rcvd.code == 1009
+    with raw(live) as a, raw(live) as b:  # two sessions allowed: the third is refused
+        events_until(a, "session.created")
+        events_until(b, "session.created")
+        with raw(live) as c:
+            assert events_until(c, "error")[-1]["error"]["code"] == "session_limit"
+    with raw(live) as again:  # the closed ones freed their places
+        events_until(again, "session.created")
+        idle = events_until(again, "error", timeout=30)[-1]  # WHISPER_REALTIME_IDLE_S=5
+        assert idle["error"]["code"] == "idle_timeout"
+    with raw(live, "?intent=conversation") as conv:
+        assert events_until(conv, "error")[-1]["error"]["code"] == "unsupported"
+    text = live.logs()
+    assert "Traceback" not in text
