@@ -1,4 +1,4 @@
-"""``python -m bench`` (or ``whisper-worker bench``): run a benchmark and report it.
+"""``python -m bench``: run a benchmark and report it (not in the worker's image).
 
     python -m bench local  [scenario options] [scaling options] [rates]   emulator + real workers
     python -m bench remote --endpoint ID [scenario options] [rates]       a deployed endpoint
@@ -7,6 +7,7 @@
     python -m bench http [...]                            HTTP mode against queue mode
     python -m bench accuracy [...]          WER beside plain faster-whisper on a real corpus
     python -m bench throughput [...]        a burst of short clips: one job at a time vs engine
+    python -m bench realtime [...]     live sessions on /v1/realtime: latency, WER, CPU per session
     python -m bench http-soak [...]    HTTP mode: 1000 requests, bad inputs, disconnects, bursts
     python -m bench alloc [...]         ms per window and kernel CPU share per allocator policy
     python -m bench memory [...]                 peak RSS of one job against audio length
@@ -400,6 +401,10 @@ def main(argv: list[str] | None = None) -> int:
         from bench.memory import main as memory_main
 
         return int(memory_main(argv[1:]) or 0)
+    if argv[:1] == ["realtime"]:
+        from bench.realtime import main as realtime_main
+
+        return int(realtime_main(argv[1:]) or 0)
     if argv[:1] == ["http-soak"]:
         from bench.http_soak import main as http_soak_main
 

@@ -278,7 +278,8 @@ def _free_port() -> int:
         return int(s.getsockname()[1])
 
 
-def start_server(tmp: Path) -> tuple[subprocess.Popen, str]:
+def start_server(tmp: Path, extra: dict[str, str] | None = None) -> tuple[subprocess.Popen, str]:
+    """``python -m handler serve`` on a free port, tiny.en; returns (process, base URL)."""
     port = _free_port()
     env = {
         **os.environ,
@@ -292,6 +293,7 @@ def start_server(tmp: Path) -> tuple[subprocess.Popen, str]:
         "WHISPER_DOWNLOAD_TIMEOUT_S": str(DOWNLOAD_TIMEOUT_S),
         "WHISPER_MAX_DOWNLOAD_BYTES": str(MAX_DOWNLOAD),
         "TMPDIR": str(tmp),
+        **(extra or {}),
     }
     log = open(tmp / "server.log", "w")  # noqa: SIM115  (closed with the process)
     proc = subprocess.Popen(

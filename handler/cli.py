@@ -20,11 +20,11 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from handler.job import Worker
+from handler.job import Runtime
 from handler.startup import STARTUP_ERRORS, Loader
 
 
-def _load(args: argparse.Namespace) -> Worker:
+def _load(args: argparse.Namespace) -> Runtime:
     try:
         return Loader(log_level="DEBUG" if args.verbose else "WARNING").wait()
     except STARTUP_ERRORS as exc:
@@ -32,7 +32,7 @@ def _load(args: argparse.Namespace) -> Worker:
         sys.exit(1)
 
 
-def _run(worker: Worker, job_input: Any, **callbacks: Any) -> dict:
+def _run(worker: Runtime, job_input: Any, **callbacks: Any) -> dict:
     from handler.job import run_job
 
     return run_job(job_input, worker, job_id="cli", **callbacks)

@@ -41,8 +41,9 @@ ProgressCallback = Callable[[float], None]
 
 
 @dataclass
-class Worker:
-    """Everything a job needs, built once at start-up."""
+class Runtime:
+    """Everything a job needs, built once at start-up: the settings, the loaded models, the
+    engine, the memory budget (a worker process's runtime, whichever face it serves)."""
 
     settings: Settings
     pool: ModelPool
@@ -136,7 +137,7 @@ class Call:
 
 def run_job(
     raw_input: Any,
-    worker: Worker,
+    worker: Runtime,
     *,
     job_id: str = "-",
     cancel: threading.Event | None = None,
@@ -168,7 +169,7 @@ def run_job(
     return result
 
 
-def _run(raw_input: Any, worker: Worker, call: Call) -> dict[str, Any]:
+def _run(raw_input: Any, worker: Runtime, call: Call) -> dict[str, Any]:
     """The pipeline, step by step: each step is a function below, in this order."""
     job = parse_job_input(raw_input, audio_given=call.audio is not None or call.samples is not None)
     model, kwargs, languages = _plan(job, worker)
@@ -185,7 +186,7 @@ def _run(raw_input: Any, worker: Worker, call: Call) -> dict[str, Any]:
     return output
 
 
-def _plan(job: JobInput, worker: Worker) -> tuple[LoadedModel, dict[str, Any], list[str] | None]:
+def _plan(job: JobInput, worker: Runtime) -> tuple[LoadedModel, dict[str, Any], list[str] | None]:
     """The model, the decoding options and the languages detection may pick; what the
     model cannot do is refused here, before any audio is fetched."""
     settings = worker.settings
@@ -239,7 +240,7 @@ def _transcribe(
     kwargs: dict[str, Any],
     languages: list[str] | None,
     audio: DecodedAudio,
-    worker: Worker,
+    worker: Runtime,
     call: Call,
 ) -> transcribe.Transcript:
     """Through the engine (batched with other jobs) or alone, within the memory budget."""
@@ -302,7 +303,7 @@ def _answer(
     tr: transcribe.Transcript,
     duration: float,
     model: LoadedModel,
-    worker: Worker,
+    worker: Runtime,
     call: Call,
 ) -> dict[str, Any]:
     """The output object, timed, offloaded to S3 when too large for the platform."""

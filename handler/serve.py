@@ -17,7 +17,7 @@ from typing import Any
 from fastapi import FastAPI
 
 from handler.faces.http_server import ServerState, add_health_route, build_asgi
-from handler.job import Worker
+from handler.job import Runtime
 from handler.settings import Settings
 from handler.startup import STARTUP_ERRORS, Loader
 
@@ -51,7 +51,7 @@ def serve(settings: Settings | None = None) -> int:
         add_health_route(health, state, health_path)
         servers.append(server(health, health_port))
 
-    def ready(worker: Worker) -> None:
+    def ready(worker: Runtime) -> None:
         loader.ready()
         state.metrics.load.set(loader.times.model_load + loader.times.warmup)
         state.worker = worker

@@ -24,7 +24,7 @@ from handler.inference.models import (
     load_one,
     resolve,
 )
-from handler.job import Worker, sweep_stale_job_dirs
+from handler.job import Runtime, sweep_stale_job_dirs
 from handler.settings import Settings, SettingsError, load_settings
 
 log = logging.getLogger("handler.startup")
@@ -171,7 +171,7 @@ class Loader:
     ``Settings.log_level`` and does every import the load needs, in the calling thread
     (:func:`prepare`); ``start()`` loads and warms the models in a thread, so the caller's
     own slow work (``import runpod``, starting the HTTP server) overlaps it; ``wait()``
-    joins it and returns the Worker or raises the load's error. Both raise what
+    joins it and returns the Runtime or raises the load's error. Both raise what
     STARTUP_ERRORS names, whose message is the one line printed before exiting 1.
     """
 
@@ -181,7 +181,7 @@ class Loader:
             settings = load_settings()
         configure_logging(log_level or settings.log_level)
         self.plan = prepare(self.times, settings)
-        self.worker: Worker | None = None
+        self.worker: Runtime | None = None
         self.error: str | None = None
         self._thread: threading.Thread | None = None
 
@@ -191,7 +191,7 @@ class Loader:
 
     def start(
         self,
-        on_ready: Callable[[Worker], None] | None = None,
+        on_ready: Callable[[Runtime], None] | None = None,
         on_error: Callable[[str], None] | None = None,
     ) -> Loader:
         """Load in a thread; then ``on_ready(worker)`` or ``on_error(message)`` there."""
@@ -204,7 +204,7 @@ class Loader:
                 if on_error is not None:
                     on_error(self.error)
                 return
-            self.worker = Worker(settings=self.plan.settings, pool=pool)
+            self.worker = Runtime(settings=self.plan.settings, pool=pool)
             if on_ready is not None:
                 on_ready(self.worker)
 
@@ -212,8 +212,8 @@ class Loader:
         self._thread.start()
         return self
 
-    def wait(self) -> Worker:
-        """The loaded Worker (ModelLoadError if the load failed); logs the start-up line."""
+    def wait(self) -> Runtime:
+        """The loaded Runtime (ModelLoadError if the load failed); logs the start-up line."""
         if self._thread is None:
             self.start()
         assert self._thread is not None
@@ -228,14 +228,14 @@ class Loader:
         self.times.log()
 
 
-def start_worker(settings: Settings | None = None) -> Worker:
+def start_worker(settings: Settings | None = None) -> Runtime:
     """Sequential start-up (the CLI, the benches, the model-tier tests): load, then return.
 
     Logging is left as the caller set it. Raises SettingsError or ModelLoadError.
     """
     times = StartupTimes()
     plan = prepare(times, settings)
-    return Worker(settings=plan.settings, pool=load_models(plan, times))
+    return Runtime(settings=plan.settings, pool=load_models(plan, times))
 
 
 STARTUP_ERRORS = (SettingsError, ModelLoadError)

@@ -36,10 +36,10 @@ def tiny_pool():
 
 @pytest.fixture
 def worker(tiny_pool):
-    """A Worker on the shared tiny.en pool with default settings (fresh counters per test)."""
-    from handler.job import Worker
+    """A Runtime on the shared tiny.en pool with default settings (fresh counters per test)."""
+    from handler.job import Runtime
 
-    return Worker(settings=make_settings(device="cpu", allow_private_urls="true"), pool=tiny_pool)
+    return Runtime(settings=make_settings(device="cpu", allow_private_urls="true"), pool=tiny_pool)
 
 
 @pytest.fixture(scope="session")

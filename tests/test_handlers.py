@@ -8,7 +8,7 @@ import base64
 import pytest
 
 from handler.faces.runpod_handlers import make_handlers
-from handler.job import Worker
+from handler.job import Runtime
 from speech_assets.clips import long_clip
 from tests.conftest import DATA, JFK_TEXT, b64, make_settings, wer
 
@@ -56,7 +56,7 @@ def test_stream_handler_error_carries_the_code(worker):
 
 def test_cancel_stops_decoding_and_frees_the_model(tiny_pool, no_leaks, caplog):
     caplog.set_level("INFO")
-    w = Worker(settings=make_settings(device="cpu"), pool=tiny_pool)
+    w = Runtime(settings=make_settings(device="cpu"), pool=tiny_pool)
     handler, _ = make_handlers(w)
     model = tiny_pool.get(None)
     slots_before = model.slots.qsize()
@@ -82,7 +82,7 @@ def test_cancel_stops_decoding_and_frees_the_model(tiny_pool, no_leaks, caplog):
 
 
 def test_refresh_after_n_jobs(tiny_pool):
-    w = Worker(settings=make_settings(device="cpu", refresh_after_jobs=2), pool=tiny_pool)
+    w = Runtime(settings=make_settings(device="cpu", refresh_after_jobs=2), pool=tiny_pool)
     handler, _ = make_handlers(w)
     job = {"id": "j", "input": {"audio_base64": b64(DATA / "jfk.mp3")}}
     first = asyncio.run(handler(job))
@@ -91,7 +91,7 @@ def test_refresh_after_n_jobs(tiny_pool):
 
 
 def test_refresh_when_memory_grows_past_the_bound(tiny_pool):
-    w = Worker(settings=make_settings(device="cpu", max_rss_mb=1), pool=tiny_pool)
+    w = Runtime(settings=make_settings(device="cpu", max_rss_mb=1), pool=tiny_pool)
     handler, _ = make_handlers(w)
     result = asyncio.run(handler({"id": "j", "input": {"audio_base64": b64(DATA / "jfk.mp3")}}))
     assert result["refresh_worker"] is True
@@ -104,7 +104,7 @@ def test_gpu_oom_is_retryable_and_refreshes_the_worker(tiny_pool, monkeypatch, b
     message text. Everything around it is real."""
     from handler.inference import fw_batch
 
-    w = Worker(settings=make_settings(device="cpu", batch_size=batch_size), pool=tiny_pool)
+    w = Runtime(settings=make_settings(device="cpu", batch_size=batch_size), pool=tiny_pool)
     model = tiny_pool.get(None)
     instance = model.slots.get()
     model.slots.put(instance)

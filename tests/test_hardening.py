@@ -247,10 +247,10 @@ def test_cancel_takes_effect_within_one_model_call_at_the_worst_settings(worker)
 
 @pytest.mark.model
 def test_a_job_past_its_compute_budget_fails_and_frees_the_slot(worker) -> None:
-    from handler.job import Worker
+    from handler.job import Runtime
     from tests.conftest import make_settings
 
-    tight = Worker(settings=make_settings(device="cpu", compute_budget_floor_s=2,
+    tight = Runtime(settings=make_settings(device="cpu", compute_budget_floor_s=2,
                                           compute_budget_factor=0), pool=worker.pool)  # fmt: skip
     t = time.perf_counter()
     out = run_job({"audio_base64": JFK_B64, **BOMB}, tight)
@@ -258,7 +258,7 @@ def test_a_job_past_its_compute_budget_fails_and_frees_the_slot(worker) -> None:
     assert time.perf_counter() - t < 30
     # The slot is free again: an ordinary job on the same model instance runs (with a budget
     # a busy machine cannot overrun; 2 s is the bomb's, not a real job's).
-    roomy = Worker(settings=make_settings(device="cpu"), pool=worker.pool)
+    roomy = Runtime(settings=make_settings(device="cpu"), pool=worker.pool)
     assert wer(run_job({"audio_base64": JFK_B64}, roomy)["text"], JFK_TEXT) < 0.15
 
 
@@ -327,10 +327,10 @@ def test_memory_budget_waits_refuses_and_frees() -> None:
 
 @pytest.mark.model
 def test_a_job_over_the_memory_budget_fails_before_the_model(tiny_pool) -> None:
-    from handler.job import Worker
+    from handler.job import Runtime
 
     settings = make_settings(device="cpu", memory_budget_mb=70)  # jfk needs ~68 MiB; 60 s more
-    worker = Worker(settings=settings, pool=tiny_pool)
+    worker = Runtime(settings=settings, pool=tiny_pool)
     ok = run_job({"audio_base64": b64(DATA / "jfk.wav")}, worker)
     assert "error" not in ok, ok
     long = {"audio_base64": base64.b64encode(long_clip(60).wav_bytes()).decode()}

@@ -13,7 +13,7 @@ import srt
 import webvtt
 
 from handler.errors import Code
-from handler.job import Worker, run_job
+from handler.job import Runtime, run_job
 from handler.schema import DECODING_OPTIONS
 from speech_assets.clips import long_clip as bench_long_clip
 from speech_assets.clips import wav_bytes
@@ -276,7 +276,7 @@ def test_bad_input_codes_through_the_pipeline(worker, no_leaks, job, code):
 
 
 def test_inline_cap(tiny_pool):
-    w = Worker(settings=make_settings(device="cpu", max_inline_bytes=1000), pool=tiny_pool)
+    w = Runtime(settings=make_settings(device="cpu", max_inline_bytes=1000), pool=tiny_pool)
     result = run_job({"audio_base64": b64(DATA / "jfk.mp3")}, w)
     assert result["error_code"] == Code.INPUT_TOO_LARGE
     assert "url" in result["error"].lower()

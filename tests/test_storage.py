@@ -10,7 +10,7 @@ import pytest
 from moto import mock_aws
 
 from handler.errors import Code
-from handler.job import Worker, run_job
+from handler.job import Runtime, run_job
 from tests.conftest import DATA, b64, make_settings
 
 pytestmark = pytest.mark.model
@@ -33,13 +33,13 @@ JOB = {"audio_base64": b64(DATA / "jfk.wav"), "output": ["text", "segments", "sr
 
 
 def test_small_result_stays_inline(tiny_pool, aws):
-    w = Worker(settings=make_settings(device="cpu", result_bucket="results"), pool=tiny_pool)
+    w = Runtime(settings=make_settings(device="cpu", result_bucket="results"), pool=tiny_pool)
     result = run_job(JOB, w)
     assert "result_url" not in result and result["srt"]
 
 
 def test_large_result_without_bucket_is_refused(tiny_pool):
-    w = Worker(settings=make_settings(device="cpu", max_result_bytes=500), pool=tiny_pool)
+    w = Runtime(settings=make_settings(device="cpu", max_result_bytes=500), pool=tiny_pool)
     result = run_job(JOB, w)
     assert result["error_code"] == Code.RESULT_TOO_LARGE
     assert "WHISPER_RESULT_BUCKET" in result["error"]
@@ -48,7 +48,7 @@ def test_large_result_without_bucket_is_refused(tiny_pool):
 def test_large_result_goes_to_s3(tiny_pool, aws, caplog):
     caplog.set_level(logging.INFO)  # the worker's level (botocore logs signatures at DEBUG)
     settings = make_settings(device="cpu", max_result_bytes=500, result_bucket="results")
-    result = run_job(JOB, Worker(settings=settings, pool=tiny_pool), job_id="job-42")
+    result = run_job(JOB, Runtime(settings=settings, pool=tiny_pool), job_id="job-42")
     assert "error" not in result, result
     assert result["result_url"].startswith("https://") and result["result_bytes"] > 500
     assert result["language"] == "en" and "srt" not in result

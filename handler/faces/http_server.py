@@ -41,7 +41,7 @@ from handler.errors import Code, WorkerError
 from handler.faces import openai_api, realtime
 from handler.faces.auth import ApiKey
 from handler.faces.metrics import Metrics, RequestMetrics
-from handler.job import Worker, run_job
+from handler.job import Runtime, run_job
 from handler.settings import Settings
 
 log = logging.getLogger(__name__)
@@ -105,7 +105,7 @@ class ServerState:
     """What the routes share: the worker once loaded, and the admission counters."""
 
     settings: Settings
-    worker: Worker | None = None
+    worker: Runtime | None = None
     admitted: int = 0
     """Requests holding a place: running or waiting for a slot (the 429 accounting)."""
     running: int = 0
@@ -176,7 +176,7 @@ def add_job_routes(app: FastAPI, state: ServerState) -> None:
 
 
 async def _audio_request(
-    request: Request, worker: Worker
+    request: Request, worker: Runtime
 ) -> tuple[openai_api.OpenAIRequest, bytes | None] | Response:
     """The multipart form as a request and its upload, or the error answer."""
     try:
@@ -298,7 +298,7 @@ def add_health_route(app: FastAPI, state: ServerState, path: str) -> None:
         return JSONResponse({"status": "ready"})
 
 
-def _ready_worker(state: ServerState) -> Worker | Response:
+def _ready_worker(state: ServerState) -> Runtime | Response:
     if state.worker is None:
         return _error(Code.NOT_READY, "the model is still loading; retry shortly")
     return state.worker
@@ -373,7 +373,7 @@ async def _settle(future: asyncio.Future) -> Any:
 
 async def _stream(
     state: ServerState,
-    worker: Worker,
+    worker: Runtime,
     request: Request,
     req: openai_api.OpenAIRequest,
     audio: bytes | None,

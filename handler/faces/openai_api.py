@@ -32,7 +32,7 @@ from collections.abc import Iterable, Mapping
 from typing import Any
 
 from handler.errors import Code, WorkerError
-from handler.job import Worker, run_job
+from handler.job import Runtime, run_job
 
 ROUTES = {"/v1/audio/transcriptions": "transcribe", "/v1/audio/translations": "translate"}
 RESPONSE_FORMATS = ("json", "text", "srt", "vtt", "verbose_json")
@@ -271,7 +271,7 @@ def passthrough_request(raw_input: Mapping[str, Any], loaded_models: list[str]) 
     return req
 
 
-def run_any_job(raw_input: Any, worker: Worker, **options: Any) -> Any:
+def run_any_job(raw_input: Any, worker: Runtime, **options: Any) -> Any:
     """A queue job in either shape the queue face takes: ours, or RunPod's OpenAI
     passthrough (answered with OpenAI's response body: a dict, or the text of ``text``,
     ``srt`` and ``vtt``). ``options`` are run_job's keywords."""

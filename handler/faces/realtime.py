@@ -47,7 +47,7 @@ from handler.audio.live import LEGACY_FORMATS, SAMPLE_RATE, LiveDecoder, chunk_b
 from handler.errors import WorkerError
 from handler.faces.openai_api import resolve_model
 from handler.inference.live_vad import StreamVad, TurnDetector, TurnRules
-from handler.job import Worker, run_job
+from handler.job import Runtime, run_job
 from handler.settings import Settings
 
 log = logging.getLogger(__name__)
@@ -278,7 +278,7 @@ class Session:
     def __init__(
         self,
         ws: WebSocket,
-        worker: Worker,
+        worker: Runtime,
         settings: Settings,
         executor: ThreadPoolExecutor,
         on_result: Callable[[Any], None],
@@ -602,7 +602,7 @@ class Session:
 
 async def serve(
     ws: WebSocket,
-    worker: Worker | None,
+    worker: Runtime | None,
     settings: Settings,
     sessions: list[int],
     executor: ThreadPoolExecutor,

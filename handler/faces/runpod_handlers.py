@@ -22,7 +22,7 @@ from typing import Any
 
 from handler.contract import Segment
 from handler.faces.openai_api import run_any_job
-from handler.job import Worker
+from handler.job import Runtime
 
 log = logging.getLogger(__name__)
 
@@ -38,7 +38,7 @@ def _progress_sender(job: dict[str, Any]) -> Callable[[float], None] | None:
     return lambda percent: progress_update(job, {"progress": percent})
 
 
-def _finish(worker: Worker, result: Any) -> Any:
+def _finish(worker: Runtime, result: Any) -> Any:
     if worker.refresh_wanted and isinstance(result, dict):
         # The SDK pops this key and asks the platform for a fresh worker after this job.
         result["refresh_worker"] = True
@@ -48,7 +48,7 @@ def _finish(worker: Worker, result: Any) -> Any:
 Submit = Callable[..., "asyncio.Future[Any]"]
 
 
-def make_handlers(worker: Worker) -> tuple[Callable, Callable]:
+def make_handlers(worker: Runtime) -> tuple[Callable, Callable]:
     """(plain async handler, streaming async-generator handler) sharing one thread pool."""
     executor = ThreadPoolExecutor(max_workers=worker.settings.concurrency, thread_name_prefix="job")
 
@@ -95,7 +95,7 @@ def _stream_item(seg: Segment) -> dict[str, Any]:
     }
 
 
-async def _stream(worker: Worker, submit: Submit, job: dict[str, Any]) -> AsyncIterator[Any]:
+async def _stream(worker: Runtime, submit: Submit, job: dict[str, Any]) -> AsyncIterator[Any]:
     """Segments as they are decoded, then the whole result (or the error, code inside)."""
     cancel = threading.Event()
     loop = asyncio.get_running_loop()
