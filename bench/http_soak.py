@@ -111,6 +111,8 @@ def _stream(audio: bytes) -> Callable[[str], Any]:
                 return r.status_code, _body(r)
             events = [json.loads(line[6:]) for line in r.iter_lines() if line.startswith(b"data: ")]
         done = events[-1] if events else {}
+        if "error" in done:  # an error in a 200 stream is the answer, with its code
+            return 200, done
         return 200, {"text": done.get("text", ""), "type": done.get("type")}
 
     return send

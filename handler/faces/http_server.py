@@ -312,18 +312,23 @@ def _queue_full(state: ServerState) -> JSONResponse:
 
 
 async def _run_admitted(
-    state: ServerState, request: Request, job: Callable[[threading.Event], Any]
+    state: ServerState,
+    request: Request,
+    job: Callable[[threading.Event], Any],
+    admitted: bool = False,
 ) -> Any:
     """Run ``job(cancel)`` in a thread once a slot is free; 429 when the queue is full.
 
     A client that disconnects meanwhile sets the job's cancel event, and so does the
     cancellation of this coroutine (an abandoned stream): the slot stays held until the job
-    has left the model, so the admission count never undercounts what runs.
+    has left the model, so the admission count never undercounts what runs. ``admitted``:
+    the caller already took its place (a stream, before answering 200).
     """
-    if state.admitted >= state.capacity:
-        return _queue_full(state)
+    if not admitted:
+        if state.admitted >= state.capacity:
+            return _queue_full(state)
+        state.admitted += 1
     assert state.slots is not None
-    state.admitted += 1
     cancel = threading.Event()
     try:
         async with state.slots:
@@ -378,9 +383,13 @@ async def _stream(
     req: openai_api.OpenAIRequest,
     audio: bytes | None,
 ) -> Response:
-    """Server-sent events in OpenAI's shape: text deltas as segments decode, then done."""
+    """Server-sent events in OpenAI's shape: text deltas as segments decode, then done.
+
+    The place is taken here, before the 200 goes out: a full server answers 429 itself,
+    never a 200 stream that carries a 429 (seen in the HTTP soak under load)."""
     if state.admitted >= state.capacity:
         return _queue_full(state)
+    state.admitted += 1
     loop = asyncio.get_running_loop()
     queue: asyncio.Queue[Any] = asyncio.Queue()
     first = [True]
@@ -393,13 +402,21 @@ async def _stream(
         first[0] = False
         loop.call_soon_threadsafe(queue.put_nowait, delta)
 
+    started = [False]
+
     async def run() -> None:
+        started[0] = True  # from here _run_admitted gives the place back
         result = await _run_admitted(state, request, lambda cancel: run_job(
             req.job_input, worker, job_id="http", cancel=cancel, on_segment=on_segment,
-            audio=audio))  # fmt: skip
+            audio=audio), admitted=True)  # fmt: skip
         await queue.put(("done", result))
 
+    def give_back(_task: asyncio.Future) -> None:
+        if not started[0]:  # cancelled before it ran: the place taken above is freed here
+            state.admitted -= 1
+
     task = asyncio.ensure_future(run())
+    task.add_done_callback(give_back)
 
     async def events() -> AsyncIterator[str]:
         try:
