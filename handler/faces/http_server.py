@@ -418,29 +418,30 @@ async def _stream(
     task = asyncio.ensure_future(run())
     task.add_done_callback(give_back)
 
-    async def events() -> AsyncIterator[str]:
-        try:
-            while True:
-                item = await queue.get()
-                if isinstance(item, tuple):
-                    result = item[1]
-                    if isinstance(result, Response):
-                        body = json.loads(bytes(result.body))
-                        yield f"data: {json.dumps(body)}\n\n"
-                    elif "error" in result:
-                        _, body = openai_api.error_body(result)
-                        yield f"data: {json.dumps(body)}\n\n"
-                    else:
-                        done = openai_api.done_event(result)
-                        yield f"data: {json.dumps(done)}\n\n"
-                    return
-                delta = {"type": "transcript.text.delta", "delta": item}
-                yield f"data: {json.dumps(delta)}\n\n"
-        finally:
-            if not task.done():
-                task.cancel()
+    return StreamingResponse(_events(queue, task), media_type="text/event-stream")
 
-    return StreamingResponse(events(), media_type="text/event-stream")
+
+async def _events(queue: asyncio.Queue[Any], task: asyncio.Future) -> AsyncIterator[str]:
+    """The stream's body: a delta per decoded segment, then done (or the error); a client
+    that goes away cancels ``task`` (its job is then cancelled by _run_admitted)."""
+    try:
+        while True:
+            item = await queue.get()
+            if not isinstance(item, tuple):
+                yield f"data: {json.dumps({'type': 'transcript.text.delta', 'delta': item})}\n\n"
+                continue
+            result = item[1]
+            if isinstance(result, Response):
+                body = json.loads(bytes(result.body))
+            elif "error" in result:
+                _, body = openai_api.error_body(result)
+            else:
+                body = openai_api.done_event(result)
+            yield f"data: {json.dumps(body)}\n\n"
+            return
+    finally:
+        if not task.done():
+            task.cancel()
 
 
 def build_asgi(state: ServerState, health_path: str = "/ping") -> ASGIApp:
