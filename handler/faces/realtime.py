@@ -426,7 +426,9 @@ class Session:
                         "item_id": self._item().item_id,
                     }
                 )
-                await self.commit(ms)
+                # The turn keeps the silence that ended it (OpenAI commits the buffer once
+                # the silence has lasted): Whisper hears the sentence finish.
+                await self.commit(self.received_ms)
         if self.turn is not None and self.detector.speaking:
             turn_ms = self.received_ms - self.turn.start_ms
             if turn_ms >= self.settings.realtime_max_turn_s * 1000:
