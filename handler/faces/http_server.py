@@ -112,18 +112,17 @@ class ServerState:
     executor: ThreadPoolExecutor = field(init=False)
     slots: asyncio.Semaphore | None = None
     metrics: Metrics = field(default_factory=Metrics)
-    sessions: list[int] = field(default_factory=lambda: [0])
-    """Live sessions open (one item: the event loop's own count)."""
-    live_executor: ThreadPoolExecutor = field(init=False)
+    live: realtime.LiveState = field(init=False)
+    """What the live sessions share: their count, their thread pool."""
 
     def __post_init__(self) -> None:
         self.executor = ThreadPoolExecutor(
             max_workers=self.settings.concurrency, thread_name_prefix="http-job"
         )
         # A live turn's thread mostly waits on the engine; two per session (interim, final).
-        self.live_executor = ThreadPoolExecutor(
+        self.live = realtime.LiveState(ThreadPoolExecutor(
             max_workers=max(1, 2 * self.settings.realtime_max_sessions), thread_name_prefix="live"
-        )
+        ))  # fmt: skip
 
     @property
     def capacity(self) -> int:
@@ -274,13 +273,12 @@ def add_service_routes(app: FastAPI, state: ServerState) -> None:
         m = state.metrics
         m.running.set(state.running)
         m.waiting.set(max(0, state.admitted - state.running))
-        m.sessions.set(state.sessions[0])
+        m.sessions.set(state.live.sessions)
         return Response(m.render(), media_type=m.content_type)
 
     @app.websocket("/v1/realtime")
     async def live(ws: WebSocket) -> None:
-        await realtime.serve(ws, state.worker, state.settings, state.sessions,
-                             state.live_executor, state.metrics.job_done)  # fmt: skip
+        await realtime.serve(ws, state.worker, state.settings, state.live, state.metrics.job_done)
 
 
 def add_health_route(app: FastAPI, state: ServerState, path: str) -> None:

@@ -38,6 +38,7 @@ import threading
 import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -60,6 +61,17 @@ MIN_COMMIT_S = 0.1
 """OpenAI refuses to commit less than 100 ms of audio; so does this server."""
 IDLE_PREFIX_S = 1.0
 """Audio kept before speech starts, beyond the prefix padding (server VAD)."""
+
+
+@dataclass
+class LiveState:
+    """What the sessions of one server share (all on its event loop: no lock needed)."""
+
+    executor: ThreadPoolExecutor
+    sessions: int = 0
+    finals: int = 0
+    """Final decodes of committed turns in flight: while any waits, interim decodes wait,
+    so a completed transcript never queues behind another session's interim text."""
 
 
 def _id(prefix: str) -> str:
@@ -280,11 +292,11 @@ class Session:
         ws: WebSocket,
         worker: Runtime,
         settings: Settings,
-        executor: ThreadPoolExecutor,
+        live: LiveState,
         on_result: Callable[[Any], None],
     ) -> None:
         self.ws, self.worker, self.settings = ws, worker, settings
-        self.executor, self.on_result = executor, on_result
+        self.live, self.on_result = live, on_result
         self.id = _id("sess")
         self.started = time.monotonic()
         self.config = Config(worker.pool.names)
@@ -522,7 +534,7 @@ class Session:
         job = self.config.job_input()
         loop = asyncio.get_running_loop()
         result = await loop.run_in_executor(
-            self.executor,
+            self.live.executor,
             lambda: run_job(
                 job, self.worker, job_id=f"live-{item_id}", cancel=self.cancel, samples=samples
             ),
@@ -535,6 +547,8 @@ class Session:
         samples_now = len(self._samples(start_ms, self.received_ms))
         if turn.interim is not None and not turn.interim.done():
             return  # one interim decode per turn at a time: it throttles itself
+        if self.live.finals:
+            return  # a committed turn waits for its transcript: interim text can wait
         if samples_now - turn.interim_at < INTERIM_EVERY_S * SAMPLE_RATE:
             return
         turn.interim_at = samples_now
@@ -561,9 +575,13 @@ class Session:
         )
 
     async def _final(self, turn: Turn, samples: np.ndarray) -> None:
-        if turn.interim is not None and not turn.interim.done():
-            await asyncio.wait({turn.interim})  # its deltas come before the final text
-        result = await self._transcribe(samples, turn.item_id)
+        self.live.finals += 1
+        try:
+            if turn.interim is not None and not turn.interim.done():
+                await asyncio.wait({turn.interim})  # its deltas come before the final text
+            result = await self._transcribe(samples, turn.item_id)
+        finally:
+            self.live.finals -= 1
         if "error" in result:
             await self.send(
                 {
@@ -606,14 +624,10 @@ async def serve(
     ws: WebSocket,
     worker: Runtime | None,
     settings: Settings,
-    sessions: list[int],
-    executor: ThreadPoolExecutor,
+    live: LiveState,
     on_result: Callable[[Any], None],
 ) -> None:
-    """One connection to ``/v1/realtime``: refused with an error event, or a session.
-
-    ``sessions``: a one-item list, the count of sessions running (the event loop's only).
-    """
+    """One connection to ``/v1/realtime``: refused with an error event, or a session."""
     await ws.accept()
 
     async def refuse(message: str, code: str, close: int) -> None:
@@ -632,14 +646,14 @@ async def serve(
         )
     if worker is None:
         return await refuse("the model is still loading; retry shortly", "not_ready", 1013)
-    if sessions[0] >= settings.realtime_max_sessions:
+    if live.sessions >= settings.realtime_max_sessions:
         return await refuse(
             f"the server holds {settings.realtime_max_sessions} live sessions; retry later",
             "session_limit",
             1013,
         )
-    sessions[0] += 1
+    live.sessions += 1
     try:
-        await Session(ws, worker, settings, executor, on_result).run()
+        await Session(ws, worker, settings, live, on_result).run()
     finally:
-        sessions[0] -= 1
+        live.sessions -= 1
