@@ -54,7 +54,8 @@ from handler.settings import Settings
 log = logging.getLogger(__name__)
 
 INTERIM_EVERY_S = 2.0
-"""Seconds of new speech between two interim decodes of a turn still being spoken."""
+"""Seconds of new speech between two interim decodes of a turn still being spoken, with
+one or two sessions open; with more, this times half the sessions (4 s with 4, 8 s with 8)."""
 HOLD_BACK = 3
 """Words at the end of a turn's first interim decode that wait for a second one."""
 MIN_COMMIT_S = 0.1
@@ -549,7 +550,9 @@ class Session:
             return  # one interim decode per turn at a time: it throttles itself
         if self.live.finals:
             return  # a committed turn waits for its transcript: interim text can wait
-        if samples_now - turn.interim_at < INTERIM_EVERY_S * SAMPLE_RATE:
+        # More sessions, fewer interim decodes each: they share the same cores as the finals.
+        every = INTERIM_EVERY_S * max(1.0, self.live.sessions / 2)
+        if samples_now - turn.interim_at < every * SAMPLE_RATE:
             return
         turn.interim_at = samples_now
         turn.interim = self._spawn(
