@@ -367,6 +367,12 @@ class Session:
             await self.send(
                 error_event(exc.message, exc.code.value.lower(), event_id=event.get("event_id"))
             )
+        except (WebSocketDisconnect, asyncio.CancelledError):
+            raise
+        except Exception:  # a bug of ours: the log has the traceback, the client a sentence
+            log.exception("live session %s: an event failed", self.id)
+            message = "internal error while handling the event"
+            await self.send(error_event(message, "internal", "server_error", event.get("event_id")))
 
     async def dispatch(self, event: dict[str, Any]) -> None:
         kind = event["type"]
