@@ -302,3 +302,25 @@ def test_bounds_message_size_session_count_idle_and_intent(live: Server) -> None
         assert events_until(conv, "error")[-1]["error"]["code"] == "unsupported"
     text = live.logs()
     assert "Traceback" not in text
+
+
+@pytest.mark.e2e
+def test_turns_committed_faster_than_transcribed_are_all_answered(live: Server) -> None:
+    """Backpressure, not a queue without bound: past 4 turns awaiting transcripts the
+    session stops reading until one is done; every committed turn still gets its answer."""
+    chunk = base64.b64encode(pcm24(clips()[0].samples[:12800])).decode()  # 0.8 s, < 64 KiB
+    with raw(live) as ws:
+        events_until(ws, "session.created")
+        ws.send(json.dumps({"type": "session.update", "session": {
+            "type": "transcription", "audio": {"input": {"turn_detection": None}}}}))  # fmt: skip
+        events_until(ws, "session.updated")
+        for _ in range(7):
+            ws.send(json.dumps({"type": "input_audio_buffer.append", "audio": chunk}))
+            ws.send(json.dumps({"type": "input_audio_buffer.commit"}))
+        seen: list[dict[str, Any]] = []
+        while sum(e["type"].endswith("transcription.completed") for e in seen) < 7:
+            seen += events_until(ws, "conversation.item.input_audio_transcription.completed")
+    committed = [e["item_id"] for e in seen if e["type"] == "input_audio_buffer.committed"]
+    done = [e["item_id"] for e in seen if e["type"].endswith("transcription.completed")]
+    assert len(committed) == 7 and sorted(done) == sorted(committed)
+    assert not [e for e in seen if e["type"] == "error"]

@@ -60,6 +60,8 @@ HOLD_BACK = 3
 """Words at the end of a turn's first interim decode that wait for a second one."""
 MIN_COMMIT_S = 0.1
 """OpenAI refuses to commit less than 100 ms of audio; so does this server."""
+MAX_PENDING_TURNS = 4
+"""Committed turns of one session awaiting their transcript before it is read again."""
 IDLE_PREFIX_S = 1.0
 """Audio kept before speech starts, beyond the prefix padding (server VAD)."""
 
@@ -312,6 +314,8 @@ class Session:
         self.previous_item: str | None = None
         self.cancel = threading.Event()
         self.tasks: set[asyncio.Task] = set()
+        self.finals: set[asyncio.Task] = set()
+        """Committed turns of this session still being transcribed."""
         self._send_lock = asyncio.Lock()
 
     # --- the loop ---------------------------------------------------------------------
@@ -527,7 +531,13 @@ class Session:
             }
         )
         self.previous_item = turn.item_id
-        self._spawn(self._final(turn, samples))
+        self.finals.add(self._spawn(self._final(turn, samples)))
+        self.finals = {t for t in self.finals if not t.done()}
+        while len(self.finals) >= MAX_PENDING_TURNS:
+            # Backpressure: a client that commits faster than its turns are transcribed
+            # is not read from until one is done, so it cannot queue turns without bound.
+            _done, pending = await asyncio.wait(self.finals, return_when=asyncio.FIRST_COMPLETED)
+            self.finals = set(pending)
 
     # --- transcription ----------------------------------------------------------------
 
