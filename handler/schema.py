@@ -305,7 +305,10 @@ class JobInput(BaseModel):
         first = self.temperature if self.temperature is not None else 0.0
         start = first[0] if isinstance(first, list) else first
         step = self.temperature_increment_on_fallback or 1.0
-        n = int(round((1.0 - start) / step)) if start < 1.0 else 0
+        ratio = (1.0 - start) / step if start < 1.0 else 0.0
+        # A subnormal step (5e-324, found by hypothesis) makes the ratio infinite: count it
+        # as "far too many", which the temperature rule refuses as INVALID_INPUT.
+        n = int(round(ratio)) if math.isfinite(ratio) and ratio < 1e9 else 10**9
         return start, step, n
 
     def _temperature_count(self) -> int:

@@ -31,6 +31,8 @@ JFK_B64 = b64(DATA / "jfk.wav")
 REFUSED = {
     "temperature_increment_on_fallback 1e-8": {"temperature_increment_on_fallback": 1e-8},
     "temperature_increment_on_fallback 1e-9": {"temperature_increment_on_fallback": 1e-9},
+    # A subnormal step: its count of temperatures overflowed to INTERNAL (found by hypothesis).
+    "temperature_increment_on_fallback 5e-324": {"temperature_increment_on_fallback": 5e-324},
     "clip_timestamps 100000 values": {"clip_timestamps": list(range(100_000))},
     "clip_timestamps 10000-entry string": {"clip_timestamps": ",".join(["1"] * 10_000)},
     "clip_timestamps garbage": {"clip_timestamps": "garbage"},
