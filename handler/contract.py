@@ -11,13 +11,17 @@ from __future__ import annotations
 import json
 from typing import Final, Literal, TypedDict, get_args
 
+from typing_extensions import NotRequired
+
 TERMINAL_JOB_STATES: Final = frozenset({"COMPLETED", "FAILED", "CANCELLED", "TIMED_OUT"})
 """RunPod job states after which a job never changes again (``/status``)."""
 
 STARTUP_LOG_TAG: Final = "startup"
 """The word before the JSON of the worker's one start-up timing line (``startup {...}``)."""
 
-OutputFormat = Literal["text", "segments", "words", "srt", "vtt", "verbose_json"]
+OutputFormat = Literal[
+    "text", "segments", "words", "srt", "vtt", "verbose_json", "diarized_json", "rttm"
+]
 """What a job may ask for in ``output``."""
 OUTPUT_FORMATS: Final[tuple[str, ...]] = get_args(OutputFormat)
 
@@ -42,6 +46,8 @@ class Word(TypedDict):
     start: float
     end: float
     probability: float
+    speaker: NotRequired[str]
+    """Only in a diarized job."""
 
 
 class Segment(TypedDict):
@@ -62,7 +68,11 @@ class Segment(TypedDict):
     compression_ratio: float
     no_speech_prob: float
     words: list[Word] | None
+    speaker: NotRequired[str]
+    """Only in a diarized job (handler.output.speakers)."""
 
 
-SEGMENT_FIELDS: Final[tuple[str, ...]] = tuple(k for k in Segment.__annotations__ if k != "words")
+SEGMENT_FIELDS: Final[tuple[str, ...]] = tuple(
+    k for k in Segment.__annotations__ if k not in ("words", "speaker")
+)
 """The fields of a returned segment, in order."""

@@ -15,10 +15,11 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from handler import diarization
 from handler.audio.decode import SAMPLE_RATE, DecodedAudio, decode_audio
 from handler.audio.sources import decode_base64, fetch_to_file
 from handler.contract import Segment
@@ -27,11 +28,14 @@ from handler.inference import allocator, checks, language, transcribe
 from handler.inference.engine import Engine
 from handler.inference.memory import MIB, MemoryBudget, auto_budget_bytes, job_bytes
 from handler.inference.models import LoadedModel, ModelPool
-from handler.output import formats
+from handler.output import formats, speakers
 from handler.output.cues import Layout
 from handler.output.offload import deliver
 from handler.schema import JobInput, parse_job_input
 from handler.settings import Settings
+
+if TYPE_CHECKING:
+    from handler.inference.diarize import Diarization, Diarizer
 
 log = logging.getLogger(__name__)
 
@@ -56,6 +60,8 @@ class Runtime:
     """Set when the worker should be replaced (GPU OOM, job or memory budget reached)."""
     in_flight: int = 0
     """Jobs between run_job's start and end."""
+    diarizer: Diarizer | None = None
+    """The speaker diarizer (WHISPER_DIARIZATION), loaded beside the models; else None."""
     _lock: threading.Lock = field(default_factory=threading.Lock)
 
     def memory_budget(self) -> MemoryBudget:
@@ -133,6 +139,9 @@ class Call:
     start: float = field(default_factory=time.perf_counter)
     timings: dict[str, float] = field(default_factory=dict)
     warnings: list[str] = field(default_factory=list)
+    references: dict[str, np.ndarray] = field(default_factory=dict)
+    """Known speakers' voice embeddings (a diarized job's ``known_speakers``)."""
+    diarization: Diarization | None = None
 
 
 def run_job(
@@ -173,6 +182,8 @@ def _run(raw_input: Any, worker: Runtime, call: Call) -> dict[str, Any]:
     """The pipeline, step by step: each step is a function below, in this order."""
     job = parse_job_input(raw_input, audio_given=call.audio is not None or call.samples is not None)
     model, kwargs, languages = _plan(job, worker)
+    if job.known_speakers and worker.diarizer is not None:
+        call.references = diarization.references(job, worker.settings, worker.diarizer, call)
     audio = _fetch_and_decode(job, worker.settings, call)
     duration = audio.duration
     call.warnings += audio.warnings
@@ -196,6 +207,14 @@ def _plan(job: JobInput, worker: Runtime) -> tuple[LoadedModel, dict[str, Any], 
         model, kwargs, settings.language, settings.languages, job.languages
     )
     checks.check_request(model, kwargs)
+    if job.diarize:
+        if worker.diarizer is None:
+            raise WorkerError(
+                Code.DIARIZATION_UNAVAILABLE,
+                "this worker runs without speaker diarization: deploy the image built with "
+                "DIARIZATION=true and set WHISPER_DIARIZATION=true",
+            )
+        kwargs["word_timestamps"] = True  # segments are split at the words' speakers
     return model, kwargs, languages
 
 
@@ -258,7 +277,8 @@ def _transcribe(
     }
     t = time.perf_counter()
     with worker.memory_budget().reserve(job_bytes(duration), call.cancel,
-                                        what=f"{duration:.0f} s of audio"):  # fmt: skip
+                                        what=f"{duration:.0f} s of audio"), \
+            diarization.beside(job, worker, call, audio.samples, options["budget_s"]):  # fmt: skip
         memory_wait = time.perf_counter() - t
         if batch_size > 1 and blocker is None:
             # the engine shares instances: no exclusive wait
@@ -270,8 +290,8 @@ def _transcribe(
             with worker.pool.acquire(model, call.cancel) as (instance, waited):
                 call.timings["queue_model"] = memory_wait + waited
                 # Nothing reads the samples after this: the speech is gathered in them.
-                tr = transcribe.run(instance, audio.samples, kwargs, consume_audio=True,
-                                    **options)  # fmt: skip
+                tr = transcribe.run(instance, audio.samples, kwargs,
+                                    consume_audio=not job.diarize, **options)  # fmt: skip
     call.timings["transcribe"] = tr.seconds
     call.warnings += tr.warnings
     if doubt := checks.english_only_doubt(model, tr.segments):
@@ -308,7 +328,7 @@ def _answer(
 ) -> dict[str, Any]:
     """The output object, timed, offloaded to S3 when too large for the platform."""
     t = time.perf_counter()
-    output = _shape(job, tr, duration, model.spec.name, worker.pool.device, call.warnings)
+    output = _shape(job, tr, duration, model.spec.name, worker.pool.device, call)
     call.timings["format"] = time.perf_counter() - t
     call.timings["total"] = time.perf_counter() - call.start
     output["timings"] = {k: round(v, 4) for k, v in call.timings.items()}
@@ -353,19 +373,23 @@ def _shape(
     duration: float,
     model_name: str,
     device: str,
-    warnings: list[str],
+    call: Call,
 ) -> dict[str, Any]:
-    task = job.effective_task
+    task, warnings, segments = job.effective_task, call.warnings, tr.segments
+    turns = call.diarization.turns if call.diarization is not None else []
+    if job.diarize:
+        segments = speakers.attribute(segments, turns)
     rendered = formats.render(
         list(job.output),
-        tr.segments,
+        segments,
         language=tr.language,
         duration=duration,
         task=task,
         layout=job.layout,
+        turns=turns,
     )
     out: dict[str, Any] = {
-        "text": formats.to_text(tr.segments),
+        "text": formats.to_text(segments),
         "language": tr.language or None,
         "language_probability": round(tr.language_probability, 4),
         "duration": round(duration, 3),
@@ -373,10 +397,12 @@ def _shape(
         "model": model_name,
         "device": device,
     }
+    if job.diarize:
+        out["speakers"] = speakers.summary(turns)
     if warnings:
         out["warnings"] = warnings
     if job.legacy:
-        out.update(_legacy_keys(job, tr.segments, tr.language))
+        out.update(_legacy_keys(job, segments, tr.language))
     return out
 
 

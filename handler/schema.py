@@ -36,6 +36,10 @@ MAX_TEMPERATURES = 20
 """Temperatures one job may fall back through (a list or the official worker's increment)."""
 MAX_CLIP_TIMESTAMPS = 200
 MAX_CLIP_SECONDS = 24 * 3600.0
+MAX_SPEAKERS = 20
+"""The most speakers a job may ask the diarizer for."""
+MAX_KNOWN_SPEAKERS = 10
+"""Reference clips per job (OpenAI takes 4)."""
 MAX_TOKEN_ID = 51865
 """The largest token id of any Whisper vocabulary (large-v3's has 51866 entries)."""
 
@@ -97,6 +101,22 @@ class VadParameters(BaseModel):
     speech_pad_ms: int | None = Field(None, ge=0, le=10_000)
 
 
+class KnownSpeaker(BaseModel):
+    """A name and a 2-10-s clip of that voice, to name a diarized speaker."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    name: str = Field(min_length=1, max_length=64, pattern=r"^[^\x00-\x1f<>]+$")
+    audio_base64: str | None = Field(None, min_length=1)
+    audio_url: str | None = Field(None, min_length=1, max_length=8192)
+
+    @model_validator(mode="after")
+    def _one_source(self) -> KnownSpeaker:
+        if (self.audio_base64 is None) == (self.audio_url is None):
+            raise ValueError("give exactly one of audio_base64 or audio_url")
+        return self
+
+
 class JobInput(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
@@ -119,6 +139,17 @@ class JobInput(BaseModel):
     ) = Field(None, min_length=1, max_length=100)
     """Languages detection may pick among when ``language`` is unset (OpenAI's
     ``languages[]``); within the deployment's own WHISPER_LANGUAGES when that is set."""
+
+    # --- speakers (the deployment must enable WHISPER_DIARIZATION) -------------------------
+    diarize: bool | None = None
+    """Label who spoke when: segments (split where the speaker changes) and words get
+    ``speaker``; adds ``speakers``; enables the diarized_json and rttm formats."""
+    num_speakers: int | None = Field(None, ge=1, le=MAX_SPEAKERS)
+    min_speakers: int | None = Field(None, ge=1, le=MAX_SPEAKERS)
+    max_speakers: int | None = Field(None, ge=1, le=MAX_SPEAKERS)
+    known_speakers: list[KnownSpeaker] | None = Field(None, min_length=1,
+                                                      max_length=MAX_KNOWN_SPEAKERS)  # fmt: skip
+    """Names for speakers, each with a 2-10-s reference clip of the voice."""
 
     # --- faster-whisper options (names as in WhisperModel.transcribe) ---------------------
     language: str | None = Field(None, min_length=2, max_length=8, pattern=r"^[a-zA-Z_-]+$")
@@ -247,10 +278,25 @@ class JobInput(BaseModel):
                     f"temperature_increment_on_fallback expands to {n} temperatures; at most "
                     f"{MAX_TEMPERATURES} (use an increment of 0.05 or more)"
                 )
+        self._speaker_rules()
         beam = self.beam_size or 5
         if self.patience is not None and beam * self.patience < 1:
             raise ValueError("beam_size x patience must be at least 1")
         return self
+
+    def _speaker_rules(self) -> None:
+        given = [self.num_speakers, self.min_speakers, self.max_speakers, self.known_speakers]
+        speaker_formats = {"diarized_json", "rttm"} & set(self.output)
+        if not self.diarize and (any(v is not None for v in given) or speaker_formats):
+            what = sorted(speaker_formats) or ["speaker options"]
+            raise ValueError(f"{', '.join(what)} need diarize: true")
+        if self.num_speakers is not None and (self.min_speakers or self.max_speakers):
+            raise ValueError("give num_speakers or min_speakers/max_speakers, not both")
+        if self.min_speakers and self.max_speakers and self.min_speakers > self.max_speakers:
+            raise ValueError("min_speakers is above max_speakers")
+        names = [k.name for k in self.known_speakers or []]
+        if len(set(names)) != len(names):
+            raise ValueError("known_speakers names must differ")
 
     @property
     def legacy(self) -> bool:
@@ -340,6 +386,11 @@ DECODING_OPTIONS: frozenset[str] = frozenset(
         "max_line_width",
         "max_line_count",
         "max_cue_seconds",
+        "diarize",
+        "num_speakers",
+        "min_speakers",
+        "max_speakers",
+        "known_speakers",
     }
 )
 

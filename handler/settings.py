@@ -87,6 +87,12 @@ class Settings(BaseModel):
     languages: list[str] = Field(default_factory=list)
     """Detect only among these languages (comma separated, e.g. en,es,fr): short clips are
     then never heard as a language nobody sends. Empty: any language the model knows."""
+    diarization: bool = False
+    """Load the speaker diarizer at start-up so jobs may ask for `diarize` (speaker labels,
+    diarized_json, rttm). Off: nothing of it is imported and such jobs get
+    DIARIZATION_UNAVAILABLE. The image must hold the model (`--build-arg DIARIZATION=true`)."""
+    diarization_model: str = "/models/diarizer"
+    """Folder of the exported speaker-embedding model (builder/diarizer.py writes it)."""
     vad_default: bool = True
     """VAD is on unless a job turns it off (silence must not come back as 'you you')."""
     warmup: bool = True

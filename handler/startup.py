@@ -69,6 +69,7 @@ class StartupTimes:
     model_load: float = 0.0
     warmup: float = 0.0
     runpod_import: float = 0.0
+    diarizer_load: float = 0.0
     ready: float = 0.0
     marks: dict[str, float] = field(default_factory=dict)
     allocator: str = field(default_factory=allocator.policy)
@@ -137,6 +138,8 @@ def prepare(times: StartupTimes, settings: Settings | None = None) -> Plan:
     import numpy.random  # noqa: F401
     import onnxruntime  # noqa: F401
 
+    if settings.diarization:
+        import handler.inference.diarize  # noqa: F401
     times.imports = time.perf_counter() - t
     times.mark("imports_done")
     device, compute = device_and_compute(settings)
@@ -162,6 +165,41 @@ def load_models(plan: Plan, times: StartupTimes) -> ModelPool:
             ) from None
     times.mark("warmup_done")
     return pool
+
+
+def load_all(plan: Plan, times: StartupTimes) -> tuple[ModelPool, Any]:
+    """The Whisper models and, when the deployment turns it on, the diarizer, loaded at
+    the same time (the diarizer in a second thread). Raises ModelLoadError."""
+    if not plan.settings.diarization:
+        return load_models(plan, times), None
+    from handler.inference import diarize
+
+    box: dict[str, Any] = {}
+
+    def load_diarizer() -> None:
+        t = time.perf_counter()
+        try:
+            box["diarizer"] = diarize.load(plan.settings.diarization_model,
+                                           threads=_diarizer_threads(plan.settings))  # fmt: skip
+        except Exception as exc:  # the model folder is missing or unreadable
+            box["error"] = f"diarizer load failed: {type(exc).__name__}: {exc}"
+        times.diarizer_load = time.perf_counter() - t
+
+    thread = threading.Thread(target=load_diarizer, name="diarizer-load", daemon=True)
+    thread.start()
+    try:
+        pool = load_models(plan, times)
+    finally:
+        thread.join()
+    if "error" in box:
+        raise ModelLoadError(box["error"])
+    return pool, box["diarizer"]
+
+
+def _diarizer_threads(settings: Settings) -> int:
+    from handler.inference.threads import usable_cpus
+
+    return settings.cpu_threads or usable_cpus()
 
 
 class Loader:
@@ -198,13 +236,13 @@ class Loader:
 
         def load() -> None:
             try:
-                pool = load_models(self.plan, self.times)
+                pool, diarizer = load_all(self.plan, self.times)
             except STARTUP_ERRORS as exc:
                 self.error = str(exc)
                 if on_error is not None:
                     on_error(self.error)
                 return
-            self.worker = Runtime(settings=self.plan.settings, pool=pool)
+            self.worker = Runtime(settings=self.plan.settings, pool=pool, diarizer=diarizer)
             if on_ready is not None:
                 on_ready(self.worker)
 
@@ -235,7 +273,8 @@ def start_worker(settings: Settings | None = None) -> Runtime:
     """
     times = StartupTimes()
     plan = prepare(times, settings)
-    return Runtime(settings=plan.settings, pool=load_models(plan, times))
+    pool, diarizer = load_all(plan, times)
+    return Runtime(settings=plan.settings, pool=pool, diarizer=diarizer)
 
 
 STARTUP_ERRORS = (SettingsError, ModelLoadError)

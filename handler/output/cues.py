@@ -41,8 +41,10 @@ def _words(segments: Iterable[Any]) -> list[dict[str, Any]]:
             raw = str(w["word"])
             if not raw.strip():
                 continue
+            speaker = w.get("speaker")
             if (
                 out
+                and out[-1]["speaker"] == speaker
                 and not raw[:1].isspace()
                 and (raw[0] in _JOINERS or out[-1]["raw"].endswith("-"))
             ):
@@ -54,7 +56,7 @@ def _words(segments: Iterable[Any]) -> list[dict[str, Any]]:
                 prev["end"] = float(w["end"])
                 continue
             out.append({"text": raw.strip(), "raw": raw, "start": float(w["start"]),
-                        "end": float(w["end"])})  # fmt: skip
+                        "end": float(w["end"]), "speaker": speaker})  # fmt: skip
     return out
 
 
@@ -83,10 +85,14 @@ def _lines(words: Sequence[dict[str, Any]], width: int) -> list[str]:
     return [joined(line) for line in lines if line]
 
 
-def word_cues(segments: Iterable[Any], layout: Layout = Layout()) -> list[tuple[float, float, str]]:
-    """(start, end, text with line breaks) per cue, from the segments' words."""
+Cue = tuple[float, float, str, str | None]
+"""(start, end, text with line breaks, speaker or None)."""
+
+
+def word_cues(segments: Iterable[Any], layout: Layout = Layout()) -> list[Cue]:
+    """The cues of the segments' words; a cue never holds two speakers' words."""
     words = _words(segments)
-    cues: list[tuple[float, float, str]] = []
+    cues: list[Cue] = []
     current: list[dict[str, Any]] = []
 
     def fits(candidate: list[dict[str, Any]]) -> bool:
@@ -97,10 +103,13 @@ def word_cues(segments: Iterable[Any], layout: Layout = Layout()) -> list[tuple[
     def close() -> None:
         if current:
             text = "\n".join(_lines(current, layout.max_line_width))
-            cues.append((current[0]["start"], max(current[-1]["end"], current[0]["start"]), text))
+            end = max(current[-1]["end"], current[0]["start"])
+            cues.append((current[0]["start"], end, text, current[0]["speaker"]))
             current.clear()
 
     for i, w in enumerate(words):
+        if current and current[-1]["speaker"] != w["speaker"]:
+            close()
         if current and not fits([*current, w]):
             # Prefer to end the cue at its last clause break when it is not too early.
             cut = max((k for k, c in enumerate(current[:-1]) if c["text"].endswith(CLAUSE_END)),

@@ -13,6 +13,7 @@ from decimal import ROUND_HALF_UP, Decimal
 from typing import Any
 
 from handler.contract import OUTPUT_FORMATS, SEGMENT_FIELDS, Segment
+from handler.output import speakers
 from handler.output.cues import Layout, word_cues
 
 FORMATS = OUTPUT_FORMATS
@@ -99,42 +100,45 @@ def to_text(segments: Iterable[Segment]) -> str:
 
 def _cues(
     segments: Iterable[Segment], words_per_cue: int | None, layout: Layout | None = None
-) -> list[tuple[float, float, str]]:
-    """(start, end, text) per cue; empty cues dropped, end never before start.
+) -> list[tuple[float, float, str, str | None]]:
+    """(start, end, text, speaker) per cue; empty cues dropped, end never before start.
 
     With a ``layout`` and words on every segment that has text, cues are built from the
     words (handler.output.cues: line width, line count, seconds on screen); otherwise one cue per
-    segment, on one line.
+    segment, on one line. A cue never spans two speakers (a diarized job's segments are
+    already split where the speaker changes).
     """
     segments = list(segments)
     spoken = [s for s in segments if str(s["text"]).strip()]
     if layout is not None and spoken and all(s.get("words") for s in spoken):
         out = []
-        for start, end, text in word_cues(segments, layout):
+        for start, end, text, speaker in word_cues(segments, layout):
             lines = [line for line in (_one_line(x) for x in text.split("\n")) if line]
             if lines:
                 start_ms = _to_ms(start)
-                out.append((start_ms / 1000, max(_to_ms(end), start_ms) / 1000, "\n".join(lines)))
+                end_s = max(_to_ms(end), start_ms) / 1000
+                out.append((start_ms / 1000, end_s, "\n".join(lines), speaker))
         return out
     if words_per_cue is not None and words_per_cue < 1:
         raise ValueError(f"words_per_cue must be at least 1, got {words_per_cue}")
-    cues: list[tuple[float, float, str]] = []
+    cues: list[tuple[float, float, str, str | None]] = []
     for seg in segments:
         seg_words = seg.get("words") or []
+        speaker = seg.get("speaker")
         if words_per_cue is not None and seg_words:
             for i in range(0, len(seg_words), words_per_cue):
                 chunk = seg_words[i : i + words_per_cue]
                 text = "".join(str(w["word"]) for w in chunk)
-                cues.append((chunk[0]["start"], chunk[-1]["end"], text))
+                cues.append((chunk[0]["start"], chunk[-1]["end"], text, speaker))
         else:
-            cues.append((seg["start"], seg["end"], str(seg["text"])))
+            cues.append((seg["start"], seg["end"], str(seg["text"]), speaker))
     out = []
-    for start, end, text in cues:
+    for start, end, text, speaker in cues:
         text = _one_line(text)
         if not text:
             continue
         start_ms = _to_ms(start)
-        out.append((start_ms / 1000, max(_to_ms(end), start_ms) / 1000, text))
+        out.append((start_ms / 1000, max(_to_ms(end), start_ms) / 1000, text, speaker))
     return out
 
 
@@ -151,7 +155,9 @@ def to_srt(
 ) -> str:
     """SubRip: cues numbered from 1; with words_per_cue, segments with words are split."""
     blocks = []
-    for n, (start, end, text) in enumerate(_cues(segments, words_per_cue, layout), start=1):
+    for n, (start, end, text, speaker) in enumerate(_cues(segments, words_per_cue, layout), 1):
+        if speaker:
+            text = f"[{speaker}] {text}"
         blocks.append(
             f"{n}\n{format_timestamp(start)} --> {format_timestamp(end)}\n{_srt_safe(text)}\n"
         )
@@ -166,21 +172,28 @@ def _vtt_escape(text: str) -> str:
 def to_vtt(segments: Iterable[Segment], *, layout: Layout | None = None) -> str:
     """WebVTT with its mandatory header; cue text escaped."""
     blocks = ["WEBVTT\n"]
-    for start, end, text in _cues(segments, None, layout):
+    for start, end, text, speaker in _cues(segments, None, layout):
+        body = _vtt_escape(text)
+        if speaker:
+            # A WebVTT voice span: <v name> opens the cue's text and lasts to its end.
+            body = f"<v {_vtt_escape(speaker)}>{body}"
         blocks.append(
             f"{format_timestamp(start, decimal_marker='.')} --> "
-            f"{format_timestamp(end, decimal_marker='.')}\n{_vtt_escape(text)}\n"
+            f"{format_timestamp(end, decimal_marker='.')}\n{body}\n"
         )
     return "\n".join(blocks) + ("" if len(blocks) > 1 else "\n")
 
 
 def _word(w: Mapping[str, Any]) -> dict[str, Any]:
-    return {
+    out = {
         "word": str(w["word"]),
         "start": _seconds(w["start"]),
         "end": _seconds(w["end"]),
         "probability": float(w["probability"]),
     }
+    if "speaker" in w:
+        out["speaker"] = str(w["speaker"])
+    return out
 
 
 def words(segments: Iterable[Segment]) -> list[dict[str, Any]]:
@@ -204,7 +217,10 @@ assert tuple(_FIELD_TYPES) == SEGMENT_FIELDS, "contract.Segment and formats disa
 
 
 def _segment_fields(seg: Segment) -> dict[str, Any]:
-    return {name: cast(seg[name]) for name, cast in _FIELD_TYPES.items()}  # type: ignore[literal-required]
+    out = {name: cast(seg[name]) for name, cast in _FIELD_TYPES.items()}  # type: ignore[literal-required]
+    if "speaker" in seg:
+        out["speaker"] = str(seg["speaker"])
+    return out
 
 
 def segments_public(segments: Iterable[Segment], *, include_words: bool) -> list[dict[str, Any]]:
@@ -258,8 +274,11 @@ def render(
     duration: float,
     task: str,
     layout: Layout | None = None,
+    turns: Sequence[speakers.TurnLike] = (),
 ) -> dict[str, Any]:
-    """{format: value} for each requested format, in request order, duplicates once."""
+    """{format: value} for each requested format, in request order, duplicates once.
+
+    ``turns``: a diarized job's speaker turns (for rttm); its segments carry ``speaker``."""
     unknown = [f for f in outputs if f not in FORMATS]
     if unknown:
         raise ValueError(f"unknown output format(s) {unknown}; valid: {', '.join(FORMATS)}")
@@ -277,6 +296,11 @@ def render(
             result[fmt] = to_srt(segments, layout=layout)
         elif fmt == "vtt":
             result[fmt] = to_vtt(segments, layout=layout)
+        elif fmt == "diarized_json":
+            result[fmt] = speakers.diarized_json(segments, duration=duration,
+                                                 text=to_text(segments))  # fmt: skip
+        elif fmt == "rttm":
+            result[fmt] = speakers.to_rttm(turns)
         else:
             has_words = want_words or any(s.get("words") for s in segments)
             result[fmt] = to_verbose_json(

@@ -1,0 +1,138 @@
+"""A diarized job's extra steps: the known speakers' reference clips, fetched and bounded
+like the job's own audio, and the diarizer run beside the transcription.
+
+Called by handler.job only for a job with ``diarize`` on a worker that loaded the
+diarizer (WHISPER_DIARIZATION); the turns it finds are joined to the transcript by
+handler.output.speakers.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import tempfile
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from handler.audio.decode import decode_audio
+from handler.audio.sources import decode_base64, fetch_to_file
+from handler.errors import Code, WorkerError
+from handler.guard import Guard
+from handler.schema import JobInput, KnownSpeaker
+from handler.settings import Settings
+
+if TYPE_CHECKING:
+    from handler.inference.diarize import Diarizer
+    from handler.job import Call, Runtime
+
+MIN_REFERENCE_S = 2.0
+MAX_REFERENCE_S = 10.0
+REFERENCE_SLACK_S = 0.25
+"""Clips cut by hand run a little over or under; this much is forgiven either way."""
+MAX_REFERENCE_BYTES = 20 * 2**20
+"""A reference clip's file: 10 s of audio in any sane format is far below this."""
+JOB_DIR_PREFIX = "whisper-job-"
+
+
+def references(
+    job: JobInput, settings: Settings, diarizer: Diarizer, call: Call
+) -> dict[str, np.ndarray]:
+    """name -> voice embedding of each known speaker's clip (2-10 s each)."""
+    bounded = settings.model_copy(
+        update={
+            "max_download_bytes": min(settings.max_download_bytes, MAX_REFERENCE_BYTES),
+            "max_inline_bytes": min(settings.max_inline_bytes, MAX_REFERENCE_BYTES),
+            "max_audio_seconds": MAX_REFERENCE_S + REFERENCE_SLACK_S,
+        }
+    )
+    t = time.perf_counter()
+    out: dict[str, np.ndarray] = {}
+    for i, known in enumerate(job.known_speakers or []):
+        samples = _reference_samples(known, bounded, call, f"known_speakers[{i}]")
+        out[known.name] = diarizer.clip_embedding(samples)
+    call.timings["references"] = time.perf_counter() - t
+    return out
+
+
+def _reference_samples(
+    known: KnownSpeaker, settings: Settings, call: Call, where: str
+) -> np.ndarray:
+    with tempfile.TemporaryDirectory(prefix=JOB_DIR_PREFIX) as tmp:
+        src = Path(tmp) / "reference"
+        try:
+            if known.audio_base64 is not None:
+                src.write_bytes(decode_base64(known.audio_base64, settings.max_inline_bytes))
+            else:
+                assert known.audio_url is not None
+                fetch_to_file(known.audio_url, src, settings, cancel=call.cancel)
+            audio = decode_audio(src, settings, cancel=call.cancel)
+        except WorkerError as exc:
+            raise WorkerError(
+                exc.code, f"{where}: {exc.message}", retryable=exc.retryable
+            ) from None
+    problem = f"{where}: {audio.duration:.1f} s; a reference clip is 2-10 s"
+    if audio.duration > MAX_REFERENCE_S + REFERENCE_SLACK_S:
+        raise WorkerError(Code.AUDIO_TOO_LONG, problem)
+    if audio.duration < MIN_REFERENCE_S - REFERENCE_SLACK_S:
+        raise WorkerError(Code.INVALID_INPUT, problem)
+    return audio.samples
+
+
+class _Linked(threading.Event):
+    """Set by itself, or when the job's own cancel event is."""
+
+    def __init__(self, parent: threading.Event | None) -> None:
+        super().__init__()
+        self.parent = parent
+
+    def is_set(self) -> bool:
+        return super().is_set() or (self.parent is not None and self.parent.is_set())
+
+
+@contextlib.contextmanager
+def beside(
+    job: JobInput, worker: Runtime, call: Call, samples: np.ndarray, budget_s: float | None
+) -> Iterator[None]:
+    """Diarize ``samples`` in a thread while the body (the transcription) runs; on exit,
+    wait for it and store the result in ``call.diarization``. A failed transcription
+    stops it; its own failure (cancel, compute budget) fails the job."""
+    if not job.diarize or worker.diarizer is None:
+        yield
+        return
+    from handler.inference.speaker_clusters import SpeakerCount
+
+    count = SpeakerCount(job.num_speakers, job.min_speakers or 1,
+                         job.max_speakers or max(job.min_speakers or 1, 8))  # fmt: skip
+    stop = _Linked(call.cancel)
+    deadline = None if budget_s is None else time.monotonic() + budget_s
+    guard = Guard(stop, deadline, Code.COMPUTE_BUDGET_EXCEEDED,
+                  "diarization used the job's compute budget")  # fmt: skip
+    box: dict[str, Any] = {}
+    diarizer = worker.diarizer
+
+    def work() -> None:
+        try:
+            box["result"] = diarizer.run(samples, count, guard, call.references)
+        except BaseException as exc:  # handed to the job's thread below
+            box["error"] = exc
+
+    thread = threading.Thread(target=work, name=f"diarize-{call.job_id}", daemon=True)
+    thread.start()
+    ok = False
+    try:
+        yield
+        ok = True
+    finally:
+        if not ok:
+            stop.set()
+        t = time.perf_counter()
+        thread.join()
+        call.timings["diarize_wait"] = time.perf_counter() - t
+    if "error" in box:
+        raise box["error"]
+    call.diarization = box["result"]
+    call.timings["diarize"] = box["result"].seconds

@@ -1,0 +1,227 @@
+"""Who spoke when, offline: speech regions -> 1.5-s windows -> CAM++ embeddings ->
+spectral clustering -> speaker turns.
+
+The pipeline of 3D-Speaker's CAM++ diarization recipe, run without torch: the speech
+regions come from the Silero VAD faster-whisper ships, the embeddings from CAM++ exported
+to ONNX at image build (builder/diarizer.py) and run by onnxruntime, the clustering is
+handler.inference.speaker_clusters. Imported only when a deployment turns diarization on
+(``WHISPER_DIARIZATION``): a worker without it loads none of this.
+
+Bounds: windows are embedded ``BATCH`` at a time and only their 192-float embeddings are
+kept (a 2-hour recording: ~9,600 windows, 7 MB), the clustering caps its matrix, and the
+job's guard (cancel, compute budget) is checked between batches.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from handler.guard import Guard
+from handler.inference import speaker_clusters, speaker_features
+from handler.inference.speaker_clusters import SpeakerCount
+
+log = logging.getLogger(__name__)
+
+SAMPLE_RATE = speaker_features.SAMPLE_RATE
+WINDOW_S = 1.5
+STEP_S = 0.75
+MIN_WINDOW_S = 0.4
+BATCH = 32
+NAME_THRESHOLD = 0.35
+"""Cosine between a cluster's centroid and a reference clip's embedding to take its name."""
+
+
+@dataclass(frozen=True)
+class Turn:
+    start: float
+    end: float
+    speaker: str
+
+
+@dataclass
+class Diarization:
+    turns: list[Turn]
+    speakers: list[str]
+    seconds: float = 0.0
+    timings: dict[str, float] = field(default_factory=dict)
+
+
+class Diarizer:
+    """The loaded embedding model; thread-safe (onnxruntime sessions are)."""
+
+    def __init__(self, model_dir: str | os.PathLike[str], threads: int = 0) -> None:
+        import onnxruntime
+
+        root = Path(model_dir)
+        manifest = json.loads((root / "manifest.json").read_text())
+        options = onnxruntime.SessionOptions()
+        if threads:
+            options.intra_op_num_threads = threads
+            options.inter_op_num_threads = 1
+        self.session = onnxruntime.InferenceSession(
+            str(root / manifest["model"]), options, providers=_providers(onnxruntime)
+        )
+        self.embedding_size = int(manifest["embedding_size"])
+        self._vad_lock = threading.Lock()
+
+    def warm_up(self) -> None:
+        self.embed(np.zeros((1, 150, speaker_features.MEL_BINS), dtype=np.float32))
+
+    def embed(self, feats: np.ndarray) -> np.ndarray:
+        return np.asarray(self.session.run(None, {"fbank": feats})[0])
+
+    def clip_embedding(self, samples: np.ndarray) -> np.ndarray:
+        """One embedding for a reference clip: the mean of its windows'."""
+        spans = windows([(0, len(samples))])
+        return speaker_clusters.unit(self._embed_spans(samples, spans, None).mean(axis=0))
+
+    def run(
+        self,
+        samples: np.ndarray,
+        count: SpeakerCount,
+        guard: Guard | None = None,
+        references: dict[str, np.ndarray] | None = None,
+    ) -> Diarization:
+        t0 = time.perf_counter()
+        regions = speech_regions(samples)
+        spans = windows(regions)
+        t1 = time.perf_counter()
+        if not spans:
+            return Diarization([], [], time.perf_counter() - t0, {"vad": t1 - t0})
+        emb = self._embed_spans(samples, spans, guard)
+        t2 = time.perf_counter()
+        labels = speaker_clusters.cluster(emb, count)
+        names = _names(emb, labels, references or {})
+        turns = to_turns(spans, regions, labels, names)
+        t3 = time.perf_counter()
+        speakers = list(dict.fromkeys(t.speaker for t in turns))
+        timings = {"vad": t1 - t0, "embed": t2 - t1, "cluster": t3 - t2}
+        return Diarization(turns, speakers, t3 - t0, timings)
+
+    def _embed_spans(
+        self, samples: np.ndarray, spans: list[tuple[int, int]], guard: Guard | None
+    ) -> np.ndarray:
+        out = np.zeros((len(spans), self.embedding_size), dtype=np.float32)
+        frames = speaker_features.frame_count(int(WINDOW_S * SAMPLE_RATE))
+        for i in range(0, len(spans), BATCH):
+            if guard is not None:
+                guard.check()
+            chunk = spans[i : i + BATCH]
+            feats = np.stack([_window_feats(samples, s, e, frames) for s, e in chunk])
+            out[i : i + len(chunk)] = self.embed(feats)
+        return out
+
+
+def _providers(onnxruntime: Any) -> list[str]:
+    available = onnxruntime.get_available_providers()
+    return [p for p in ("CUDAExecutionProvider", "CPUExecutionProvider") if p in available]
+
+
+def _window_feats(samples: np.ndarray, start: int, end: int, frames: int) -> np.ndarray:
+    """A window's normalized filterbanks, short windows repeated to the full length."""
+    clip = samples[start:end]
+    want = int(WINDOW_S * SAMPLE_RATE)
+    if len(clip) < want:
+        clip = np.tile(clip, int(np.ceil(want / max(1, len(clip)))))[:want]
+    return speaker_features.normalized(clip)[:frames]
+
+
+def speech_regions(samples: np.ndarray) -> list[tuple[int, int]]:
+    """(start, end) sample offsets of speech, by the Silero VAD faster-whisper ships."""
+    from faster_whisper.vad import VadOptions, get_speech_timestamps
+
+    options = VadOptions(min_silence_duration_ms=300, speech_pad_ms=100,
+                         min_speech_duration_ms=200)  # fmt: skip
+    found = get_speech_timestamps(samples, options)
+    return [(int(r["start"]), int(r["end"])) for r in found]
+
+
+def windows(regions: list[tuple[int, int]]) -> list[tuple[int, int]]:
+    """1.5-s windows every 0.75 s inside each region; the last one ends at the region's
+    end; a region shorter than a window is one window (if at least MIN_WINDOW_S long)."""
+    size, step = int(WINDOW_S * SAMPLE_RATE), int(STEP_S * SAMPLE_RATE)
+    out: list[tuple[int, int]] = []
+    for start, end in regions:
+        if end - start < MIN_WINDOW_S * SAMPLE_RATE:
+            continue
+        if end - start <= size:
+            out.append((start, end))
+            continue
+        s = start
+        while s + size < end:
+            out.append((s, s + size))
+            s += step
+        out.append((max(start, end - size), end))
+    return out
+
+
+def to_turns(
+    spans: list[tuple[int, int]],
+    regions: list[tuple[int, int]],
+    labels: np.ndarray,
+    names: list[str],
+) -> list[Turn]:
+    """Each window speaks for the part of its region nearest its centre; neighbouring
+    windows split their overlap at the midpoint of their centres."""
+    centres = np.array([(s + e) / 2 for s, e in spans])
+    turns: list[Turn] = []
+    for r_start, r_end in regions:
+        inside = np.nonzero((centres >= r_start) & (centres <= r_end))[0]
+        if len(inside) == 0:
+            continue
+        pairs = zip(inside[:-1], inside[1:], strict=True)
+        cuts = [r_start] + [int((centres[a] + centres[b]) / 2) for a, b in pairs] + [r_end]
+        for k, idx in enumerate(inside):
+            turn = Turn(cuts[k] / SAMPLE_RATE, cuts[k + 1] / SAMPLE_RATE, names[labels[idx]])
+            if turns and turns[-1].speaker == turn.speaker and turn.start - turns[-1].end < 0.5:
+                turns[-1] = Turn(turns[-1].start, turn.end, turn.speaker)
+            elif turn.end > turn.start:
+                turns.append(turn)
+    return turns
+
+
+def letter(i: int) -> str:
+    """A, B, ..., Z, AA, AB, ...: OpenAI's labels for unnamed speakers."""
+    name = ""
+    i += 1
+    while i:
+        i, r = divmod(i - 1, 26)
+        name = chr(65 + r) + name
+    return name
+
+
+def _names(emb: np.ndarray, labels: np.ndarray, references: dict[str, np.ndarray]) -> list[str]:
+    """A name per cluster: a known speaker's when its reference clip matches, else a letter
+    in order of first appearance."""
+    k = int(labels.max()) + 1 if len(labels) else 0
+    order = list(dict.fromkeys(int(x) for x in labels))
+    named: dict[int, str] = {}
+    if references:
+        ref_names = list(references)
+        centres = speaker_clusters.centroids(speaker_clusters.unit(emb), labels)
+        refs = np.stack([references[n] for n in ref_names])
+        for cluster_i, ref_j in speaker_clusters.match_names(centres, refs, NAME_THRESHOLD).items():
+            named[cluster_i] = ref_names[ref_j]
+    next_letter = 0
+    for c in order:
+        if c not in named:
+            named[c] = letter(next_letter)
+            next_letter += 1
+    return [named.get(c, letter(c)) for c in range(k)]
+
+
+def load(model_dir: str, threads: int = 0) -> Diarizer:
+    t = time.perf_counter()
+    diarizer = Diarizer(model_dir, threads)
+    diarizer.warm_up()
+    log.info("diarizer loaded from %s in %.2fs", model_dir, time.perf_counter() - t)
+    return diarizer

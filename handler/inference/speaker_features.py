@@ -1,0 +1,78 @@
+"""Kaldi-compatible log mel filterbanks, the input the CAM++ speaker-embedding model was
+trained on (3D-Speaker computes them with ``torchaudio.compliance.kaldi.fbank``).
+
+Written here in NumPy because the alternatives are torchaudio (torch, gigabytes) or
+kaldi-native-fbank (one more native wheel) for 40 lines of well-defined arithmetic; the
+test compares it with Kaldi's definition computed independently (tests/test_diarization.py).
+Options, as 3D-Speaker's: 16 kHz, 25-ms frames every 10 ms (``snip_edges``), DC removed,
+pre-emphasis 0.97, Povey window, 512-point FFT, power spectrum, 80 mel bins from 20 Hz to
+Nyquist on Kaldi's mel scale, natural log, no dither.
+"""
+
+from __future__ import annotations
+
+from functools import lru_cache
+
+import numpy as np
+
+SAMPLE_RATE = 16000
+FRAME = 400  # 25 ms
+SHIFT = 160  # 10 ms
+FFT = 512
+MEL_BINS = 80
+LOW_HZ = 20.0
+PREEMPH = 0.97
+_EPS = float(np.finfo(np.float32).eps)
+
+
+def _mel(hz: np.ndarray | float) -> np.ndarray:
+    return 1127.0 * np.log(1.0 + np.asarray(hz, dtype=np.float64) / 700.0)
+
+
+@lru_cache(maxsize=1)
+def mel_banks() -> np.ndarray:
+    """(FFT/2 + 1, MEL_BINS) triangular weights, Kaldi's construction (linear in mel)."""
+    nyquist = SAMPLE_RATE / 2
+    low, high = _mel(LOW_HZ), _mel(nyquist)
+    delta = (high - low) / (MEL_BINS + 1)
+    left = low + delta * np.arange(MEL_BINS)
+    center, right = left + delta, left + 2 * delta
+    fft_mel = _mel(np.arange(FFT // 2) * SAMPLE_RATE / FFT)[:, None]
+    up = (fft_mel - left) / (center - left)
+    down = (right - fft_mel) / (right - center)
+    banks = np.maximum(0.0, np.minimum(up, down))
+    # Kaldi has FFT/2 bins; the Nyquist bin gets no weight.
+    return np.vstack([banks, np.zeros((1, MEL_BINS))]).astype(np.float32)
+
+
+@lru_cache(maxsize=1)
+def _window() -> np.ndarray:
+    n = np.arange(FRAME)
+    hann = 0.5 - 0.5 * np.cos(2 * np.pi * n / (FRAME - 1))
+    return (hann**0.85).astype(np.float32)
+
+
+def frame_count(num_samples: int) -> int:
+    return 0 if num_samples < FRAME else 1 + (num_samples - FRAME) // SHIFT
+
+
+def fbank(samples: np.ndarray) -> np.ndarray:
+    """(frames, 80) log mel energies of 16-kHz mono float samples."""
+    n = frame_count(len(samples))
+    if n == 0:
+        return np.zeros((0, MEL_BINS), dtype=np.float32)
+    x = np.asarray(samples, dtype=np.float32)
+    frames = np.lib.stride_tricks.sliding_window_view(x, FRAME)[::SHIFT][:n].copy()
+    frames -= frames.mean(axis=1, keepdims=True)
+    frames[:, 1:] -= PREEMPH * frames[:, :-1].copy()
+    frames[:, 0] *= 1.0 - PREEMPH
+    frames *= _window()
+    power = np.abs(np.fft.rfft(frames, n=FFT, axis=1)) ** 2
+    energies = power.astype(np.float32) @ mel_banks()
+    return np.log(np.maximum(energies, _EPS)).astype(np.float32)
+
+
+def normalized(samples: np.ndarray) -> np.ndarray:
+    """Filterbanks with the mean over the clip removed (3D-Speaker's input)."""
+    feats = fbank(samples)
+    return feats - feats.mean(axis=0, keepdims=True) if len(feats) else feats
