@@ -9,6 +9,7 @@
     python -m bench throughput [...]        a burst of short clips: one job at a time vs engine
     python -m bench realtime [...]     live sessions on /v1/realtime: latency, WER, CPU per session
     python -m bench http-soak [...]    HTTP mode: 1000 requests, bad inputs, disconnects, bursts
+    python -m bench diarization [...]  who spoke when: DER, attribution, speed, memory, WER
     python -m bench alloc [...]         ms per window and kernel CPU share per allocator policy
     python -m bench memory [...]                 peak RSS of one job against audio length
     python -m bench threads [...]       queue worker vs in-process transcribe time per audio s
@@ -409,6 +410,10 @@ def main(argv: list[str] | None = None) -> int:
         from bench.http_soak import main as http_soak_main
 
         return int(http_soak_main(argv[1:]) or 0)
+    if argv[:1] == ["diarization"]:
+        from bench.diarization import main as diarization_main
+
+        return int(diarization_main(argv[1:]) or 0)
     if argv[:1] == ["alloc"]:
         from bench.alloc import main as alloc_main
 

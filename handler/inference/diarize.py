@@ -1,5 +1,5 @@
 """Who spoke when, offline: speech regions -> 1.5-s windows -> CAM++ embeddings ->
-spectral clustering -> speaker turns.
+agglomerative clustering -> speaker turns.
 
 The pipeline of 3D-Speaker's CAM++ diarization recipe, run without torch: the speech
 regions come from the Silero VAD faster-whisper ships, the embeddings from CAM++ exported
@@ -33,7 +33,7 @@ log = logging.getLogger(__name__)
 
 SAMPLE_RATE = speaker_features.SAMPLE_RATE
 WINDOW_S = 1.5
-STEP_S = 0.75
+STEP_S = 0.5
 MIN_WINDOW_S = 0.4
 BATCH = 32
 NAME_THRESHOLD = 0.35
@@ -146,7 +146,7 @@ def speech_regions(samples: np.ndarray) -> list[tuple[int, int]]:
 
 
 def windows(regions: list[tuple[int, int]]) -> list[tuple[int, int]]:
-    """1.5-s windows every 0.75 s inside each region; the last one ends at the region's
+    """1.5-s windows every 0.5 s inside each region; the last one ends at the region's
     end; a region shorter than a window is one window (if at least MIN_WINDOW_S long)."""
     size, step = int(WINDOW_S * SAMPLE_RATE), int(STEP_S * SAMPLE_RATE)
     out: list[tuple[int, int]] = []

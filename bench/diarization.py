@@ -1,0 +1,381 @@
+"""Who spoke when, measured: DER and speaker attribution on real conversations.
+
+    python -m bench diarization [--conversations 20] [--wer 4] [--hour] [--out FILE]
+
+What it runs on:
+
+- the pyannote sample (30 s, two speakers on a telephone line, overlaps; its RTTM);
+- ``--conversations`` conversations of 2-5 speakers, 1-10 minutes, built here from real
+  recordings of nine distinct voices with known turns: the evaluation corpus's Asterisk
+  voices (Allison en-US, June fr-CA, Carlo it-IT, IvrvoiceRU ru-RU), three more Debian
+  prompt voices (``asterisk-prompt-es-co``, ``-fr-armelle``, ``-it-menardi-wav``, so two
+  French and two Italian voices), the LibriVox reader and JFK. Turns of 1-3 phrases,
+  pauses of 0.2-1.2 s, one turn in ten an interruption that overlaps the last by
+  0.3-0.8 s. The reference is where each phrase's speech is (its silence trimmed).
+
+Each is diarized without hints and with ``num_speakers``; scored with pyannote.metrics
+(DER, collar 0.25 s and 0) and by time-weighted attribution: the share of reference
+speech (one speaker at a time) whose hypothesis speaker, under the best one-to-one label
+mapping, is right, a moment between turns taking the nearest turn's speaker as a word
+there would. Also: the diarizer's seconds per audio minute, its start-up (load and
+warm-up) and RSS added, peak memory on a 1-hour recording (``--hour``), and transcription
+WER with and without ``diarize`` through the worker's job path (``--wer N``
+conversations).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import random
+import resource
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from bench.eval_corpus import DEFAULT_DIR, _transcripts, fetch, sound_effects
+from bench.machine import describe
+from bench.machine import line as machine_line
+from speech_assets.clips import DATA, JFK_TEXT
+from speech_assets.diarization import diarizer_dir, pyannote_sample, rttm_turns
+
+RATE = 16000
+EXTRA_VOICES = {
+    # package, version, sha256, folder under usr/share/asterisk/sounds
+    "es_CO": ("asterisk-prompt-es-co", "0.20070403-2.1",
+              "6702696e045514699e87dc8fb70f370717e5df91f821f7bec8dd0df1be008e83", "es"),
+    "fr_Armelle": ("asterisk-prompt-fr-armelle", "20070613-2.2",
+                   "162570b1a9b3512a98f06b89f60c7c17cf1b9b52297315adca9a4e5be728bea3", "fr"),
+    "it_Menardi": ("asterisk-prompt-it-menardi-wav", "1:1.4.22+mm20110907-3.1",
+                   "3094530d98f8758ac275572d59624c41f60969fef883f34f4886d144f3dfeb21",
+                   "it_IT_f_Menardi"),
+}  # fmt: skip
+CORE_VOICES = {"en": "en_US_f_Allison", "fr": "fr_CA_f_June", "it": "it_IT_m_Carlo",
+               "ru": "ru_RU_f_IvrvoiceRU"}  # fmt: skip
+DURATIONS = (60, 90, 120, 150, 180, 240, 300, 420, 600)
+
+
+@dataclass
+class Phrase:
+    samples: np.ndarray
+    text: str
+
+
+@dataclass
+class Conversation:
+    name: str
+    samples: np.ndarray
+    turns: list[tuple[float, float, str]]
+    speakers: int
+    text: str = ""
+    has_text: bool = True
+    extra: dict[str, Any] = field(default_factory=dict)
+
+
+def _decode(path: Path) -> np.ndarray:
+    import faster_whisper
+
+    return faster_whisper.decode_audio(str(path))
+
+
+def _trim(x: np.ndarray, floor_db: float = -35.0) -> np.ndarray:
+    """The phrase without its leading and trailing silence (20-ms frames)."""
+    frames = len(x) // 320
+    if frames == 0:
+        return x
+    rms = np.sqrt((x[: frames * 320].reshape(frames, 320) ** 2).mean(axis=1) + 1e-12)
+    loud = np.nonzero(20 * np.log10(rms / (rms.max() + 1e-12)) > floor_db)[0]
+    if len(loud) == 0:
+        return x[:0]
+    return x[loud[0] * 320 : (loud[-1] + 1) * 320]
+
+
+def _extra_voice(name: str, dest: Path) -> Path:
+    import hashlib
+
+    package, version, digest, folder = EXTRA_VOICES[name]
+    debs, unpacked = dest / "debs", dest / "x-voices"
+    deb = debs / f"{package}_{version.replace(':', '%3a')}_all.deb"
+    if not deb.exists():
+        debs.mkdir(parents=True, exist_ok=True)
+        subprocess.run(["apt-get", "download", "-qq", f"{package}={version}"], cwd=debs,
+                       check=True, capture_output=True)  # fmt: skip
+    got = hashlib.sha256(deb.read_bytes()).hexdigest()
+    if got != digest:
+        raise RuntimeError(f"{deb.name}: sha256 {got}, expected {digest}")
+    target = unpacked / "usr/share/asterisk/sounds" / folder
+    if not target.exists():
+        subprocess.run(["dpkg-deb", "-x", str(deb), str(unpacked)], check=True)
+    return target
+
+
+def voices(dest: Path = DEFAULT_DIR, per_voice: int = 80, seed: int = 0) -> dict[str, list[Phrase]]:
+    """Nine real voices, up to ``per_voice`` phrases each (text where known)."""
+    rng = random.Random(seed)
+    unpacked = fetch(dest)
+    effects = sound_effects(_transcripts(unpacked, "en"))
+    out: dict[str, list[Phrase]] = {}
+    for lang, voice in CORE_VOICES.items():
+        texts = _transcripts(unpacked, lang)
+        folder = unpacked / "usr/share/asterisk/sounds" / voice
+        files = sorted(p for p in folder.glob("*.wav") if p.stem in texts and p.stem not in effects)
+        rng.shuffle(files)
+        out[voice] = _phrases([(p, texts[p.stem]) for p in files], per_voice)
+    for name in EXTRA_VOICES:
+        folder = _extra_voice(name, dest)
+        files = sorted(p for p in folder.iterdir() if p.suffix in (".gsm", ".wav")
+                       and p.stem not in effects)  # fmt: skip
+        rng.shuffle(files)
+        out[name] = _phrases([(p, "") for p in files], per_voice)
+    libri = sorted((DATA / "librivox").glob("*.wav"))
+    out["librivox"] = _phrases([(p, p.with_suffix(".txt").read_text().strip()) for p in libri], 99)
+    out["jfk"] = _phrases([(DATA / "jfk.wav", JFK_TEXT)], 1)
+    return out
+
+
+def _phrases(files: list[tuple[Path, str]], limit: int) -> list[Phrase]:
+    out = []
+    for path, text in files:
+        try:
+            x = _trim(_decode(path))
+        except Exception:  # a few of the packages' files are empty or broken
+            continue
+        if 0.8 * RATE <= len(x) <= 12 * RATE:
+            out.append(Phrase(x / (np.sqrt((x**2).mean()) * 10 + 1e-9), text))
+        if len(out) >= limit:
+            break
+    return out
+
+
+def conversation(name: str, pool: dict[str, list[Phrase]], k: int, seconds: float,
+                 rng: random.Random) -> Conversation:  # fmt: skip
+    """Turns of ``k`` voices until ``seconds`` of audio; see the module's docstring."""
+    who = rng.sample(sorted(pool), k)
+    pieces: list[tuple[int, np.ndarray, str, str]] = []  # (start sample, audio, voice, text)
+    t, last = 0, None
+    while t < seconds * RATE:
+        speaker = rng.choice([v for v in who if v != last] if k > 1 else who)
+        gain = 10 ** (rng.uniform(-3, 3) / 20)
+        overlap = last is not None and rng.random() < 0.1
+        gap = -int(rng.uniform(0.3, 0.8) * RATE) if overlap else int(rng.uniform(0.2, 1.2) * RATE)
+        t = max(0, t + gap)
+        for i in range(rng.randint(1, 3)):
+            p = rng.choice(pool[speaker])
+            pieces.append((t, p.samples * gain, speaker, p.text))
+            t += len(p.samples) + (int(rng.uniform(0.15, 0.4) * RATE) if i < 2 else 0)
+        last = speaker
+    audio = np.zeros(max(s + len(a) for s, a, _, _ in pieces) + RATE // 2, dtype=np.float32)
+    for s, a, _, _ in pieces:
+        audio[s : s + len(a)] += a.astype(np.float32)
+    audio /= max(1.0, float(np.abs(audio).max()) / 0.9)
+    turns = [(s / RATE, (s + len(a)) / RATE, v) for s, a, v, _ in pieces]
+    text = " ".join(tx for _, _, _, tx in sorted(pieces, key=lambda p: p[0]))
+    has_text = all(tx for _, _, _, tx in pieces)
+    return Conversation(name, audio, turns, k, text, has_text)
+
+
+def conversations(n: int, pool: dict[str, list[Phrase]], seed: int = 0) -> list[Conversation]:
+    rng = random.Random(seed)
+    return [conversation(f"conv{i:02d}", pool, 2 + i % 4, DURATIONS[i % len(DURATIONS)], rng)
+            for i in range(n)]  # fmt: skip
+
+
+def _annotation(turns: list[tuple[float, float, str]]) -> Any:
+    from pyannote.core import Annotation, Segment
+
+    ann = Annotation()
+    for i, (s, e, who) in enumerate(turns):
+        ann[Segment(s, e), i] = who
+    return ann
+
+
+def attribution(ref: list[tuple[float, float, str]], hyp: list[Any], step: float = 0.01) -> float:
+    """Share of single-speaker reference time whose mapped hypothesis speaker is right."""
+    from pyannote.metrics.diarization import DiarizationErrorRate
+
+    if not hyp:
+        return 0.0
+    hyp_t = [(t.start, t.end, t.speaker) for t in hyp]
+    mapping = DiarizationErrorRate().optimal_mapping(_annotation(ref), _annotation(hyp_t))
+    end = max(e for _, e, _ in ref)
+    grid = np.arange(0, end, step) + step / 2
+    who_ref = np.full(len(grid), "", dtype=object)
+    count = np.zeros(len(grid), dtype=np.int64)
+    for s, e, w in ref:
+        m = (grid >= s) & (grid < e)
+        who_ref[m] = w
+        count[m] += 1
+    starts = np.array([h[0] for h in hyp_t])
+    ends = np.array([h[1] for h in hyp_t])
+    centre_gap = np.minimum(
+        np.abs(grid[:, None] - starts[None]), np.abs(grid[:, None] - ends[None])
+    )
+    inside = (grid[:, None] >= starts[None]) & (grid[:, None] < ends[None])
+    pick = np.where(inside.any(axis=1), inside.argmax(axis=1), centre_gap.argmin(axis=1))
+    who_hyp = np.array([mapping.get(hyp_t[i][2], "?") for i in pick], dtype=object)
+    single = count == 1
+    return float((who_hyp[single] == who_ref[single]).mean()) if single.any() else 0.0
+
+
+def score(conv: Conversation, result: Any) -> dict[str, Any]:
+    from pyannote.metrics.diarization import DiarizationErrorRate
+
+    ref = _annotation(conv.turns)
+    hyp = _annotation([(t.start, t.end, t.speaker) for t in result.turns])
+    minutes = len(conv.samples) / RATE / 60
+    return {
+        "der": round(float(DiarizationErrorRate(collar=0.25)(ref, hyp)), 4),
+        "der_no_collar": round(float(DiarizationErrorRate()(ref, hyp)), 4),
+        "attribution": round(attribution(conv.turns, result.turns), 4),
+        "speakers_found": len(result.speakers),
+        "seconds": round(result.seconds, 3),
+        "s_per_audio_min": round(result.seconds / minutes, 3),
+    }
+
+
+def _pyannote_conversation() -> Conversation:
+    wav, rttm = pyannote_sample()
+    turns = rttm_turns(rttm)
+    return Conversation("pyannote-sample", _decode(wav), turns, len({t[2] for t in turns}))
+
+
+def _start_up(model: Path) -> dict[str, float]:
+    """The diarizer's load + warm-up and RSS added, in a fresh process."""
+    code = (
+        "import time,resource,json;import numpy, onnxruntime, faster_whisper;"
+        "r0=resource.getrusage(resource.RUSAGE_SELF).ru_maxrss;t=time.perf_counter();"
+        "from handler.inference import diarize;d=diarize.load(%r);"
+        "print(json.dumps({'load_s':time.perf_counter()-t,'rss_added_mib':"
+        "(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss-r0)/1024}))" % str(model)
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    return {k: round(v, 2) for k, v in json.loads(out.stdout.strip().splitlines()[-1]).items()}
+
+
+def _hour(model: Path, pool: dict[str, list[Phrase]]) -> dict[str, Any]:
+    from handler.inference import diarize
+    from handler.inference.speaker_clusters import SpeakerCount
+
+    conv = conversation("hour", pool, 4, 3600, random.Random(7))
+    d = diarize.load(str(model))
+    before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+    result = d.run(conv.samples, SpeakerCount())
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+    return {**score(conv, result), "audio_mib": round(conv.samples.nbytes / 2**20, 1),
+            "peak_rss_mib": round(peak, 1), "peak_added_mib": round(peak - before, 1)}  # fmt: skip
+
+
+def _wer(convs: list[Conversation], model: Path) -> list[dict[str, Any]]:
+    """The worker's own job path, with and without diarize, on the same audio."""
+    import base64
+
+    import jiwer
+
+    from handler.job import run_job
+    from handler.settings import load_settings
+    from handler.startup import start_worker
+    from speech_assets.clips import wav_bytes
+
+    worker = start_worker(load_settings({"WHISPER_DEVICE": "cpu", "WHISPER_DIARIZATION": "true",
+                                         "WHISPER_DIARIZATION_MODEL": str(model)}))  # fmt: skip
+    rows = []
+    for conv in convs:
+        audio = base64.b64encode(wav_bytes(conv.samples)).decode()
+        plain = run_job({"audio_base64": audio}, worker)
+        spk = run_job({"audio_base64": audio, "diarize": True}, worker)
+        row = {"name": conv.name, "minutes": round(len(conv.samples) / RATE / 60, 2),
+               "diff_wer": round(jiwer.wer(plain["text"], spk["text"]), 4),
+               "transcribe_s": plain["timings"]["total"], "diarized_s": spk["timings"]["total"]}  # fmt: skip
+        if conv.has_text:
+            from bench.accuracy import normalise
+
+            ref = normalise(conv.text, "en")
+            row["wer_plain"] = round(jiwer.wer(ref, normalise(plain["text"], "en")), 4)
+            row["wer_diarize"] = round(jiwer.wer(ref, normalise(spk["text"], "en")), 4)
+        rows.append(row)
+    return rows
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m bench diarization", description=__doc__)
+    parser.add_argument("--conversations", type=int, default=20)
+    parser.add_argument("--wer", type=int, default=0, help="conversations to transcribe")
+    parser.add_argument("--hour", action="store_true", help="peak memory on a 1-hour recording")
+    parser.add_argument("--seed", type=int, default=0,
+                        help="conversations drawn (1 is the set the defaults were tuned on)")  # fmt: skip
+    parser.add_argument("--out", type=Path, default=Path("bench/out/diarization.json"))
+    args = parser.parse_args(argv)
+    from handler.inference import diarize
+    from handler.inference.speaker_clusters import SpeakerCount
+
+    machine = describe()
+    model = diarizer_dir()
+    report: dict[str, Any] = {"machine": machine, "start_up": _start_up(model)}
+    pool = voices()
+    convs = [_pyannote_conversation(), *conversations(args.conversations, pool, args.seed)]
+    d = diarize.load(str(model))
+    rows = []
+    for conv in convs:
+        row = {"name": conv.name, "speakers": conv.speakers,
+               "minutes": round(len(conv.samples) / RATE / 60, 2)}  # fmt: skip
+        row["auto"] = score(conv, d.run(conv.samples, SpeakerCount()))
+        row["given"] = score(conv, d.run(conv.samples, SpeakerCount(exact=conv.speakers)))
+        rows.append(row)
+        print(json.dumps(row), flush=True)
+    report["conversations"] = rows
+    if args.hour:
+        report["hour"] = _hour(model, pool)
+    if args.wer:
+        # English voices only (the default model is English-only): Allison, the LibriVox
+        # reader and JFK, 2-3 speakers, 1-3 minutes.
+        english = {v: pool[v] for v in ("en_US_f_Allison", "librivox", "jfk")}
+        rng = random.Random(11)
+        wer_convs = [conversation(f"en{i:02d}", english, 2 + i % 2, 60 + 60 * (i % 3), rng)
+                     for i in range(args.wer)]  # fmt: skip
+        report["wer"] = _wer(wer_convs, model)
+    machine["load_after"] = describe()["load_1m"]
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps(report, indent=2) + "\n")
+    print(table(report))
+    return 0
+
+
+def table(report: dict[str, Any]) -> str:
+    rows = report["conversations"]
+    built = [r for r in rows if r["name"] != "pyannote-sample"]
+    lines = [machine_line(report["machine"], report["machine"].get("load_after")),
+             f"diarizer start-up: {report['start_up']}", "",
+             "| set | hints | attribution (mean / min) | DER collar 0.25 (mean) | DER no collar "
+             "| speaker count exact | s per audio min |", "|---|---|---|---|---|---|---|"]  # fmt: skip
+    for label, subset in (("pyannote sample", rows[:1]), (f"{len(built)} built", built)):
+        if not subset:
+            continue
+        for hints in ("auto", "given"):
+            a = [r[hints]["attribution"] for r in subset]
+            der = [r[hints]["der"] for r in subset]
+            der0 = [r[hints]["der_no_collar"] for r in subset]
+            exact = sum(r[hints]["speakers_found"] == r["speakers"] for r in subset)
+            spm = sum(r[hints]["seconds"] for r in subset) / sum(r["minutes"] for r in subset)
+            lines.append(
+                f"| {label} | {'none' if hints == 'auto' else 'num_speakers'} | "
+                f"{np.mean(a):.3f} / {min(a):.3f} | {np.mean(der):.3f} | {np.mean(der0):.3f} | "
+                f"{exact}/{len(subset)} | {spm:.2f} |"
+            )
+    if "hour" in report:
+        lines += ["", f"1-hour recording: {report['hour']}"]
+    if "wer" in report:
+        lines += ["", "| conversation | minutes | WER plain | WER diarize | text changed (WER) |",
+                  "|---|---|---|---|---|"]  # fmt: skip
+        for r in report["wer"]:
+            lines.append(f"| {r['name']} | {r['minutes']} | {r.get('wer_plain', '-')} | "
+                         f"{r.get('wer_diarize', '-')} | {r['diff_wer']} |")  # fmt: skip
+    return "\n".join(lines)
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
