@@ -31,7 +31,6 @@ import random
 import resource
 import subprocess
 import sys
-import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -249,9 +248,9 @@ def _start_up(model: Path) -> dict[str, float]:
     code = (
         "import time,resource,json;import numpy, onnxruntime, faster_whisper;"
         "r0=resource.getrusage(resource.RUSAGE_SELF).ru_maxrss;t=time.perf_counter();"
-        "from handler.inference import diarize;d=diarize.load(%r);"
+        f"from handler.inference import diarize;d=diarize.load({str(model)!r});"
         "print(json.dumps({'load_s':time.perf_counter()-t,'rss_added_mib':"
-        "(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss-r0)/1024}))" % str(model)
+        "(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss-r0)/1024}))"
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     return {k: round(v, 2) for k, v in json.loads(out.stdout.strip().splitlines()[-1]).items()}
@@ -288,9 +287,13 @@ def _wer(convs: list[Conversation], model: Path) -> list[dict[str, Any]]:
         audio = base64.b64encode(wav_bytes(conv.samples)).decode()
         plain = run_job({"audio_base64": audio}, worker)
         spk = run_job({"audio_base64": audio, "diarize": True}, worker)
-        row = {"name": conv.name, "minutes": round(len(conv.samples) / RATE / 60, 2),
-               "diff_wer": round(jiwer.wer(plain["text"], spk["text"]), 4),
-               "transcribe_s": plain["timings"]["total"], "diarized_s": spk["timings"]["total"]}  # fmt: skip
+        row = {
+            "name": conv.name,
+            "minutes": round(len(conv.samples) / RATE / 60, 2),
+            "diff_wer": round(jiwer.wer(plain["text"], spk["text"]), 4),
+            "transcribe_s": plain["timings"]["total"],
+            "diarized_s": spk["timings"]["total"],
+        }
         if conv.has_text:
             from bench.accuracy import normalise
 
@@ -306,8 +309,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--conversations", type=int, default=20)
     parser.add_argument("--wer", type=int, default=0, help="conversations to transcribe")
     parser.add_argument("--hour", action="store_true", help="peak memory on a 1-hour recording")
-    parser.add_argument("--seed", type=int, default=0,
-                        help="conversations drawn (1 is the set the defaults were tuned on)")  # fmt: skip
+    parser.add_argument(
+        "--seed", type=int, default=0, help="conversations drawn (1: the set tuned on)"
+    )
     parser.add_argument("--out", type=Path, default=Path("bench/out/diarization.json"))
     args = parser.parse_args(argv)
     from handler.inference import diarize
@@ -351,7 +355,8 @@ def table(report: dict[str, Any]) -> str:
     lines = [machine_line(report["machine"], report["machine"].get("load_after")),
              f"diarizer start-up: {report['start_up']}", "",
              "| set | hints | attribution (mean / min) | DER collar 0.25 (mean) | DER no collar "
-             "| speaker count exact | s per audio min |", "|---|---|---|---|---|---|---|"]  # fmt: skip
+             "| speaker count exact | s per audio min |",
+             "|---|---|---|---|---|---|---|"]  # fmt: skip
     for label, subset in (("pyannote sample", rows[:1]), (f"{len(built)} built", built)):
         if not subset:
             continue

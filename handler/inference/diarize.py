@@ -36,6 +36,7 @@ WINDOW_S = 1.5
 STEP_S = 0.5
 MIN_WINDOW_S = 0.4
 BATCH = 32
+VAD_CHUNK_S = 300.0
 NAME_THRESHOLD = 0.35
 """Cosine between a cluster's centroid and a reference clip's embedding to take its name."""
 
@@ -92,7 +93,7 @@ class Diarizer:
         references: dict[str, np.ndarray] | None = None,
     ) -> Diarization:
         t0 = time.perf_counter()
-        regions = speech_regions(samples)
+        regions = speech_regions(samples, guard)
         spans = windows(regions)
         t1 = time.perf_counter()
         if not spans:
@@ -135,14 +136,21 @@ def _window_feats(samples: np.ndarray, start: int, end: int, frames: int) -> np.
     return speaker_features.normalized(clip)[:frames]
 
 
-def speech_regions(samples: np.ndarray) -> list[tuple[int, int]]:
-    """(start, end) sample offsets of speech, by the Silero VAD faster-whisper ships."""
+def speech_regions(samples: np.ndarray, guard: Guard | None = None) -> list[tuple[int, int]]:
+    """(start, end) sample offsets of speech, by the Silero VAD faster-whisper ships, run
+    VAD_CHUNK_S at a time (its working memory grows with the audio it is given)."""
     from faster_whisper.vad import VadOptions, get_speech_timestamps
 
     options = VadOptions(min_silence_duration_ms=300, speech_pad_ms=100,
                          min_speech_duration_ms=200)  # fmt: skip
-    found = get_speech_timestamps(samples, options)
-    return [(int(r["start"]), int(r["end"])) for r in found]
+    chunk = int(VAD_CHUNK_S * SAMPLE_RATE)
+    out: list[tuple[int, int]] = []
+    for offset in range(0, len(samples), chunk):
+        if guard is not None:
+            guard.check()
+        found = get_speech_timestamps(samples[offset : offset + chunk], options)
+        out += [(offset + int(r["start"]), offset + int(r["end"])) for r in found]
+    return out
 
 
 def windows(regions: list[tuple[int, int]]) -> list[tuple[int, int]]:
