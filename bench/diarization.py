@@ -14,13 +14,13 @@ What it runs on:
   0.3-0.8 s. The reference is where each phrase's speech is (its silence trimmed).
 
 Each is diarized without hints and with ``num_speakers``; scored with pyannote.metrics
-(DER, collar 0.25 s and 0) and by time-weighted attribution: the share of reference
-speech (one speaker at a time) whose hypothesis speaker, under the best one-to-one label
-mapping, is right, a moment between turns taking the nearest turn's speaker as a word
-there would. Also: the diarizer's seconds per audio minute, its start-up (load and
-warm-up) and RSS added, peak memory on a 1-hour recording (``--hour``), and transcription
-WER with and without ``diarize`` through the worker's job path (``--wer N``
-conversations).
+(DER, collar 0.25 s and 0) and by time-weighted attribution
+(``speech_assets.diarization.attribution``): the share of reference speech (one speaker
+at a time) whose hypothesis speaker, under the best one-to-one label mapping, is right, a
+moment between turns taking the nearest turn's speaker as a word there would. Also: the
+diarizer's seconds per audio minute, its start-up (load and warm-up) and RSS added,
+peak memory on a 1-hour recording (``--hour``), and transcription WER with and without
+``diarize`` through the worker's job path (``--wer N`` English conversations).
 """
 
 from __future__ import annotations
@@ -41,7 +41,7 @@ from bench.eval_corpus import DEFAULT_DIR, _transcripts, fetch, sound_effects
 from bench.machine import describe
 from bench.machine import line as machine_line
 from speech_assets.clips import DATA, JFK_TEXT
-from speech_assets.diarization import diarizer_dir, pyannote_sample, rttm_turns
+from speech_assets.diarization import attribution, diarizer_dir, pyannote_sample, rttm_turns
 
 RATE = 16000
 EXTRA_VOICES = {
@@ -193,44 +193,16 @@ def _annotation(turns: list[tuple[float, float, str]]) -> Any:
     return ann
 
 
-def attribution(ref: list[tuple[float, float, str]], hyp: list[Any], step: float = 0.01) -> float:
-    """Share of single-speaker reference time whose mapped hypothesis speaker is right."""
-    from pyannote.metrics.diarization import DiarizationErrorRate
-
-    if not hyp:
-        return 0.0
-    hyp_t = [(t.start, t.end, t.speaker) for t in hyp]
-    mapping = DiarizationErrorRate().optimal_mapping(_annotation(ref), _annotation(hyp_t))
-    end = max(e for _, e, _ in ref)
-    grid = np.arange(0, end, step) + step / 2
-    who_ref = np.full(len(grid), "", dtype=object)
-    count = np.zeros(len(grid), dtype=np.int64)
-    for s, e, w in ref:
-        m = (grid >= s) & (grid < e)
-        who_ref[m] = w
-        count[m] += 1
-    starts = np.array([h[0] for h in hyp_t])
-    ends = np.array([h[1] for h in hyp_t])
-    centre_gap = np.minimum(
-        np.abs(grid[:, None] - starts[None]), np.abs(grid[:, None] - ends[None])
-    )
-    inside = (grid[:, None] >= starts[None]) & (grid[:, None] < ends[None])
-    pick = np.where(inside.any(axis=1), inside.argmax(axis=1), centre_gap.argmin(axis=1))
-    who_hyp = np.array([mapping.get(hyp_t[i][2], "?") for i in pick], dtype=object)
-    single = count == 1
-    return float((who_hyp[single] == who_ref[single]).mean()) if single.any() else 0.0
-
-
 def score(conv: Conversation, result: Any) -> dict[str, Any]:
     from pyannote.metrics.diarization import DiarizationErrorRate
 
-    ref = _annotation(conv.turns)
-    hyp = _annotation([(t.start, t.end, t.speaker) for t in result.turns])
+    hyp_turns = [(t.start, t.end, t.speaker) for t in result.turns]
+    ref, hyp = _annotation(conv.turns), _annotation(hyp_turns)
     minutes = len(conv.samples) / RATE / 60
     return {
         "der": round(float(DiarizationErrorRate(collar=0.25)(ref, hyp)), 4),
         "der_no_collar": round(float(DiarizationErrorRate()(ref, hyp)), 4),
-        "attribution": round(attribution(conv.turns, result.turns), 4),
+        "attribution": round(attribution(conv.turns, hyp_turns), 4),
         "speakers_found": len(result.speakers),
         "seconds": round(result.seconds, 3),
         "s_per_audio_min": round(result.seconds / minutes, 3),

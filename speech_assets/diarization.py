@@ -15,6 +15,7 @@ import subprocess
 import sys
 import zipfile
 from pathlib import Path
+from typing import Any
 
 ROOT = Path(__file__).resolve().parent.parent
 CACHE = ROOT / "bench" / "out" / "assets"
@@ -76,3 +77,82 @@ def diarizer_dir(dest: Path = DIARIZER_DIR) -> Path:
         raise AssetMissing(
             f"{exc}: the diarizer's export needs torch and onnx (pip install '.[dev]')"
         ) from None
+
+
+Turns = list[tuple[float, float, str]]
+
+
+def _speaker_grid(turns: Turns, grid: Any) -> tuple[Any, Any]:
+    import numpy as np
+
+    who = np.full(len(grid), "", dtype=object)
+    count = np.zeros(len(grid), dtype=np.int64)
+    for s, e, w in turns:
+        m = (grid >= s) & (grid < e)
+        who[m] = w
+        count[m] += 1
+    return who, count
+
+
+def _nearest_turn_speaker(turns: Turns, grid: Any) -> Any:
+    """The hypothesis speaker at each instant; between turns, the nearest turn's (where
+    the worker puts a word that falls there)."""
+    import numpy as np
+
+    starts = np.array([t[0] for t in turns])
+    ends = np.array([t[1] for t in turns])
+    inside = (grid[:, None] >= starts[None]) & (grid[:, None] < ends[None])
+    near = np.minimum(np.abs(grid[:, None] - starts[None]), np.abs(grid[:, None] - ends[None]))
+    pick = np.where(inside.any(axis=1), inside.argmax(axis=1), near.argmin(axis=1))
+    return np.array([turns[i][2] for i in pick], dtype=object)
+
+
+def attribution(reference: Turns, hypothesis: Turns, step: float = 0.01) -> float:
+    """Share of the reference's one-speaker-at-a-time speech whose hypothesis speaker is
+    right under the best one-to-one label mapping (every mapping tried up to 7 labels, a
+    greedy one past that)."""
+    import itertools
+
+    import numpy as np
+
+    if not hypothesis or not reference:
+        return 0.0
+    grid = np.arange(0, max(e for _, e, _ in reference), step) + step / 2
+    ref, count = _speaker_grid(reference, grid)
+    hyp = _nearest_turn_speaker(hypothesis, grid)
+    single = count == 1
+    ref, hyp = ref[single], hyp[single]
+    r_labels, h_labels = sorted(set(ref)), sorted(set(hyp))
+    overlap = {(h, r): int(((hyp == h) & (ref == r)).sum()) for h in h_labels for r in r_labels}
+    best = 0
+    if min(len(r_labels), len(h_labels)) <= 7 and max(len(r_labels), len(h_labels)) <= 8:
+        small, large = (
+            (h_labels, r_labels) if len(h_labels) <= len(r_labels) else (r_labels, h_labels)
+        )
+        for perm in itertools.permutations(large, len(small)):
+            pairs = zip(small, perm, strict=True)
+            total = sum(overlap[(a, b) if small is h_labels else (b, a)] for a, b in pairs)
+            best = max(best, total)
+    else:
+        used_h, used_r = set(), set()
+        for (h, r), n in sorted(overlap.items(), key=lambda kv: -kv[1]):
+            if h not in used_h and r not in used_r:
+                used_h.add(h)
+                used_r.add(r)
+                best += n
+    return best / max(1, len(ref))
+
+
+def join_turns(
+    clips: list[tuple[str, Any]], gap_s: float = 0.6, rate: int = 16000
+) -> tuple[Any, Turns]:
+    """Clips of known speakers one after another, ``gap_s`` apart: (audio, turns)."""
+    import numpy as np
+
+    gap = np.zeros(int(gap_s * rate), dtype=np.float32)
+    parts, turns, t = [], [], 0.0
+    for who, clip in clips:
+        parts += [clip.astype(np.float32), gap]
+        turns.append((t, t + len(clip) / rate, who))
+        t += (len(clip) + len(gap)) / rate
+    return np.concatenate(parts), turns

@@ -416,12 +416,17 @@ async def _stream(
     task = asyncio.ensure_future(run())
     task.add_done_callback(give_back)
 
-    return StreamingResponse(_events(queue, task), media_type="text/event-stream")
+    segments = req.response_format == "diarized_json"
+    return StreamingResponse(_events(queue, task, segments), media_type="text/event-stream")
 
 
-async def _events(queue: asyncio.Queue[Any], task: asyncio.Future) -> AsyncIterator[str]:
-    """The stream's body: a delta per decoded segment, then done (or the error); a client
-    that goes away cancels ``task`` (its job is then cancelled by _run_admitted)."""
+async def _events(
+    queue: asyncio.Queue[Any], task: asyncio.Future, segments: bool = False
+) -> AsyncIterator[str]:
+    """The stream's body: a delta per decoded segment, then (``diarized_json``) OpenAI's
+    ``transcript.text.segment`` event per speaker segment once the speakers are known,
+    then done (or the error); a client that goes away cancels ``task`` (its job is then
+    cancelled by _run_admitted)."""
     try:
         while True:
             item = await queue.get()
@@ -434,6 +439,9 @@ async def _events(queue: asyncio.Queue[Any], task: asyncio.Future) -> AsyncItera
             elif "error" in result:
                 _, body = openai_api.error_body(result)
             else:
+                if segments:
+                    for event in result["diarized_json"]["segments"]:
+                        yield f"data: {json.dumps(event)}\n\n"
                 body = openai_api.done_event(result)
             yield f"data: {json.dumps(body)}\n\n"
             return

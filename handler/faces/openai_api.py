@@ -20,9 +20,12 @@ What differs from OpenAI's API, and why (docs/openai.md lists every field):
 - Fields OpenAI does not have (``vad_filter``, ``beam_size``, ``hotwords``, ``audio_url``,
   ...: what the OpenAI SDK sends through ``extra_body``) are our job options, validated by
   the same schema as a queue job.
+- Speakers: ``response_format=diarized_json`` or a model name with ``diarize`` in it
+  (``gpt-4o-transcribe-diarize``) turns diarization on (the worker must run with
+  WHISPER_DIARIZATION); ``known_speaker_names[]`` with ``known_speaker_references[]``
+  (data: URLs, or http(s) URLs) name speakers, up to 10.
 - ``include[]=logprobs`` is refused (the decoder keeps one log-probability per segment,
-  not per token), as are ``known_speaker_*`` (diarization), with INVALID_INPUT rather than
-  silently ignored.
+  not per token) with INVALID_INPUT rather than silently ignored.
 """
 
 from __future__ import annotations
@@ -35,7 +38,7 @@ from handler.errors import Code, WorkerError
 from handler.job import Runtime, run_job
 
 ROUTES = {"/v1/audio/transcriptions": "transcribe", "/v1/audio/translations": "translate"}
-RESPONSE_FORMATS = ("json", "text", "srt", "vtt", "verbose_json")
+RESPONSE_FORMATS = ("json", "text", "srt", "vtt", "verbose_json", "diarized_json")
 OPENAI_MODEL_NAMES = frozenset(
     {"whisper-1", "gpt-4o-transcribe", "gpt-4o-mini-transcribe", "gpt-4o-transcribe-diarize"}
 )
@@ -55,9 +58,11 @@ OPENAI_FIELDS = frozenset(
         "chunking_strategy",
         "keywords",
         "languages",
+        "known_speaker_names",
+        "known_speaker_references",
     }
 )
-REFUSED_FIELDS = frozenset({"include", "known_speaker_names", "known_speaker_references"})
+REFUSED_FIELDS = frozenset({"include"})
 LIST_FIELDS = frozenset(
     {"timestamp_granularities", "include", "keywords", "languages", "known_speaker_names",
      "known_speaker_references"}
@@ -183,7 +188,8 @@ def build_request(
     want_words = fmt == "verbose_json" and "word" in granularities
     if want_words:
         job["word_timestamps"] = True
-    outputs = {"json": ["text"], "text": ["text"], "srt": ["srt"], "vtt": ["vtt"]}
+    outputs = {"json": ["text"], "text": ["text"], "srt": ["srt"], "vtt": ["vtt"],
+               "diarized_json": ["diarized_json"]}  # fmt: skip
     job.setdefault("output", outputs.get(fmt, ["verbose_json", *(["words"] if want_words else [])]))
     return OpenAIRequest(task, job, fmt, stream, granularities)
 
@@ -237,7 +243,28 @@ def _mapped(
     languages = _strings("languages", fields.get("languages"))
     if languages:
         job["languages"] = languages
+    job.update(_speakers(fields))
     return job
+
+
+def _speakers(fields: Mapping[str, Any]) -> dict[str, Any]:
+    """``diarize`` and ``known_speakers`` from OpenAI's fields."""
+    names = _strings("known_speaker_names", fields.get("known_speaker_names"))
+    refs = _strings("known_speaker_references", fields.get("known_speaker_references"))
+    if len(names) != len(refs):
+        raise _bad("known_speaker_names[] and known_speaker_references[] must pair up")
+    model = str(fields.get("model") or "").lower()
+    diarize = fields.get("response_format") == "diarized_json" or "diarize" in model
+    if names and not diarize:
+        raise _bad("known_speaker_names[] needs a diarize model or response_format=diarized_json")
+    out: dict[str, Any] = {"diarize": True} if diarize else {}
+    if names:
+        out["known_speakers"] = [
+            {"name": n, "audio_url" if r.split(":", 1)[0].lower() in ("http", "https")
+             else "audio_base64": r}
+            for n, r in zip(names, refs, strict=True)
+        ]  # fmt: skip
+    return out
 
 
 PASSTHROUGH_KEYS = frozenset({"openai_route", "openai_input"})
@@ -330,6 +357,8 @@ def response_body(req: OpenAIRequest, output: Mapping[str, Any]) -> tuple[Any, s
         return output["srt"], "application/x-subrip; charset=utf-8"
     if fmt == "vtt":
         return output["vtt"], "text/vtt; charset=utf-8"
+    if fmt == "diarized_json":
+        return {**output["diarized_json"], "usage": usage(output)}, "application/json"
     body = dict(output["verbose_json"])
     if "segment" not in req.granularities:
         body.pop("segments", None)
@@ -344,6 +373,7 @@ HTTP_STATUS: dict[Code, int] = {
     Code.INVALID_BASE64: 400,
     Code.URL_NOT_ALLOWED: 400,
     Code.UNSUPPORTED_FOR_MODEL: 400,
+    Code.DIARIZATION_UNAVAILABLE: 400,
     Code.SOURCE_HTTP_4XX: 400,
     Code.INPUT_TOO_LARGE: 413,
     Code.SOURCE_TOO_LARGE: 413,
