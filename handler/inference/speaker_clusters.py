@@ -27,7 +27,9 @@ speakers (tuned on built conversations apart from the bench's: bench/README.md).
 """Cosine distance between two clusters' windows, on average, above which they are two
 speakers (tuned on a separate set of built conversations: bench/diarization.py --seed 1)."""
 SMALL_SHARE = 0.04
-"""A cluster with fewer than this share of the windows (and at least 2) is absorbed."""
+MIN_WINDOWS = 6
+"""A cluster with fewer windows than this (3 s of speech) or than SMALL_SHARE of them all
+is absorbed by the nearest larger one: noises, laughter, overlapped speech."""
 DEFAULT_MAX_SPEAKERS = 8
 
 
@@ -66,7 +68,7 @@ def _cut(x: np.ndarray, count: SpeakerCount) -> np.ndarray:
     if count.exact is not None:
         return clusters_at(merges, n, k=min(count.exact, n))
     labels = clusters_at(merges, n, threshold=THRESHOLD)
-    labels = absorb_small(x, labels, max(2, int(SMALL_SHARE * n)))
+    labels = absorb_small(x, labels, max(MIN_WINDOWS, int(SMALL_SHARE * n)))
     k = int(labels.max()) + 1
     if not count.low <= k <= count.high:
         labels = clusters_at(merges, n, k=min(max(k, count.low), count.high, n))

