@@ -35,6 +35,8 @@ from whisper_normalizer.basic import BasicTextNormalizer
 from whisper_normalizer.english import EnglishTextNormalizer
 
 from bench.eval_corpus import DEFAULT_DIR, FetchError, Item, build, describe
+from bench.machine import describe as describe_machine
+from bench.machine import stamp
 
 ROOT = Path(__file__).resolve().parent.parent
 _EN = EnglishTextNormalizer()
@@ -296,6 +298,7 @@ def main(argv: list[str] | None = None) -> int:
         keep = set(args.languages.split(","))
         items = [it for it in items if it.language in keep or not it.language]
     print(describe(items), flush=True)
+    machine = describe_machine()
     audio_s = sum(_dur(it.path) for it in items)
     configs: dict[str, dict[str, Any]] = {"worker": {}}
     for c in args.config:
@@ -342,10 +345,11 @@ def main(argv: list[str] | None = None) -> int:
         print(worst(runs))
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps({
+    report = stamp({
         "model": args.model, "configs": configs, "table": table(runs, audio_s),
         "detection": detection_table(rows), "files": rows,
-    }, indent=1, ensure_ascii=False))  # fmt: skip
+    }, machine)  # fmt: skip
+    out.write_text(json.dumps(report, indent=1, ensure_ascii=False))
     return 0
 
 

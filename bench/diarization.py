@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import random
 import resource
 import subprocess
@@ -44,6 +45,7 @@ from speech_assets.clips import DATA, JFK_TEXT
 from speech_assets.diarization import attribution, diarizer_dir, pyannote_sample, rttm_turns
 
 RATE = 16000
+ROOT = Path(__file__).resolve().parent.parent
 EXTRA_VOICES = {
     # package, version, sha256, folder under usr/share/asterisk/sounds
     "es_CO": ("asterisk-prompt-es-co", "0.20070403-2.1",
@@ -228,6 +230,31 @@ def _start_up(model: Path) -> dict[str, float]:
     return {k: round(v, 2) for k, v in json.loads(out.stdout.strip().splitlines()[-1]).items()}
 
 
+def _worker_start(model: Path, rounds: int = 3) -> dict[str, Any]:
+    """The whole worker's start-up (settings, imports, model load, warm-up) and its RSS,
+    with and without WHISPER_DIARIZATION, in fresh processes, alternating; medians."""
+    code = (
+        "import time,resource,json;t=time.perf_counter();"
+        "from handler.settings import load_settings;from handler.startup import start_worker;"
+        "w=start_worker(load_settings());"
+        "print(json.dumps({'start_s':time.perf_counter()-t,'rss_mib':"
+        "resource.getrusage(resource.RUSAGE_SELF).ru_maxrss/1024,"
+        "'diarizer':w.diarizer is not None}))"
+    )
+    runs: dict[str, list[dict[str, Any]]] = {"off": [], "on": []}
+    for _ in range(rounds):
+        for mode in ("off", "on"):
+            env = {**os.environ, "WHISPER_DEVICE": "cpu", "WHISPER_DIARIZATION": str(mode == "on"),
+                   "WHISPER_DIARIZATION_MODEL": str(model)}  # fmt: skip
+            out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                                 check=True, env=env, cwd=ROOT)  # fmt: skip
+            runs[mode].append(json.loads(out.stdout.strip().splitlines()[-1]))
+    return {
+        mode: {k: round(float(np.median([r[k] for r in rs])), 2) for k in ("start_s", "rss_mib")}
+        for mode, rs in runs.items()
+    }
+
+
 def _hour(model: Path, pool: dict[str, list[Phrase]]) -> dict[str, Any]:
     from handler.inference import diarize
     from handler.inference.speaker_clusters import SpeakerCount
@@ -247,6 +274,7 @@ def _wer(convs: list[Conversation], model: Path) -> list[dict[str, Any]]:
 
     import jiwer
 
+    from handler.inference.speaker_clusters import SpeakerCount
     from handler.job import run_job
     from handler.settings import load_settings
     from handler.startup import start_worker
@@ -259,12 +287,15 @@ def _wer(convs: list[Conversation], model: Path) -> list[dict[str, Any]]:
         audio = base64.b64encode(wav_bytes(conv.samples)).decode()
         plain = run_job({"audio_base64": audio}, worker)
         spk = run_job({"audio_base64": audio, "diarize": True}, worker)
+        assert worker.diarizer is not None
+        alone = worker.diarizer.run(conv.samples, SpeakerCount()).seconds
         row = {
             "name": conv.name,
             "minutes": round(len(conv.samples) / RATE / 60, 2),
             "diff_wer": round(jiwer.wer(plain["text"], spk["text"]), 4),
             "transcribe_s": plain["timings"]["total"],
             "diarized_s": spk["timings"]["total"],
+            "diarizer_alone_s": round(alone, 3),
         }
         if conv.has_text:
             from bench.accuracy import normalise
@@ -291,7 +322,8 @@ def main(argv: list[str] | None = None) -> int:
 
     machine = describe()
     model = diarizer_dir()
-    report: dict[str, Any] = {"machine": machine, "start_up": _start_up(model)}
+    report: dict[str, Any] = {"machine": machine, "start_up": _start_up(model),
+                              "worker_start": _worker_start(model)}  # fmt: skip
     pool = voices()
     convs = [_pyannote_conversation(), *conversations(args.conversations, pool, args.seed)]
     d = diarize.load(str(model))
@@ -325,7 +357,8 @@ def table(report: dict[str, Any]) -> str:
     rows = report["conversations"]
     built = [r for r in rows if r["name"] != "pyannote-sample"]
     lines = [machine_line(report["machine"], report["machine"].get("load_after")),
-             f"diarizer start-up: {report['start_up']}", "",
+             f"diarizer start-up: {report['start_up']}",
+             f"worker start-up (tiny.en, warm-up on), medians: {report['worker_start']}", "",
              "| set | hints | attribution (mean / min) | DER collar 0.25 (mean) | DER no collar "
              "| speaker count exact | s per audio min |",
              "|---|---|---|---|---|---|---|"]  # fmt: skip
@@ -346,11 +379,13 @@ def table(report: dict[str, Any]) -> str:
     if "hour" in report:
         lines += ["", f"1-hour recording: {report['hour']}"]
     if "wer" in report:
-        lines += ["", "| conversation | minutes | WER plain | WER diarize | text changed (WER) |",
-                  "|---|---|---|---|---|"]  # fmt: skip
+        lines += ["", "| conversation | minutes | WER plain | WER diarize | text changed (WER) "
+                  "| job s plain | diarizer alone s | job s diarized |",
+                  "|---|---|---|---|---|---|---|---|"]  # fmt: skip
         for r in report["wer"]:
             lines.append(f"| {r['name']} | {r['minutes']} | {r.get('wer_plain', '-')} | "
-                         f"{r.get('wer_diarize', '-')} | {r['diff_wer']} |")  # fmt: skip
+                         f"{r.get('wer_diarize', '-')} | {r['diff_wer']} | {r['transcribe_s']} | "
+                         f"{r['diarizer_alone_s']} | {r['diarized_s']} |")  # fmt: skip
     return "\n".join(lines)
 
 

@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from bench.eval_corpus import DEFAULT_DIR, FetchError, build
+from bench.machine import describe, stamp
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -40,6 +41,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--out", default=str(ROOT / "bench" / "out" / "english_only.json"))
     args = parser.parse_args(argv)
+    machine = describe()
 
     from handler.inference.checks import ENGLISH_ONLY_MIN_LOGPROB
     from handler.job import run_job
@@ -89,7 +91,7 @@ def main(argv: list[str] | None = None) -> int:
         spread = f"{min(lps):>8.2f}{statistics.median(lps):>8.2f}{max(lps):>8.2f}" if lps else ""
         print(f"{lang:<10}{len(mine):>6}{n_warned:>8}{spread}")
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-    Path(args.out).write_text(json.dumps(rows, indent=1))
+    Path(args.out).write_text(json.dumps({"rows": rows, **stamp({}, machine)}, indent=1))
     print(f"json      {args.out}")
     return 0
 

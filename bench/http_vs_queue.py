@@ -26,6 +26,7 @@ from typing import Any
 
 import requests
 
+from bench.machine import describe, stamp
 from runpod_emulator import Emulator
 from speech_assets.clips import Clip, clips, wer
 
@@ -163,6 +164,7 @@ def main(argv: list[str] | None = None) -> int:
     env = {"WHISPER_DEVICE": "cpu", "WHISPER_MAX_CONCURRENCY": str(args.concurrency),
            "HF_HUB_OFFLINE": "1"}  # fmt: skip
     pool = clips()
+    machine = describe()
     report = {
         "clients": args.clients,
         "concurrency": args.concurrency,
@@ -183,6 +185,7 @@ def main(argv: list[str] | None = None) -> int:
     if q["requests_per_s"]:
         print(f"http/queue: {h['requests_per_s'] / q['requests_per_s']:.2f}x requests/s, "
               f"p50 {h['p50_s'] / q['p50_s']:.2f}x")  # fmt: skip
+    stamp(report, machine)
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(report, indent=2))

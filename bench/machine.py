@@ -61,3 +61,12 @@ def line(info: dict[str, Any], load_after: float | None = None) -> str:
         f"machine: {info['cpu']} ({', '.join(info['isa']) or 'no AVX2'}), {info['cores']} cores,"
         f" {info['memory_gib']} GiB; load {info['load_1m']:.2f} before{after}"
     )
+
+
+def stamp(report: dict[str, Any], before: dict[str, Any]) -> dict[str, Any]:
+    """``report`` with ``machine`` (as ``before`` read it, plus the load now) added, and
+    the machine's line printed: what every bench's JSON and table carry."""
+    after = describe()["load_1m"]
+    report["machine"] = {**before, "load_1m_after": after}
+    print(line(before, after))
+    return report

@@ -24,8 +24,7 @@ from pathlib import Path
 import av
 import numpy as np
 
-from bench.machine import describe
-from bench.machine import line as describe_line
+from bench.machine import describe, stamp
 from speech_assets.clips import RATE, long_clip
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -78,6 +77,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", default=str(ROOT / "bench" / "out" / "memory.json"))
     parser.add_argument("--plot", help="also draw peak RSS against length into this PNG")
     args = parser.parse_args(argv)
+    machine = describe()
     lengths = sorted(float(x) for x in args.lengths.split(","))
     batches = [int(b) for b in args.batches.split(",")]
     env = {**os.environ, "WHISPER_DEVICE": "cpu", "WHISPER_ALLOW_PRIVATE_URLS": "true",
@@ -124,7 +124,6 @@ def main(argv: list[str] | None = None) -> int:
                     print(json.dumps(row), flush=True)
         finally:
             server.shutdown()
-    print(describe_line(describe()))
     print(f"idle worker: {idle:.0f} MiB")
     print("| audio | batch | malloc | peak MiB | over idle MiB | wall s | RTF |")
     print("|---|---|---|---|---|---|---|")
@@ -133,8 +132,8 @@ def main(argv: list[str] | None = None) -> int:
               f"{r['peak_mib']} | {r['over_idle_mib']} | {r['wall_s']} | {r['rtf']} |")  # fmt: skip
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps({"model": args.model, "idle_mib": round(idle), "rows": rows},
-                              indent=2))  # fmt: skip
+    report = stamp({"model": args.model, "idle_mib": round(idle), "rows": rows}, machine)
+    out.write_text(json.dumps(report, indent=2))
     if args.plot:
         plot(rows, idle, args.model, Path(args.plot))
         print(f"plot      {args.plot}")

@@ -28,6 +28,7 @@ import numpy as np
 
 from bench.accuracy import normalise
 from bench.eval_corpus import DEFAULT_DIR, FetchError, Item, _load16k, build
+from bench.machine import describe, stamp
 from speech_assets.clips import RATE, wav_bytes
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -111,6 +112,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--out", default=str(ROOT / "bench" / "out" / "packing.json"))
     args = parser.parse_args(argv)
+    machine = describe()
 
     from handler.settings import load_settings
     from handler.startup import start_worker
@@ -173,7 +175,8 @@ def main(argv: list[str] | None = None) -> int:
               f"{r['wer_packed']:.1%} | {r['changed']} | {r['stray_words']} | "
               f"{r['seconds_alone']} | {r['seconds_packed']} |")  # fmt: skip
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-    Path(args.out).write_text(json.dumps({"args": vars(args), "rows": rows, "files": files},
+    Path(args.out).write_text(json.dumps({"args": vars(args), "rows": rows, "files": files,
+                                          "machine": stamp({}, machine)["machine"]},
                                          indent=1, ensure_ascii=False))  # fmt: skip
     return 0
 

@@ -20,6 +20,7 @@ import sys
 import time
 from pathlib import Path
 
+from bench.machine import describe, stamp
 from handler.contract import parse_startup_line
 from speech_assets.clips import Clip, clips, long_clip, wer
 
@@ -101,6 +102,7 @@ def main(argv: list[str] | None = None) -> int:
 
     from handler.inference.models import packaged_model_path
 
+    machine = describe()
     source = args.model or packaged_model_path()
     start = time.perf_counter()
     model = WhisperModel(source, device="cpu", compute_type="int8", local_files_only=True)
@@ -117,6 +119,7 @@ def main(argv: list[str] | None = None) -> int:
             rows.append(transcribe_rtf(model, clip, batch, args.repeat))
             print(json.dumps(rows[-1]), file=sys.stderr)
     report["rtf"] = rows
+    stamp(report, machine)
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(report, indent=2))

@@ -40,6 +40,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from bench.machine import describe, stamp
 from runpod_emulator import Emulator
 from speech_assets.clips import DATA, Clip, clips, wer
 
@@ -527,6 +528,7 @@ def main(argv: list[str] | None = None) -> int:
         raise KeyboardInterrupt  # SIGTERM as Ctrl-C: the emulator stops its workers first
 
     signal.signal(signal.SIGTERM, stop)
+    machine = describe()
     result = run(
         jobs=args.jobs,
         workers=args.workers,
@@ -536,6 +538,7 @@ def main(argv: list[str] | None = None) -> int:
         log=None if args.quiet else (lambda m: print(m, file=sys.stderr, flush=True)),
     )
     print(render(result))
+    stamp(result, machine)
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     Path(args.out).write_text(json.dumps(result, indent=1))
     print(f"json    {args.out}")

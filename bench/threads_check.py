@@ -24,6 +24,7 @@ import sys
 import tempfile
 from pathlib import Path
 
+from bench.machine import describe, line
 from speech_assets.clips import long_clip
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -66,6 +67,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--env", action="append", default=[], metavar="KEY=VALUE",
                         help="worker env (PYTHONPATH=<old checkout>: old code)")  # fmt: skip
     args = parser.parse_args(argv)
+    machine = describe()
     env = {**os.environ, "WHISPER_DEVICE": "cpu", "RUNPOD_LOG_LEVEL": "INFO"}
     env.pop("RUNPOD_WEBHOOK_GET_JOB", None)
     env.update(dict(kv.split("=", 1) for kv in args.env))
@@ -99,6 +101,7 @@ def main(argv: list[str] | None = None) -> int:
     ratio = q / p
     print(f"{clip.seconds:.0f} s of speech, load {args.load}: queue worker {q:.4f} s per audio s,"
           f" in-process {p:.4f}; ratio {ratio:.2f} (limit {1 + args.tolerance:.2f})")  # fmt: skip
+    print(line(machine, describe()["load_1m"]))
     return 0 if ratio <= 1 + args.tolerance else 1
 
 
