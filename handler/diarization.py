@@ -82,6 +82,11 @@ def _reference_samples(
     return audio.samples
 
 
+def beside_transcription(worker: Runtime) -> bool:
+    """Whether the diarizer runs beside the transcription (a GPU worker) or after it."""
+    return worker.pool.device != "cpu"
+
+
 class _Linked(threading.Event):
     """Set by itself, or when the job's own cancel event is."""
 
@@ -97,9 +102,12 @@ class _Linked(threading.Event):
 def beside(
     job: JobInput, worker: Runtime, call: Call, samples: np.ndarray, budget_s: float | None
 ) -> Iterator[None]:
-    """Diarize ``samples`` in a thread while the body (the transcription) runs; on exit,
-    wait for it and store the result in ``call.diarization``. A failed transcription
-    stops it; its own failure (cancel, compute budget) fails the job."""
+    """Diarize ``samples`` and store the result in ``call.diarization``: on a GPU worker
+    in a thread while the body (the transcription) runs, the CPU cores diarizing while the
+    GPU transcribes; on a CPU worker after the body, in this thread, because there both
+    compete for the same cores and one after the other was measured faster (bench/README.md,
+    Diarization). A failed transcription stops it (or never starts it); its own failure
+    (cancel, compute budget) fails the job."""
     if not job.diarize or worker.diarizer is None:
         yield
         return
@@ -113,6 +121,12 @@ def beside(
                   "diarization used the job's compute budget")  # fmt: skip
     box: dict[str, Any] = {}
     diarizer = worker.diarizer
+    if not beside_transcription(worker):
+        yield
+        t = time.perf_counter()
+        call.diarization = diarizer.run(samples, count, guard, call.references)
+        call.timings["diarize"] = time.perf_counter() - t
+        return
 
     def work() -> None:
         try:

@@ -292,6 +292,24 @@ def test_the_engine_batches_diarized_and_plain_jobs_together(dworker, sample) ->
     assert results["diarized"]["timings"]["diarize"] > 0
 
 
+@pytest.mark.parametrize("beside", [False, True])
+def test_diarizing_after_or_beside_the_transcription(dworker, sample, monkeypatch, beside) -> None:
+    """A CPU worker diarizes after the transcription; a GPU worker beside it, in a thread
+    (forced here on the CPU: the thread's path is the same whatever transcribes)."""
+    import handler.diarization
+
+    monkeypatch.setattr(handler.diarization, "beside_transcription", lambda _w: beside)
+    out = run_job(sample_job(sample, output=["rttm"]), dworker)
+    assert attribution(sample[1], rttm_turns(out["rttm"])) >= 0.85
+    assert ("diarize_wait" in out["timings"]) is beside
+    cancel = threading.Event()
+    cancel.set()
+    stopped = run_job(sample_job(sample), dworker, cancel=cancel)
+    assert stopped["error_code"] == Code.CANCELLED
+    names = {t.name for t in threading.enumerate()}
+    assert not any(n.startswith("diarize-") for n in names), names
+
+
 def test_a_worker_without_diarization_imports_none_of_it(model_dir) -> None:
     probe = (
         "import sys, json\n"
