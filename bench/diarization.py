@@ -291,7 +291,7 @@ def _wer(convs: list[Conversation], model: Path) -> list[dict[str, Any]]:
         spk = run_job({"audio_base64": audio, "diarize": True}, worker)
         # The same job with the diarizer in a thread beside the transcription (what a GPU
         # worker does) instead of after it (what a CPU worker does).
-        handler.diarization.beside_transcription = lambda _w: True
+        handler.diarization.beside_transcription = lambda worker: True
         try:
             beside = run_job({"audio_base64": audio, "diarize": True}, worker)
         finally:
