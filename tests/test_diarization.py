@@ -294,8 +294,8 @@ def test_the_engine_batches_diarized_and_plain_jobs_together(dworker, sample) ->
 
 @pytest.mark.parametrize("beside", [False, True])
 def test_diarizing_after_or_beside_the_transcription(dworker, sample, monkeypatch, beside) -> None:
-    """A CPU worker diarizes after the transcription; a GPU worker beside it, in a thread
-    (forced here on the CPU: the thread's path is the same whatever transcribes)."""
+    """Both ways the diarizer can run: in a thread beside the transcription (what the
+    worker does) and after it (what the bench compares it with)."""
     import handler.diarization
 
     monkeypatch.setattr(handler.diarization, "beside_transcription", lambda _w: beside)
