@@ -128,6 +128,9 @@ def main(argv: list[str] | None = None) -> int:
                         help="the worker's allocator policy (WHISPER_MALLOC); both: each mode"
                         " under system, then keep (handler/inference/allocator.py)")  # fmt: skip
     parser.add_argument("--modes", default="sequential,engine", help="which modes to run")
+    parser.add_argument("--layout", action="append", default=[], metavar="NAME:KEY=V,KEY=V",
+                        help="one more engine mode with these settings, e.g. "
+                        "'2x1:WHISPER_NUM_WORKERS=2,WHISPER_CPU_THREADS=1'")  # fmt: skip
     parser.add_argument("--out", default=str(ROOT / "bench" / "out" / "throughput.json"))
     args = parser.parse_args(argv)
     burst = short_clips(args.clips)
@@ -149,6 +152,12 @@ def main(argv: list[str] | None = None) -> int:
         for policy in policies
         for name in wanted
     ]  # fmt: skip
+    for spec in args.layout:
+        label, _, pairs = spec.partition(":")
+        extra = dict(p.split("=", 1) for p in pairs.split(",") if p)
+        for policy in policies:
+            env = {**base, **shapes["engine"], "WHISPER_MALLOC": policy, **extra}
+            modes.append((f"engine, {label}", env))
     machine = describe()
     report = [run_mode(name, env, burst, args.lone, options) for name, env in modes]
     load_after = describe()["load_1m"]
