@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from handler.audio.decode import decode_audio
-from handler.audio.sources import decode_base64, fetch_to_file
+from handler.audio.sources import JOB_DIR_PREFIX, decode_base64, fetch_to_file
 from handler.errors import Code, WorkerError
 from handler.guard import Guard
 from handler.schema import JobInput, KnownSpeaker
@@ -35,7 +35,6 @@ REFERENCE_SLACK_S = 0.25
 """Clips cut by hand run a little over or under; this much is forgiven either way."""
 MAX_REFERENCE_BYTES = 20 * 2**20
 """A reference clip's file: 10 s of audio in any sane format is far below this."""
-JOB_DIR_PREFIX = "whisper-job-"
 
 
 def references(

@@ -21,7 +21,7 @@ import numpy as np
 
 from handler import diarization
 from handler.audio.decode import SAMPLE_RATE, DecodedAudio, decode_audio
-from handler.audio.sources import decode_base64, fetch_to_file
+from handler.audio.sources import JOB_DIR_PREFIX, decode_base64, fetch_to_file
 from handler.contract import Segment
 from handler.errors import Code, WorkerError
 from handler.inference import allocator, checks, language, transcribe
@@ -40,7 +40,6 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 MIN_AUDIO_SECONDS = 0.1
-JOB_DIR_PREFIX = "whisper-job-"
 ProgressCallback = Callable[[float], None]
 
 

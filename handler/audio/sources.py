@@ -23,6 +23,7 @@ from handler.errors import Code, WorkerError
 from handler.settings import Settings, no_instance_metadata
 
 __all__ = [
+    "JOB_DIR_PREFIX",
     "blocked_reason",
     "decode_base64",
     "fetch_s3",
@@ -32,6 +33,11 @@ __all__ = [
 ]
 
 log = logging.getLogger(__name__)
+
+JOB_DIR_PREFIX = "whisper-job-"
+"""A job's temporary folder (its fetched audio, a reference clip): swept at start-up when a
+killed worker left one behind (handler.job.sweep_stale_job_dirs)."""
+
 
 # --------------------------------------------------------------------------- base64
 

@@ -17,7 +17,6 @@ from __future__ import annotations
 import json
 import logging
 import os
-import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -72,7 +71,6 @@ class Diarizer:
             str(root / manifest["model"]), options, providers=_providers(onnxruntime)
         )
         self.embedding_size = int(manifest["embedding_size"])
-        self._vad_lock = threading.Lock()
 
     def warm_up(self) -> None:
         self.embed(np.zeros((1, 150, speaker_features.MEL_BINS), dtype=np.float32))
