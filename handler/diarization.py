@@ -83,10 +83,9 @@ def _reference_samples(
 
 def beside_transcription(worker: Runtime) -> bool:
     """Whether the diarizer runs beside the transcription or after it. Beside, on every
-    device: on a GPU the CPU cores diarize while the GPU transcribes, and even on a 2-core
-    CPU, where both compete for the same cores, the job ended 1.5-12 % sooner than with
-    the diarizer after the transcription (``python -m bench diarization --wer 4``, which
-    times both)."""
+    device: on a GPU the CPU cores diarize while the GPU transcribes; on a 2-core CPU,
+    where both compete for the same cores, the two are level (``python -m bench
+    diarization --wer 4`` times both: within a few per cent either way over two runs)."""
     return True
 
 
