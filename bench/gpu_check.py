@@ -126,6 +126,25 @@ def cold_start(device: str, name: str) -> dict[str, Any]:
     return {"error": proc.stderr.strip().splitlines()[-1] if proc.stderr.strip() else "no line"}
 
 
+def diarizer_speed(model_dir: Path, seconds: float) -> dict[str, Any]:
+    """The diarizer on a long recording of the committed clips: seconds per audio minute
+    and the onnxruntime provider it ran on (the CPU unless onnxruntime-gpu is installed).
+    The exported model reaches a machine without the network by ``run``'s carry of
+    ``models/diarizer`` (28 MB)."""
+    from handler.inference import diarize
+    from handler.inference.speaker_clusters import SpeakerCount
+
+    d = diarize.load(str(model_dir))
+    clip = long_clip(seconds)
+    result = d.run(clip.samples, SpeakerCount())
+    return {
+        "providers": d.session.get_providers(),
+        "audio_s": round(clip.seconds, 1),
+        "seconds": round(result.seconds, 2),
+        "s_per_audio_min": round(result.seconds / (clip.seconds / 60), 3),
+    }
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         prog="python -m bench.gpu_check", description=__doc__.split("\n")[0]
@@ -136,6 +155,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--long-seconds", type=float, default=600.0)
     parser.add_argument("--burst", type=int, default=64)
     parser.add_argument("--out", default=str(ROOT / "bench" / "out" / "gpu_check.json"))
+    parser.add_argument("--diarizer", type=Path, default=ROOT / "models" / "diarizer",
+                        help="the exported diarizer (timed when the folder exists)")  # fmt: skip
     args = parser.parse_args(argv)
     batches = [int(b) for b in args.batches.split(",")]
     report: dict[str, Any] = {"device": args.device, "models": []}
@@ -157,6 +178,9 @@ def main(argv: list[str] | None = None) -> int:
         burst = f"{m['burst_sequential']['clips_per_s']} -> {m['burst_engine']['clips_per_s']}"
         print(f"| {m['model']} | {rtf} | {burst} | {m['gpu_mib_per_instance']} | "
               f"{m['cold_start'].get('ready')} |")  # fmt: skip
+    if (args.diarizer / "manifest.json").exists():
+        report["diarizer"] = diarizer_speed(args.diarizer, args.long_seconds)
+        print(f"diarizer: {report['diarizer']}")
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(report, indent=2))
