@@ -109,7 +109,10 @@ def test_twenty_jobs_mixed_each_end_exactly_once(shared):
 
 def test_two_jobs_overlap_and_the_loop_stays_free(shared):
     em, wid, _ = shared
-    a, b = em.submit(long_job(120)), em.submit(long_job(120))
+    # Sequential (batch 1): long enough for several job-stop polls on an idle machine too
+    # (batched, two 120-s jobs were done in 3.7 s, inside one poll).
+    slow = {**long_job(180), "batch_size": 1}
+    a, b = em.submit(slow), em.submit(slow)
     for job_id in (a, b):
         assert em.wait_job(job_id, JOB_S * 2)["status"] == "COMPLETED"
     rec = em.records()
