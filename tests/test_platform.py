@@ -147,7 +147,8 @@ def test_progress_is_posted_for_a_long_job(shared, seconds, batch_size):
 
 def test_cancel_mid_job_posts_nothing_and_the_next_job_runs(shared):
     em, wid, tmpdir = shared
-    job_id = em.submit(long_job(240))
+    # Sequential: still decoding when the cancel comes, on an idle machine too.
+    job_id = em.submit({**long_job(240), "batch_size": 1})
     wait_for(lambda: em.status(job_id)["status"] == "IN_PROGRESS", JOB_S, "job to start")
     time.sleep(1.0)  # past the SDK's 0.1 s window in which a stop signal is dropped
     em.cancel(job_id)
@@ -266,7 +267,7 @@ def test_worker_killed_mid_job_leaves_no_job_stuck(tmp_path):
     try:
         (tmp_path / "w").mkdir()
         wid = start(em, tmp_path / "w")
-        job_id = em.submit(long_job(60))
+        job_id = em.submit({**long_job(120), "batch_size": 1})  # still running when killed
         wait_for(lambda: em.status(job_id)["status"] == "IN_PROGRESS", JOB_S, "job to start")
         em.kill_worker(wid)
         status = wait_for(
