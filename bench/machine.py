@@ -34,6 +34,16 @@ def _cpuinfo() -> tuple[str, list[str]]:
     return model, flags
 
 
+def ct2_isa(flags: list[str]) -> str:
+    """The instruction set CTranslate2 dispatches its kernels to in the worker: the
+    worker's choice (handler/inference/cpu_isa.py) or the deployment's CT2_FORCE_CPU_ISA."""
+    from handler.inference import cpu_isa
+
+    cpu_isa.configure()
+    forced = os.environ.get(cpu_isa.VARIABLE, "").strip()
+    return forced or ("AVX2" if "avx2" in flags else "CTranslate2's default")
+
+
 def describe() -> dict[str, Any]:
     """CPU model, ISA flags, usable cores, memory (GiB) and the 1-minute load now."""
     model, flags = _cpuinfo()
@@ -48,6 +58,7 @@ def describe() -> dict[str, Any]:
     return {
         "cpu": model,
         "isa": flags,
+        "ct2_isa": ct2_isa(flags),
         "cores": cores,
         "memory_gib": round(mem, 1),
         "load_1m": round(os.getloadavg()[0], 2),
@@ -59,7 +70,8 @@ def line(info: dict[str, Any], load_after: float | None = None) -> str:
     after = f", after {load_after:.2f}" if load_after is not None else ""
     return (
         f"machine: {info['cpu']} ({', '.join(info['isa']) or 'no AVX2'}), {info['cores']} cores,"
-        f" {info['memory_gib']} GiB; load {info['load_1m']:.2f} before{after}"
+        f" {info['memory_gib']} GiB; CTranslate2 ISA {info.get('ct2_isa', '?')};"
+        f" load {info['load_1m']:.2f} before{after}"
     )
 
 
