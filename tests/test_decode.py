@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import glob
 import http.server
+import io
 import os
 import pathlib
 import tempfile
@@ -375,3 +376,24 @@ def test_a_wav_whose_data_chunk_declares_less_than_it_holds_warns(tmp_path: path
     got = decode_audio(media.write_bytes(tmp_path / "short.wav", bytes(data)), Settings())
     assert got.duration == pytest.approx(1.0, abs=0.05)
     assert any("only the declared part" in w for w in got.warnings), got.warnings
+
+
+def test_a_tag_that_is_not_utf8_does_not_refuse_the_audio(tmp_path: pathlib.Path) -> None:
+    # PyAV < 19 fails the open on such a tag unless told metadata_errors="ignore"; PyAV 19
+    # (what Python 3.12, the image's Python, installs) refuses that argument with a
+    # TypeError and decodes the tag with surrogateescape. Either way the audio decodes.
+    buf = io.BytesIO()
+    tone = (np.sin(np.arange(16000) / 5) * 8000).astype(np.int16)[None, :]
+    with av.open(buf, "w", format="flac") as out:
+        out.metadata["title"] = "XXXXXXXX"
+        stream = out.add_stream("flac", rate=16000, layout="mono")
+        frame = av.AudioFrame.from_ndarray(tone, format="s16", layout="mono")
+        frame.rate = 16000
+        for packet in [*stream.encode(frame), *stream.encode(None)]:
+            out.mux(packet)
+    data = buf.getvalue()
+    assert data.count(b"XXXXXXXX") == 1
+    path = tmp_path / "latin1-tag.flac"
+    path.write_bytes(data.replace(b"XXXXXXXX", b"\xff\xfe\xc3\x28\xa0\xa1\xe2\x28"))
+    got = decode_audio(path, Settings())
+    assert abs(got.duration - 1.0) < 0.01 and float(np.abs(got.samples).max()) > 0.1

@@ -36,6 +36,13 @@ from handler.errors import Code, WorkerError
 from handler.guard import Guard
 from handler.settings import Settings
 
+# PyAV before 19 decoded a container's metadata strictly unless told to ignore errors (a
+# tag that is not UTF-8 would fail the open); PyAV 19 dropped the argument and refuses it
+# (TypeError), and it is what pip installs on Python 3.12, the image's Python (Ubuntu
+# 24.04), while 3.11 stays on 18. Found by bench/cpu_image.sh: every job of the image
+# ended INTERNAL. Passed only where PyAV takes it.
+_METADATA_ERRORS = {"metadata_errors": "ignore"} if int(av.__version__.split(".")[0]) < 19 else {}
+
 log = logging.getLogger(__name__)
 
 SAMPLE_RATE = 16000
@@ -121,7 +128,7 @@ def decode_audio(
                 # Only the one local file: no http, tcp, data, concat or subfile.
                 "protocol_whitelist": "file",
             },
-            metadata_errors="ignore",
+            **_METADATA_ERRORS,
             # FFmpeg's interrupt callback bounds one blocking open or read.
             timeout=settings.decode_timeout_s,
         )
