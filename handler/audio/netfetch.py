@@ -127,10 +127,11 @@ def blocked_reason(ip: str, allow_private: bool = False) -> str | None:
         # A mapped or NAT64 address is judged by its IPv4 alone; the others by both.
         envelope = addr.ipv4_mapped is not None or addr in _NAT64
         candidates = [*([] if envelope else [addr]), *inside]
-    for a in candidates:
-        if (why := _reason(a, allow_private)) is not None:
-            return why
-    return None
+    reasons = [why for a in candidates if (why := _reason(a, allow_private)) is not None]
+    # The most telling label: Python 3.12's ipaddress calls all of 2002::/16 (6to4) private
+    # where 3.11 does not (the image runs 3.12), and the 6to4 form of 169.254.169.254 should
+    # still say cloud metadata.
+    return next((why for why in reasons if why != "private"), reasons[0] if reasons else None)
 
 
 @dataclasses.dataclass(frozen=True)
