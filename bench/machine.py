@@ -35,12 +35,10 @@ def _cpuinfo() -> tuple[str, list[str]]:
 
 
 def ct2_isa(flags: list[str]) -> str:
-    """The instruction set CTranslate2 dispatches its kernels to in the worker: the
-    worker's choice (handler/inference/cpu_isa.py) or the deployment's CT2_FORCE_CPU_ISA."""
-    from handler.inference import cpu_isa
-
-    cpu_isa.configure()
-    forced = os.environ.get(cpu_isa.VARIABLE, "").strip()
+    """The instruction set CTranslate2 dispatches its own kernels to: the deployment's
+    CT2_FORCE_CPU_ISA, else AVX2 where the CPU has it (CTranslate2 never picks AVX-512
+    by itself; bench/README.md, "CTranslate2's ISA and MKL switches")."""
+    forced = os.environ.get("CT2_FORCE_CPU_ISA", "").strip()
     return forced or ("AVX2" if "avx2" in flags else "CTranslate2's default")
 
 

@@ -5,15 +5,12 @@ import, which imports this package first). Two process-wide policies are read on
 native libraries, before their first use, so they are applied here, when this package is
 first imported, before any of its modules and so before CTranslate2: OpenMP's wait policy,
 read by libgomp when CTranslate2 is first imported (``threads``), and glibc's allocator
-policy, which must be in place before the first large buffer (``allocator``). The
-CPU instruction set CTranslate2 dispatches its kernels to is read at its first model load
-(``cpu_isa``: AVX-512 where the CPU has it). A deployment's own settings of each win.
+policy, which must be in place before the first large buffer (``allocator``). A
+deployment's own settings of either win.
 """
 
 from handler.inference import allocator as _allocator
-from handler.inference import cpu_isa as _cpu_isa
 from handler.inference import threads as _threads
 
 _allocator.configure()
 _threads.configure()
-_cpu_isa.configure()
