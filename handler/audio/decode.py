@@ -28,6 +28,7 @@ import threading
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
+from typing import Any
 
 import av
 import numpy as np
@@ -41,7 +42,9 @@ from handler.settings import Settings
 # (TypeError), and it is what pip installs on Python 3.12, the image's Python (Ubuntu
 # 24.04), while 3.11 stays on 18. Found by bench/cpu_image.sh: every job of the image
 # ended INTERNAL. Passed only where PyAV takes it.
-_METADATA_ERRORS = {"metadata_errors": "ignore"} if int(av.__version__.split(".")[0]) < 19 else {}
+_METADATA_ERRORS: dict[str, Any] = (
+    {"metadata_errors": "ignore"} if int(av.__version__.split(".")[0]) < 19 else {}
+)
 
 log = logging.getLogger(__name__)
 
