@@ -9,6 +9,10 @@
 # with the page cache dropped and warm.
 #
 #   bench/cpu_image.sh [MODEL_DIR]   (as root)   (default: the base model assembled by speech_assets)
+#   DIARIZER=models/diarizer bench/cpu_image.sh   the DIARIZATION=true variant: the
+#       diarizer's export (python -m builder.diarizer, made here: the export stage needs torch
+#       from the PyTorch CPU index, which these machines do not reach) copied as that stage's
+#       /out/diarizer is, WHISPER_DIARIZATION=true, and the job asks for diarize
 #
 # Needs root (debootstrap, chroot, mount), debootstrap and Ubuntu's archive over HTTP.
 # The tree lives in bench/out/cpu-image/ and is removed at the end (KEEP=1 keeps it).
@@ -106,6 +110,14 @@ cp /etc/ssl/certs/ca-certificates.crt "$ROOT/build/host-ca.crt"
 in_root bash -c "cd /build && PIP_CERT=/build/host-ca.crt pip install -q --no-cache-dir --no-deps --no-build-isolation . \
     && cd / && rm -rf /build"
 layer "$b" "the worker's code (installed, bytecode compiled)"
+DIARIZATION=false
+if [ -n "${DIARIZER:-}" ]; then
+    # COPY --from=diarizer /out/ /models/ ; ENV WHISPER_DIARIZATION=true
+    b=$(mib)
+    cp -r "$DIARIZER" "$ROOT/models/diarizer" && chmod -R a+rX "$ROOT/models/diarizer"
+    DIARIZATION=true
+    layer "$b" "the diarizer (DIARIZATION=true)"
+fi
 total=$(mib)
 gz=$(tar -C "$ROOT" --one-file-system --exclude=./proc --exclude=./sys --exclude=./dev \
     -cf - . | gzip -6 | wc -c)
@@ -113,7 +125,9 @@ echo "| **the image** | **$total** ($(( gz / 1048576 )) MiB gzipped) |"
 echo "built in $(( $(date +%s) - start )) s (downloads included)"
 
 # CMD ["python", "-m", "handler"] as USER 10001, WORKDIR /home/worker, the image's ENV
-cp test_input.json "$ROOT/home/worker/test_input.json"
+python -c "import json, sys; job = json.load(open('test_input.json')); \
+job['input']['diarize'] = sys.argv[1] == 'true'; \
+json.dump(job, open(sys.argv[2], 'w'))" "$DIARIZATION" "$ROOT/home/worker/test_input.json"
 echo
 echo "| start | ready s (chroot exec -> model loaded, warmed up) | job done and exited, s |"
 echo "|---|---|---|"
@@ -123,6 +137,7 @@ for cache in dropped dropped dropped warm warm warm; do
     log=$(cd "$ROOT" && chroot --userspec=10001:10001 "$ROOT" /usr/bin/env -i \
         PATH=/opt/venv/bin:/usr/bin:/bin HOME=/home/worker PYTHONUNBUFFERED=1 \
         WHISPER_MANIFEST=/models/manifest.json WHISPER_DOWNLOAD_ROOT=/models/hf \
+        WHISPER_DIARIZATION=$DIARIZATION \
         HF_HUB_OFFLINE=1 HF_HUB_DISABLE_TELEMETRY=1 RUNPOD_LOG_LEVEL=INFO \
         bash -c 'cd /home/worker && python -m handler' 2>&1) || true
     t1=$(date +%s.%N)
@@ -136,6 +151,9 @@ else:
     # The job must have ended in a result with text (RunPod's local test prints it).
     if [ "$ready" = none ] || ! printf '%s\n' "$log" | grep -q "Job result: {'output': {'text': '[^']"; then
         printf '%s\n' "$log" | tail -20 | cut -c1-300; exit 1
+    fi
+    if [ "$DIARIZATION" = true ] && ! printf '%s\n' "$log" | grep -q "'speaker': 'A'"; then
+        printf '%s\n' "$log" | tail -5 | cut -c1-300; exit 1
     fi
     echo "| page cache $cache | $ready | $(python -c "print(round($t1 - $t0, 2))") |"
 done
