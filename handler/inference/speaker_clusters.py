@@ -23,8 +23,6 @@ import numpy as np
 MAX_POINTS = 2000
 THRESHOLD = 0.45
 """Average cosine distance between two clusters' windows above which they are two
-speakers (tuned on built conversations apart from the bench's: bench/README.md)."""
-"""Cosine distance between two clusters' windows, on average, above which they are two
 speakers (tuned on a separate set of built conversations: bench/diarization.py --seed 1)."""
 SMALL_SHARE = 0.04
 MIN_WINDOWS = 6
