@@ -7,6 +7,8 @@
 #   docker build --build-arg WHISPER_IMAGE=cpu --build-arg WHISPER_MODEL=small \
 #       -t whisper-worker:cpu-small .
 #   docker build --build-arg DIARIZATION=true -t whisper-worker:turbo-speakers .
+#   docker build --build-arg DIARIZATION=true --build-arg DIARIZER_GPU=true \
+#       -t whisper-worker:turbo-speakers-gpu .
 #
 # Layers run from least to most often changed: system + CUDA libraries, Python
 # dependencies, the model, then our code. Editing handler/ rebuilds only the last layer;
@@ -86,6 +88,24 @@ print('\n'.join(p['project']['dependencies'] + p['build-system']['requires']))" 
         > requirements.txt \
     && pip install --no-cache-dir -r requirements.txt -c constraints.txt
 
+# DIARIZER_GPU=true (with DIARIZATION=true, on the CUDA image) runs the diarizer on the GPU:
+# onnxruntime's CUDA 12 build replaces the CPU one (faster-whisper's VAD runs on its CPU
+# provider as before) and the CUDA libraries its CUDA provider needs that this base lacks
+# (cuDNN 9, cuFFT, cuRAND) come from PyPI: about 1.5 GB more, for a 28-MB model;
+# builder/diarizer-gpu.txt says why each pin. Without it the diarizer runs on the CPU
+# cores beside the GPU's transcription.
+ARG WHISPER_IMAGE
+ARG DIARIZATION
+ARG DIARIZER_GPU=false
+COPY builder/diarizer-gpu.txt ./
+RUN if [ "$DIARIZER_GPU" = true ]; then \
+        if [ "$DIARIZATION" != true ] || [ "$WHISPER_IMAGE" != cuda ]; then \
+            echo "DIARIZER_GPU=true needs DIARIZATION=true and WHISPER_IMAGE=cuda" >&2; exit 1; \
+        fi; \
+        pip uninstall -y onnxruntime \
+        && pip install --no-cache-dir -r diarizer-gpu.txt -c constraints.txt; \
+    fi
+
 # The model. WHISPER_MODEL: a faster-whisper size name (turbo, large-v3, distil-large-v3,
 # ...), a Hugging Face repo id, or a folder inside the build context. WHISPER_EXTRA_MODELS:
 # space-separated smaller models for fast tiers (a job picks one with "model" once it is
@@ -104,7 +124,6 @@ RUN --mount=type=secret,id=hf_token,required=false \
     && chmod -R a+rX /models
 
 # The diarizer's model (DIARIZATION=true), or nothing: the default image does not grow.
-ARG DIARIZATION
 COPY --from=diarizer /out/ /models/
 ENV WHISPER_DIARIZATION=${DIARIZATION}
 

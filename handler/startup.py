@@ -180,7 +180,9 @@ def load_all(plan: Plan, times: StartupTimes) -> tuple[ModelPool, Any]:
         t = time.perf_counter()
         try:
             box["diarizer"] = diarize.load(plan.settings.diarization_model,
-                                           threads=_diarizer_threads(plan.settings))  # fmt: skip
+                                           threads=_diarizer_threads(plan.settings),
+                                           device=plan.device,
+                                           device_index=plan.settings.device_index[0])  # fmt: skip
         except Exception as exc:  # the model folder is missing or unreadable
             box["error"] = f"diarizer load failed: {type(exc).__name__}: {exc}"
         times.diarizer_load = time.perf_counter() - t

@@ -636,6 +636,41 @@ def test_diarization_is_a_build_argument_and_the_default_image_gets_nothing(dock
     assert Settings().diarization_model == "/models/diarizer"
 
 
+def test_the_gpu_diarizer_is_opt_in_and_pinned_to_the_base_images_cuda(docker):
+    """DIARIZER_GPU=true swaps in onnxruntime's CUDA build and the libraries its provider
+    needs, pinned to the CUDA major of the base image; it refuses a build where it would
+    do nothing (no diarizer, or the CPU image); by default nothing is installed. The RUN
+    line itself is run by bash with pip replaced by a recorder."""
+    from packaging.requirements import Requirement
+
+    final = final_stage(docker)
+    assert ("ARG", "DIARIZER_GPU=false") in final
+    run = next(rest for kw, rest in final if kw == "RUN" and "diarizer-gpu.txt" in rest)
+    lines = (ROOT / "builder" / "diarizer-gpu.txt").read_text().splitlines()
+    pins = [Requirement(ln) for ln in lines if ln.strip() and not ln.startswith("#")]
+    assert all(str(p.specifier).startswith("==") for p in pins)
+    cuda_major = _base_cuda(docker)[0]
+    assert {p.name for p in pins} == {"onnxruntime-gpu", *(f"nvidia-{lib}-cu{cuda_major}"
+                                       for lib in ("cudnn", "cufft", "curand"))}  # fmt: skip
+
+    def build(**args: str) -> tuple[int, str]:
+        script = 'pip() { echo "pip $*"; }\n' + run
+        proc = subprocess.run(["bash", "-c", script], capture_output=True, text=True,
+                              env={"PATH": os.environ["PATH"], **args})  # fmt: skip
+        return proc.returncode, proc.stdout + proc.stderr
+
+    assert build(DIARIZER_GPU="false", DIARIZATION="true", WHISPER_IMAGE="cuda") == (0, "")
+    rc, out = build(DIARIZER_GPU="true", DIARIZATION="true", WHISPER_IMAGE="cuda")
+    assert rc == 0 and out.splitlines() == [
+        "pip uninstall -y onnxruntime",
+        "pip install --no-cache-dir -r diarizer-gpu.txt -c constraints.txt",
+    ]
+    for wrong in ({"DIARIZATION": "false", "WHISPER_IMAGE": "cuda"},
+                  {"DIARIZATION": "true", "WHISPER_IMAGE": "cpu"}):  # fmt: skip
+        rc, out = build(DIARIZER_GPU="true", **wrong)
+        assert rc == 1 and "needs DIARIZATION=true and WHISPER_IMAGE=cuda" in out
+
+
 def test_the_tests_run_what_the_image_pins():
     """The image installs on Ubuntu 24.04's Python 3.12, the tests on 3.11, and pip may
     resolve differently on each (PyAV 19 exists for 3.12 only): every package the image

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import base64
 import json
+import logging
 import subprocess
 import sys
 import threading
@@ -129,9 +130,33 @@ def test_the_pyannote_sample_two_speakers_on_a_phone_line(diarizer, sample) -> N
     for count in (SpeakerCount(), SpeakerCount(exact=2)):
         result = diarizer.run(audio, count)
         assert result.speakers == ["A", "B"]
-        # Measured 0.91 (bench/README.md, Diarization); the floor leaves room for a
+        # Measured 0.946 (bench/README.md, Diarization); the floor leaves room for a
         # different CPU's arithmetic.
         assert attribution(ref, hyp(result)) >= 0.85
+
+
+def test_a_cuda_workers_diarizer_says_it_runs_on_the_cpu_without_onnxruntime_gpu(
+    model_dir, caplog
+) -> None:
+    """The onnxruntime here is the CPU build, as in an image built without DIARIZER_GPU:
+    a CUDA worker's diarizer says so once in the log and runs on the CPU, with the same
+    embeddings. (The CUDA provider itself needs a GPU: bench/gpu_check.sh reports the
+    provider it ran on; bench/diarizer_gpu_libs.py checks its libraries resolve.)"""
+    import onnxruntime
+
+    from handler.inference import diarize
+
+    assert diarize.CUDA not in onnxruntime.get_available_providers()
+    with caplog.at_level(logging.INFO, logger="handler.inference.diarize"):
+        on_cuda = diarize.load(str(model_dir), threads=1, device="cuda")
+    assert on_cuda.provider == diarize.CPU
+    assert on_cuda.session.get_providers() == [diarize.CPU]
+    said = [r.getMessage() for r in caplog.records if "diarizer on the CPU" in r.getMessage()]
+    assert len(said) == 1 and "DIARIZER_GPU=true" in said[0]
+    on_cpu = diarize.load(str(model_dir), threads=1, device="cpu")
+    assert on_cpu.provider == diarize.CPU
+    feats = np.random.default_rng(0).normal(size=(2, 150, 80)).astype(np.float32)
+    np.testing.assert_allclose(on_cuda.embed(feats), on_cpu.embed(feats), rtol=1e-5, atol=1e-5)
 
 
 def test_three_real_voices_taking_turns(diarizer, sample) -> None:

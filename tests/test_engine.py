@@ -225,6 +225,9 @@ def test_the_gpu_check_runs_on_the_cpu(tmp_path) -> None:
     assert "skipped" in missing and "| no-such-model | skipped" in proc.stdout
     assert set(tiny["rtf_by_batch"]) == {"1", "4"} and tiny["rtf_by_batch"]["4"]["wer"] < 0.2
     assert tiny["burst_engine"]["clips"] == 6 and tiny["cold_start"]["ready"] > 0
+    if "diarizer" in report:  # models/diarizer, built by tests/test_diarization.py
+        assert report["diarizer"]["cpu"]["provider"] == "CPUExecutionProvider"
+        assert report["diarizer"]["cpu"]["s_per_audio_min"] > 0
 
 
 def test_a_window_that_fails_its_decode_climbs_the_temperature_ladder(worker, monkeypatch):

@@ -14,6 +14,8 @@ job's guard (cancel, compute budget) is checked between batches.
 
 from __future__ import annotations
 
+import contextlib
+import io
 import json
 import logging
 import os
@@ -62,7 +64,13 @@ class Diarization:
 class Diarizer:
     """The loaded embedding model; thread-safe (onnxruntime sessions are)."""
 
-    def __init__(self, model_dir: str | os.PathLike[str], threads: int = 0) -> None:
+    def __init__(
+        self,
+        model_dir: str | os.PathLike[str],
+        threads: int = 0,
+        device: str = "cpu",
+        device_index: int = 0,
+    ) -> None:
         import onnxruntime
 
         root = Path(model_dir)
@@ -71,8 +79,8 @@ class Diarizer:
         if threads:
             options.intra_op_num_threads = threads
             options.inter_op_num_threads = 1
-        self.session = onnxruntime.InferenceSession(
-            str(root / manifest["model"]), options, providers=_providers(onnxruntime)
+        self.session, self.provider = _session(
+            onnxruntime, str(root / manifest["model"]), options, device, device_index
         )
         self.embedding_size = int(manifest["embedding_size"])
 
@@ -153,9 +161,49 @@ class Diarizer:
         return out
 
 
-def _providers(onnxruntime: Any) -> list[str]:
-    available = onnxruntime.get_available_providers()
-    return [p for p in ("CUDAExecutionProvider", "CPUExecutionProvider") if p in available]
+CUDA = "CUDAExecutionProvider"
+CPU = "CPUExecutionProvider"
+
+
+def _session(
+    onnxruntime: Any, path: str, options: Any, device: str, device_index: int
+) -> tuple[Any, str]:
+    """(the session, the provider it runs on). On a CUDA worker the GPU, when this
+    onnxruntime is the CUDA build (the image's ``DIARIZER_GPU=true``) and its libraries
+    load; otherwise, or when they do not, the CPU, said once in the log."""
+    if device == "cuda":
+        if CUDA not in onnxruntime.get_available_providers():
+            version = onnxruntime.__version__
+            log.info("diarizer on the CPU: this onnxruntime (%s) has no CUDA provider "
+                     "(an image built with DIARIZER_GPU=true has)", version)  # fmt: skip
+        else:
+            _preload_cuda_libraries(onnxruntime)
+            providers = [(CUDA, {"device_id": device_index}), CPU]
+            session = onnxruntime.InferenceSession(path, options, providers=providers)
+            used = session.get_providers()[0]
+            if used == CUDA:
+                return session, used
+            log.warning("diarizer on the CPU: onnxruntime's CUDA provider did not load "
+                        "(cuDNN 9, cuFFT, cuRAND or cuBLAS 12 missing?)")  # fmt: skip
+            return session, used
+    return onnxruntime.InferenceSession(path, options, providers=[CPU]), CPU
+
+
+def _preload_cuda_libraries(onnxruntime: Any) -> None:
+    """onnxruntime-gpu >= 1.21 finds cuDNN, cuFFT and cuRAND installed from PyPI
+    (nvidia-*-cu12) only through ``preload_dlls``, which prints what it cannot load: that
+    goes to the log at debug level, not to stdout."""
+    preload = getattr(onnxruntime, "preload_dlls", None)
+    if preload is None:
+        return
+    out = io.StringIO()
+    try:
+        with contextlib.redirect_stdout(out):
+            preload(cuda=True, cudnn=True)
+    except Exception as exc:  # a broken install: the session's own fallback says so
+        log.debug("onnxruntime.preload_dlls: %s: %s", type(exc).__name__, exc)
+    if out.getvalue().strip():
+        log.debug("onnxruntime.preload_dlls: %s", out.getvalue().strip()[-500:])
 
 
 def _window_feats(samples: np.ndarray, start: int, end: int, size_s: float) -> np.ndarray:
@@ -267,9 +315,10 @@ def _names(
     return [named.get(c, letter(c)) for c in range(k)]
 
 
-def load(model_dir: str, threads: int = 0) -> Diarizer:
+def load(model_dir: str, threads: int = 0, device: str = "cpu", device_index: int = 0) -> Diarizer:
     t = time.perf_counter()
-    diarizer = Diarizer(model_dir, threads)
+    diarizer = Diarizer(model_dir, threads, device, device_index)
     diarizer.warm_up()
-    log.info("diarizer loaded from %s in %.2fs", model_dir, time.perf_counter() - t)
+    log.info("diarizer loaded from %s on %s in %.2fs", model_dir, diarizer.provider,
+             time.perf_counter() - t)  # fmt: skip
     return diarizer
