@@ -392,6 +392,32 @@ def test_segments_split_at_the_word_where_the_speaker_changes() -> None:
     assert [x["id"] for x in out] == [0, 1] and out[1]["tokens"] == []
 
 
+def test_a_change_of_speaker_moves_to_the_pause_next_to_it() -> None:
+    """Two real voices with a 0.12-s pause between them (shorter than the VAD's split):
+    a change the windows put 0.1 s either side of the pause moves into it; one with no
+    pause near it, or between turns of one speaker, stays."""
+    from handler.inference.diarize import Turn, snap_changes
+
+    reader = read_wav(sorted((DATA / "librivox").glob("*.wav"))[0])[: 4 * RATE]
+    jfk = read_wav(DATA / "jfk.wav")[int(0.4 * RATE) : 4 * RATE]
+    reader = reader[: int(np.nonzero(np.abs(reader) > 0.05)[0][-1])]
+    pause = (len(reader) / RATE, (len(reader) + int(0.12 * RATE)) / RATE)
+    audio = np.concatenate([reader, np.zeros(int(0.12 * RATE), np.float32), jfk])
+    end = len(audio) / RATE
+    for cut_at in (pause[0] - 0.1, pause[1] + 0.1):
+        turns = [Turn(0.0, cut_at, "A"), Turn(cut_at, end, "B")]
+        moved = snap_changes(turns, audio)
+        assert pause[0] - 0.02 <= moved[0].end == moved[1].start <= pause[1] + 0.02
+        assert (moved[0].start, moved[1].end) == (0.0, end)
+    noise = np.random.default_rng(0).normal(0, 0.1, 4 * RATE).astype(np.float32)
+    steady = [Turn(0.0, 2.0, "A"), Turn(2.0, 4.0, "B")]
+    assert snap_changes(steady, noise) == steady
+    same = [Turn(0.0, pause[1] + 0.1, "A"), Turn(pause[1] + 0.1, end, "A")]
+    assert snap_changes(same, audio) == same
+    apart = [Turn(0.0, pause[0], "A"), Turn(pause[1] + 0.1, end, "B")]
+    assert snap_changes(apart, audio) == apart
+
+
 def test_one_short_word_inside_another_speakers_run_is_not_a_turn() -> None:
     turns = [T(0, 1.0, "A"), T(1.0, 1.3, "B"), T(1.3, 3.0, "A")]
     s = seg([(" one", 0.2, 0.6), (" two", 1.05, 1.25), (" three", 1.5, 2.0)])

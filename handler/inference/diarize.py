@@ -42,6 +42,13 @@ first (a fast reply or backchannel is shorter than a 1.5-s window)."""
 MIN_WINDOW_S = 0.4
 BATCH = 32
 VAD_CHUNK_S = 300.0
+SNAP_S = 0.15
+"""A change of speaker inside speech moves to the quietest 20 ms within this much of it,
+when that is a pause (below PAUSE_RATIO of the two turns' median energy): people take
+turns at pauses, and a window's embedding places the change only to about +-0.3 s.
+Measured: the pyannote sample 0.946 -> 0.964, the built conversations unchanged
+(bench/README.md, Diarization)."""
+PAUSE_RATIO = 0.1
 NAME_THRESHOLD = 0.35
 """Cosine between a cluster's centroid and a reference clip's embedding to take its name."""
 
@@ -116,7 +123,7 @@ class Diarizer:
         if labels.max(initial=0) > 0:
             spans, final = self._relabel(samples, regions, emb, labels, guard)
         names = _names(emb, labels, references or {}, order=final)
-        turns = to_turns(spans, regions, final, names)
+        turns = snap_changes(to_turns(spans, regions, final, names), samples)
         t4 = time.perf_counter()
         speakers = list(dict.fromkeys(t.speaker for t in turns))
         timings = {"vad": t1 - t0, "embed": t2 - t1, "cluster": t3 - t2, "relabel": t4 - t3}
@@ -277,6 +284,33 @@ def to_turns(
             elif turn.end > turn.start:
                 turns.append(turn)
     return turns
+
+
+def snap_changes(turns: list[Turn], samples: np.ndarray) -> list[Turn]:
+    """Each change of speaker between two adjacent turns moved to the pause nearest it
+    (see SNAP_S); a change with no pause near it stays where the windows put it."""
+    hop = SAMPLE_RATE // 100
+    n = len(samples) // hop
+    if n == 0 or len(turns) < 2:
+        return turns
+    frames = samples[: n * hop].reshape(n, hop).astype(np.float64)
+    energy = np.convolve((frames**2).mean(axis=1), np.ones(2) / 2, mode="same")
+    out = list(turns)
+    for i in range(len(out) - 1):
+        a, b = out[i], out[i + 1]
+        if a.speaker == b.speaker or abs(a.end - b.start) > 1e-6:
+            continue
+        f0 = int(max(a.start + 0.1, a.end - SNAP_S) * 100)
+        f1 = min(n, int(min(b.end - 0.1, b.start + SNAP_S) * 100))
+        if f1 <= f0:
+            continue
+        quiet = f0 + int(np.argmin(energy[f0:f1]))
+        around = np.median(energy[int(a.start * 100) : min(n, int(b.end * 100))])
+        if energy[quiet] > PAUSE_RATIO * around:
+            continue
+        out[i] = Turn(a.start, quiet / 100, a.speaker)
+        out[i + 1] = Turn(quiet / 100, b.end, b.speaker)
+    return out
 
 
 def letter(i: int) -> str:
