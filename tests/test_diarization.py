@@ -418,6 +418,27 @@ def test_a_change_of_speaker_moves_to_the_pause_next_to_it() -> None:
     assert snap_changes(apart, audio) == apart
 
 
+def test_moving_changes_to_pauses_holds_no_copy_of_a_long_recording(sample) -> None:
+    """The energy the pauses are found by is computed a minute at a time: on 20 minutes
+    (77 MB of float32) the step allocates a few MB, not the 2 x 154 MB of a float64 copy
+    and its square (what the first version did: the 1-hour bench's peak went from about
+    100 MiB added to 993)."""
+    import tracemalloc
+
+    from handler.inference.diarize import Turn, snap_changes
+
+    audio = np.tile(sample[0], 40)  # the telephone conversation, 20 minutes
+    turns = [Turn(t, t + 15.0, "AB"[int(t / 15) % 2]) for t in np.arange(0, 1200, 15.0)]
+    tracemalloc.start()
+    try:
+        moved = snap_changes(turns, audio)
+        _, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    assert len(moved) == len(turns)
+    assert peak < 16 * 2**20, f"{peak / 2**20:.0f} MiB"
+
+
 def test_one_short_word_inside_another_speakers_run_is_not_a_turn() -> None:
     turns = [T(0, 1.0, "A"), T(1.0, 1.3, "B"), T(1.3, 3.0, "A")]
     s = seg([(" one", 0.2, 0.6), (" two", 1.05, 1.25), (" three", 1.5, 2.0)])
@@ -470,6 +491,11 @@ def test_http_diarized_json_and_known_speakers_through_the_openai_sdk(dserver, s
                                   data_url(cut(sample[0], 14.75, 17.9))],
     )  # fmt: skip
     assert {s.speaker for s in named.segments} == {"Diane", "Sheila"}
+    from tests.test_http import metric
+
+    # Both jobs diarized the 30-s sample: the diarizer's real-time factor, per job.
+    assert metric(dserver, "whisper_diarization_realtime_factor_count") >= 2
+    assert metric(dserver, "whisper_diarization_realtime_factor_sum") > 0
 
 
 @pytest.mark.e2e

@@ -388,6 +388,8 @@ def test_metrics_count_requests_jobs_and_audio(server: Server) -> None:
     assert 'whisper_http_requests_total{route="/v1/audio/transcriptions",status="200"}' in text
     assert "whisper_realtime_factor_count" in text and "whisper_model_load_seconds" in text
     assert "whisper_jobs_running 0.0" in text
+    # No job here asked for diarize: the diarizer's series has no samples.
+    assert metric(server, "whisper_diarization_realtime_factor_count") == 0
 
 
 API_KEY = "k" * 8 + "-test-key-0123"

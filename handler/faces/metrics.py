@@ -3,8 +3,9 @@
 One registry per server (not the library's global one), so a test or a second app in the
 same process starts from zero. What is counted is what an operator on Kubernetes watches:
 requests by route and status and their latency, jobs by outcome, audio seconds in, the
-real-time factor, jobs running and waiting, the batch sizes the engine formed, the model
-load time, and GPU memory where there is a GPU (read with NVML when its library is present).
+real-time factor (and the diarizer's, for diarized jobs), jobs running and waiting, the
+batch sizes the engine formed, the model load time, and GPU memory where there is a GPU
+(read with NVML when its library is present).
 Label values are fixed sets (routes as declared, error codes), never user input, so a
 client cannot grow the series without bound.
 """
@@ -57,6 +58,12 @@ class Metrics:
             "whisper_realtime_factor", "Model seconds per audio second, per job",
             buckets=RTF_BUCKETS, registry=r,
         )  # fmt: skip
+        self.diarization_rtf = Histogram(
+            "whisper_diarization_realtime_factor",
+            "Diarizer seconds per audio second, per diarized job (beside the transcription: "
+            "above whisper_realtime_factor, the diarizer is what the job waits for)",
+            buckets=RTF_BUCKETS, registry=r,
+        )  # fmt: skip
         self.batches = Histogram(
             "whisper_batch_size", "Windows per batched model call a job rode in",
             buckets=BATCH_BUCKETS, registry=r,
@@ -86,6 +93,9 @@ class Metrics:
         transcribe = (result.get("timings") or {}).get("transcribe")
         if duration > 0 and transcribe is not None:
             self.rtf.observe(float(transcribe) / duration)
+        diarize = (result.get("timings") or {}).get("diarize")
+        if duration > 0 and diarize is not None:
+            self.diarization_rtf.observe(float(diarize) / duration)
         for size in result.get("batch_sizes") or ():
             self.batches.observe(size)
 
