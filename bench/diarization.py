@@ -1,6 +1,6 @@
 """Who spoke when, measured: DER and speaker attribution on real conversations.
 
-    python -m bench diarization [--conversations 20] [--wer 4] [--hour] [--out FILE]
+    python -m bench diarization [--conversations 20] [--wer 4] [--hour] [--snr DB] [--out FILE]
 
 What it runs on:
 
@@ -13,7 +13,8 @@ What it runs on:
   pauses of 0.2-1.2 s, one turn in ten an interruption that overlaps the last by
   0.3-0.8 s. The reference is where each phrase's speech is (its silence trimmed).
 
-Each is diarized without hints and with ``num_speakers``; scored with pyannote.metrics
+``--snr DB`` mixes pink (1/f) noise into the built conversations that many dB below their
+speech. Each is diarized without hints and with ``num_speakers``; scored with pyannote.metrics
 (DER, collar 0.25 s and 0) and by time-weighted attribution
 (``speech_assets.diarization.attribution``): the share of reference speech (one speaker
 at a time) whose hypothesis speaker, under the best one-to-one label mapping, is right, a
@@ -211,6 +212,23 @@ def score(conv: Conversation, result: Any) -> dict[str, Any]:
     }
 
 
+def with_noise(conv: Conversation, snr_db: float, seed: int) -> Conversation:
+    """The conversation under pink (1/f) noise, ``snr_db`` below its speech's power (the
+    reference turns' samples): a room's hum and hiss rather than the studio silence the
+    prompt voices were recorded in."""
+    rng = np.random.default_rng(seed)
+    n = len(conv.samples)
+    spectrum = np.fft.rfft(rng.normal(size=n))
+    spectrum /= np.sqrt(np.maximum(np.fft.rfftfreq(n, 1 / RATE), 20.0))
+    noise = np.fft.irfft(spectrum, n)
+    speech = np.concatenate([conv.samples[int(s * RATE) : int(e * RATE)] for s, e, _ in conv.turns])
+    power = float((speech.astype(np.float64) ** 2).mean())
+    noise *= np.sqrt(power / 10 ** (snr_db / 10) / float((noise**2).mean()))
+    mixed = (conv.samples + noise).astype(np.float32)
+    mixed /= max(1.0, float(np.abs(mixed).max()) / 0.9)
+    return Conversation(conv.name, mixed, conv.turns, conv.speakers, conv.text, conv.has_text)
+
+
 def _pyannote_conversation() -> Conversation:
     wav, rttm = pyannote_sample()
     turns = rttm_turns(rttm)
@@ -325,6 +343,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--seed", type=int, default=0, help="conversations drawn (1: the set tuned on)"
     )
+    parser.add_argument(
+        "--snr", type=float, default=None, help="pink noise, dB below the built ones' speech"
+    )
     parser.add_argument("--out", type=Path, default=Path("bench/out/diarization.json"))
     args = parser.parse_args(argv)
     from handler.inference import diarize
@@ -335,7 +356,11 @@ def main(argv: list[str] | None = None) -> int:
     report: dict[str, Any] = {"machine": machine, "start_up": _start_up(model),
                               "worker_start": _worker_start(model)}  # fmt: skip
     pool = voices()
-    convs = [_pyannote_conversation(), *conversations(args.conversations, pool, args.seed)]
+    built = conversations(args.conversations, pool, args.seed)
+    if args.snr is not None:
+        built = [with_noise(c, args.snr, i) for i, c in enumerate(built)]
+        report["snr_db"] = args.snr
+    convs = [_pyannote_conversation(), *built]
     d = diarize.load(str(model))
     rows = []
     for conv in convs:
@@ -372,7 +397,8 @@ def table(report: dict[str, Any]) -> str:
              "| set | hints | attribution (mean / min) | DER collar 0.25 (mean) | DER no collar "
              "| speaker count exact | s per audio min |",
              "|---|---|---|---|---|---|---|"]  # fmt: skip
-    for label, subset in (("pyannote sample", rows[:1]), (f"{len(built)} built", built)):
+    noisy = f" at {report['snr_db']:g} dB SNR" if report.get("snr_db") is not None else ""
+    for label, subset in (("pyannote sample", rows[:1]), (f"{len(built)} built{noisy}", built)):
         if not subset:
             continue
         for hints in ("auto", "given"):
