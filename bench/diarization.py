@@ -207,6 +207,7 @@ def score(conv: Conversation, result: Any) -> dict[str, Any]:
         "der_no_collar": round(float(DiarizationErrorRate()(ref, hyp)), 4),
         "attribution": round(attribution(conv.turns, hyp_turns), 4),
         "speakers_found": len(result.speakers),
+        "snr_db": result.snr_db,
         "seconds": round(result.seconds, 3),
         "s_per_audio_min": round(result.seconds / minutes, 3),
     }

@@ -46,8 +46,11 @@ def unit(x: np.ndarray) -> np.ndarray:
     return x / np.maximum(np.linalg.norm(x, axis=-1, keepdims=True), 1e-8)
 
 
-def cluster(embeddings: np.ndarray, count: SpeakerCount) -> np.ndarray:
-    """A label 0..k-1 per embedding row, numbered in order of first appearance."""
+def cluster(
+    embeddings: np.ndarray, count: SpeakerCount, threshold: float = THRESHOLD
+) -> np.ndarray:
+    """A label 0..k-1 per embedding row, numbered in order of first appearance;
+    ``threshold`` is the cut when no count is given."""
     n = len(embeddings)
     if n == 0:
         return np.zeros(0, dtype=np.int64)
@@ -55,21 +58,21 @@ def cluster(embeddings: np.ndarray, count: SpeakerCount) -> np.ndarray:
     if n == 1:
         return np.zeros(1, dtype=np.int64)
     pick = np.linspace(0, n - 1, min(n, MAX_POINTS)).round().astype(np.int64)
-    labels = _cut(x[pick], count)
+    labels = _cut(x[pick], count, threshold)
     if len(pick) < n:
         labels = nearest(x, centroids(x[pick], labels))
     return _renumber(labels)
 
 
-def _cut(x: np.ndarray, count: SpeakerCount) -> np.ndarray:
-    """The count asked for: the dendrogram cut there. Otherwise: cut at THRESHOLD, the
+def _cut(x: np.ndarray, count: SpeakerCount, threshold: float) -> np.ndarray:
+    """The count asked for: the dendrogram cut there. Otherwise: cut at ``threshold``, the
     few-window clusters (overlapped speech and noises make such outliers) absorbed, the
     result kept within the bounds asked for."""
     merges = linkage(x)
     n = len(x)
     if count.exact is not None:
         return clusters_at(merges, n, k=min(count.exact, n))
-    labels = clusters_at(merges, n, threshold=THRESHOLD)
+    labels = clusters_at(merges, n, threshold=threshold)
     labels = absorb_small(x, labels, max(MIN_WINDOWS, int(SMALL_SHARE * n)))
     k = int(labels.max()) + 1
     if not count.low <= k <= count.high:
