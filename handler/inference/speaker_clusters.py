@@ -23,7 +23,8 @@ import numpy as np
 MAX_POINTS = 2000
 THRESHOLD = 0.45
 """Average cosine distance between two clusters' windows above which they are two
-speakers (tuned on a separate set of built conversations: bench/diarization.py --seed 1)."""
+speakers (tuned on a separate set of built conversations: bench/diarization.py --seed 1).
+A noisy recording is cut at diarize.NOISY_THRESHOLD instead."""
 SMALL_SHARE = 0.04
 MIN_WINDOWS = 4
 """A cluster with fewer windows than this (about 2 s of speech, a window every 0.5 s) or
