@@ -170,6 +170,45 @@ def test_three_real_voices_taking_turns(diarizer, sample) -> None:
     assert len(diarizer.run(audio, SpeakerCount(low=1, high=2)).speakers) == 2
 
 
+def test_a_given_count_is_not_spent_on_a_one_window_outlier(diarizer, sample) -> None:
+    """1.5 s of a voice unlike the others (eSpeak's German) among the three voices: with
+    num_speakers=3 the plain dendrogram cut made it a speaker and merged JFK with the
+    phone caller (attribution 0.836); cut_at_count gives the lone window to the nearest."""
+    from faster_whisper import decode_audio
+
+    audio = sample[0]
+    libri = [read_wav(p) for p in sorted((DATA / "librivox").glob("*.wav"))]
+    jfk = read_wav(DATA / "jfk.wav")
+    german = decode_audio(str(DATA / "de_espeak.flac"))[RATE : int(2.5 * RATE)]
+    mixed, ref = join_turns(
+        [("reader", libri[0]), ("jfk", jfk[: 5 * RATE]), ("phone", cut(audio, 10.6, 14.45)),
+         ("reader", libri[1]), ("other", german), ("jfk", jfk[5 * RATE :]),
+         ("phone", cut(audio, 18.1, 21.4)), ("reader", libri[2]), ("jfk", jfk[: 4 * RATE]),
+         ("reader", libri[3])]
+    )  # fmt: skip
+    three = [t for t in ref if t[2] != "other"]
+    given = diarizer.run(mixed, SpeakerCount(exact=3))
+    assert len(given.speakers) == 3
+    assert attribution(three, hyp(given)) >= 0.95
+
+
+def test_cut_at_count_keeps_a_small_real_speaker() -> None:
+    """A speaker of two windows is kept when the count says so: only single windows are
+    outliers (a short reply has two)."""
+    rng = np.random.default_rng(1)
+    axes = np.eye(8)
+    x = np.concatenate([axes[0] + 0.15 * rng.normal(size=(30, 8)),
+                        axes[1] + 0.15 * rng.normal(size=(30, 8)),
+                        axes[2] + 0.05 * rng.normal(size=(2, 8))])  # fmt: skip
+    labels = speaker_clusters.cluster(x, SpeakerCount(exact=3))
+    assert [len(set(labels[i : i + n])) for i, n in ((0, 30), (30, 30), (60, 2))] == [1, 1, 1]
+    assert len(set(labels)) == 3
+    outlier = np.concatenate([x[:62], axes[3:4]])  # plus one window like nobody
+    labels = speaker_clusters.cluster(outlier, SpeakerCount(exact=3))
+    assert len(set(labels[:30])) == len(set(labels[30:60])) == len(set(labels[60:62])) == 1
+    assert len(set(labels[:62])) == 3
+
+
 def pink_noise(audio: np.ndarray, ref, snr_db: float) -> np.ndarray:  # type: ignore[no-untyped-def]
     """``audio`` under pink (1/f) noise ``snr_db`` below its reference speech's power."""
     rng = np.random.default_rng(0)

@@ -33,6 +33,9 @@ overlapped speech. 4 rather than 6 (bench/README.md, Diarization): the count exa
 of 20 tuning conversations instead of 17 and 17 of 20 held-out instead of 16 (a second
 speaker of one short reply in a 1-minute call was absorbed at 6), one held-out
 conversation split into one speaker too many."""
+GIVEN_MIN_WINDOWS = 2
+"""With a speaker count given, a cluster of fewer windows is an outlier, not a speaker
+(cut_at_count); 2 rather than MIN_WINDOWS: a speaker of one short reply can have two."""
 DEFAULT_MAX_SPEAKERS = 8
 
 
@@ -66,19 +69,68 @@ def cluster(
 
 
 def _cut(x: np.ndarray, count: SpeakerCount, threshold: float) -> np.ndarray:
-    """The count asked for: the dendrogram cut there. Otherwise: cut at ``threshold``, the
-    few-window clusters (overlapped speech and noises make such outliers) absorbed, the
-    result kept within the bounds asked for."""
+    """Cut at ``threshold``, the few-window clusters (overlapped speech and noises make such
+    outliers) absorbed; when that count is not the one asked for (or outside the bounds
+    asked for), cut at that count instead (``cut_at_count``)."""
     merges = linkage(x)
     n = len(x)
     if count.exact is not None:
-        return clusters_at(merges, n, k=min(count.exact, n))
+        return cut_at_count(x, merges, min(count.exact, n), threshold)
     labels = clusters_at(merges, n, threshold=threshold)
     labels = absorb_small(x, labels, max(MIN_WINDOWS, int(SMALL_SHARE * n)))
     k = int(labels.max()) + 1
     if not count.low <= k <= count.high:
-        labels = clusters_at(merges, n, k=min(max(k, count.low), count.high, n))
+        labels = cut_at_count(x, merges, min(max(k, count.low), count.high, n), threshold)
     return labels
+
+
+def cut_at_count(
+    x: np.ndarray, merges: list[tuple[int, int, float]], k: int, threshold: float
+) -> np.ndarray:
+    """k clusters: the dendrogram cut at k, unless one of them is a single window (an
+    outlier: a cough, a laugh, two voices at once, merged last because it is like nobody);
+    then the cut nearest ``threshold`` with k clusters of at least GIVEN_MIN_WINDOWS
+    windows, the single windows given to the nearest. Without that, a given count spent
+    one speaker on an outlier and merged two real voices (bench/README.md, Diarization)."""
+    n = len(x)
+    labels = clusters_at(merges, n, k=k)
+    if k <= 1 or int(np.bincount(labels).min()) >= GIVEN_MIN_WINDOWS:
+        return labels
+    level = _level_with(merges, n, k, threshold)
+    if level is None:
+        return labels
+    return absorb_small(x, clusters_at(merges, n, k=n - level), GIVEN_MIN_WINDOWS)
+
+
+def _level_with(
+    merges: list[tuple[int, int, float]], n: int, k: int, threshold: float
+) -> int | None:
+    """The number of merges, nearest ``threshold`` in distance, after which exactly k
+    clusters have at least GIVEN_MIN_WINDOWS windows; None if no level has."""
+    ordered = sorted(merges, key=lambda m: m[2])
+    parent = list(range(n))
+    size = [1] * n
+    big = n if GIVEN_MIN_WINDOWS <= 1 else 0
+    counts = [big]  # clusters of GIVEN_MIN_WINDOWS or more after m merges
+    for a, b, _ in ordered:
+        ra, rb = _root(parent, a), _root(parent, b)
+        before = (size[ra] >= GIVEN_MIN_WINDOWS) + (size[rb] >= GIVEN_MIN_WINDOWS)
+        parent[rb] = ra
+        size[ra] += size[rb]
+        big += (size[ra] >= GIVEN_MIN_WINDOWS) - before
+        counts.append(big)
+    distance = np.array([0.0] + [m[2] for m in ordered])
+    for level in np.argsort(np.abs(distance - threshold), kind="stable"):
+        if counts[level] == k:
+            return int(level)
+    return None
+
+
+def _root(parent: list[int], i: int) -> int:
+    while parent[i] != i:
+        parent[i] = parent[parent[i]]
+        i = parent[i]
+    return i
 
 
 def linkage(x: np.ndarray) -> list[tuple[int, int, float]]:
@@ -130,16 +182,9 @@ def clusters_at(
     elif threshold is not None:
         ordered = [m for m in ordered if m[2] <= threshold]
     parent = list(range(n))
-
-    def root(i: int) -> int:
-        while parent[i] != i:
-            parent[i] = parent[parent[i]]
-            i = parent[i]
-        return i
-
     for a, b, _ in ordered:
-        parent[root(b)] = root(a)
-    return _renumber(np.array([root(i) for i in range(n)]))
+        parent[_root(parent, b)] = _root(parent, a)
+    return _renumber(np.array([_root(parent, i) for i in range(n)]))
 
 
 def absorb_small(x: np.ndarray, labels: np.ndarray, min_size: int) -> np.ndarray:
