@@ -222,8 +222,10 @@ def pink_noise(audio: np.ndarray, ref, snr_db: float) -> np.ndarray:  # type: ig
 
 def test_a_noisy_recording_is_cut_looser_and_not_split_into_phrases(diarizer, sample) -> None:
     """The speech-to-floor estimate tells studio speech, a telephone call and a noisy
-    recording apart; under noise the clusters are cut at NOISY_THRESHOLD, without which the
-    three voices at 15 dB were found as 5 speakers (attribution 0.79)."""
+    recording apart; under noise the clusters are cut at NOISY_THRESHOLD (without it the
+    three voices at 15 dB were found as 5 speakers, attribution 0.79) and the embeddings
+    see the speech with the noise floor subtracted (without it: 4 speakers, 0.92 at 15 dB;
+    4, 0.84 at 10 dB)."""
     from handler.inference import diarize
 
     audio, ref = three_voices(sample)
@@ -231,10 +233,35 @@ def test_a_noisy_recording_is_cut_looser_and_not_split_into_phrases(diarizer, sa
     assert clean.snr_db is not None and clean.snr_db > 60
     phone = diarizer.run(sample[0], SpeakerCount())
     assert phone.snr_db is not None and diarize.NOISY_DB < phone.snr_db < 45
-    noisy = diarizer.run(pink_noise(audio, ref, 15), SpeakerCount())
-    assert noisy.snr_db is not None and noisy.snr_db < diarize.NOISY_DB
-    assert len(noisy.speakers) <= 4
-    assert attribution(ref, hyp(noisy)) >= 0.88
+    for snr in (15, 10):
+        noisy = diarizer.run(pink_noise(audio, ref, snr), SpeakerCount())
+        assert noisy.snr_db is not None and noisy.snr_db < diarize.NOISY_DB
+        assert len(noisy.speakers) == 3, snr
+        assert attribution(ref, hyp(noisy)) >= 0.95, snr
+
+
+def test_the_noise_floor_is_the_noise_and_holds_no_copy_of_a_long_recording() -> None:
+    """noise_floor: silence has none; white noise's is below its mean power in every mel
+    band and above a twentieth of it (a percentile: 0.09-0.58 of the mean, hence
+    NOISE_OVERSUBTRACT); speech over
+    the noise does not raise it much; a long recording's estimate stays small."""
+    import tracemalloc
+
+    rng = np.random.default_rng(0)
+    assert float(speaker_features.noise_floor(np.zeros(10 * RATE, np.float32)).max()) == 0.0
+    white = (0.01 * rng.normal(size=20 * RATE)).astype(np.float32)
+    floor = speaker_features.noise_floor(white)
+    mean = speaker_features.mel_energies(white).mean(axis=0)
+    assert np.all(floor < mean) and np.all(floor > 0.05 * mean)
+    talk = white.copy()
+    talk[: 10 * RATE] += read_wav(DATA / "jfk.wav")[: 10 * RATE]
+    assert np.all(speaker_features.noise_floor(talk) < 3 * floor)
+    hour = np.zeros(20 * 60 * RATE, np.float32)
+    tracemalloc.start()
+    speaker_features.noise_floor(hour)
+    peak = tracemalloc.get_traced_memory()[1]
+    tracemalloc.stop()
+    assert peak < 16 * 2**20, peak
 
 
 def test_silence_and_noise_have_no_speakers(diarizer) -> None:

@@ -108,7 +108,10 @@ class Diarizer:
     def clip_embedding(self, samples: np.ndarray) -> np.ndarray:
         """One embedding for a reference clip: the mean of its windows'."""
         spans = windows([(0, len(samples))])
-        return speaker_clusters.unit(self._embed_spans(samples, spans, None).mean(axis=0))
+        noise = speaker_features.noise_floor(samples)
+        return speaker_clusters.unit(
+            self._embed_spans(samples, spans, None, noise=noise).mean(axis=0)
+        )
 
     def run(
         self,
@@ -123,7 +126,8 @@ class Diarizer:
         t1 = time.perf_counter()
         if not spans:
             return Diarization([], [], time.perf_counter() - t0, {"vad": t1 - t0})
-        emb = self._embed_spans(samples, spans, guard)
+        noise = speaker_features.noise_floor(samples)
+        emb = self._embed_spans(samples, spans, guard, noise=noise)
         t2 = time.perf_counter()
         energy = frame_energy(samples)
         snr = speech_to_floor_db(energy, regions)
@@ -132,7 +136,7 @@ class Diarizer:
         t3 = time.perf_counter()
         final = labels
         if labels.max(initial=0) > 0:
-            spans, final = self._relabel(samples, regions, emb, labels, guard)
+            spans, final = self._relabel(samples, regions, emb, labels, guard, noise)
         names = _names(emb, labels, references or {}, order=final)
         turns = snap_changes(to_turns(spans, regions, final, names), samples, energy)
         t4 = time.perf_counter()
@@ -147,6 +151,7 @@ class Diarizer:
         emb: np.ndarray,
         labels: np.ndarray,
         guard: Guard | None,
+        noise: np.ndarray | None = None,
     ) -> tuple[list[tuple[int, int]], np.ndarray]:
         """Shorter windows, each given the speaker whose centroid it is nearest, the
         similarities averaged with the neighbouring windows' (measured: the pyannote
@@ -155,7 +160,7 @@ class Diarizer:
         centres = speaker_clusters.centroids(speaker_clusters.unit(emb.astype(np.float64)), labels)
         fine = windows(regions, FINE_WINDOW_S, FINE_STEP_S)
         sim = (
-            speaker_clusters.unit(self._embed_spans(samples, fine, guard, FINE_WINDOW_S))
+            speaker_clusters.unit(self._embed_spans(samples, fine, guard, FINE_WINDOW_S, noise))
             @ centres.T
         )
         smooth = sim.copy()
@@ -168,13 +173,14 @@ class Diarizer:
         spans: list[tuple[int, int]],
         guard: Guard | None,
         size_s: float = WINDOW_S,
+        noise: np.ndarray | None = None,
     ) -> np.ndarray:
         out = np.zeros((len(spans), self.embedding_size), dtype=np.float32)
         for i in range(0, len(spans), BATCH):
             if guard is not None:
                 guard.check()
             chunk = spans[i : i + BATCH]
-            feats = np.stack([_window_feats(samples, s, e, size_s) for s, e in chunk])
+            feats = np.stack([_window_feats(samples, s, e, size_s, noise) for s, e in chunk])
             out[i : i + len(chunk)] = self.embed(feats)
         return out
 
@@ -224,14 +230,17 @@ def _preload_cuda_libraries(onnxruntime: Any) -> None:
         log.debug("onnxruntime.preload_dlls: %s", out.getvalue().strip()[-500:])
 
 
-def _window_feats(samples: np.ndarray, start: int, end: int, size_s: float) -> np.ndarray:
-    """A window's normalized filterbanks, short windows repeated to the full length."""
+def _window_feats(
+    samples: np.ndarray, start: int, end: int, size_s: float, noise: np.ndarray | None = None
+) -> np.ndarray:
+    """A window's normalized filterbanks (the recording's noise floor subtracted), short
+    windows repeated to the full length."""
     clip = samples[start:end]
     want = int(size_s * SAMPLE_RATE)
     frames = speaker_features.frame_count(want)
     if len(clip) < want:
         clip = np.tile(clip, int(np.ceil(want / max(1, len(clip)))))[:want]
-    return speaker_features.normalized(clip)[:frames]
+    return speaker_features.normalized(clip, noise)[:frames]
 
 
 def speech_regions(samples: np.ndarray, guard: Guard | None = None) -> list[tuple[int, int]]:

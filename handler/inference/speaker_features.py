@@ -23,6 +23,14 @@ MEL_BINS = 80
 LOW_HZ = 20.0
 PREEMPH = 0.97
 _EPS = float(np.finfo(np.float32).eps)
+NOISE_OVERSUBTRACT = 2.0
+NOISE_KEEP = 0.1
+"""Spectral subtraction before the speaker embedding: each band's power less twice the
+recording's noise floor (the floor is a 10th percentile, below the noise's mean), kept at
+no less than a tenth of itself. Studio speech has no floor to subtract; under pink noise
+15 dB below the speech, attribution without hints went 0.963 -> 0.99 on the held-out
+conversations (bench/README.md, Under noise). Chosen once, not swept."""
+NOISE_EVERY = 10
 
 
 def _mel(hz: np.ndarray | float) -> np.ndarray:
@@ -56,23 +64,46 @@ def frame_count(num_samples: int) -> int:
     return 0 if num_samples < FRAME else 1 + (num_samples - FRAME) // SHIFT
 
 
-def fbank(samples: np.ndarray) -> np.ndarray:
-    """(frames, 80) log mel energies of 16-kHz mono float samples."""
+def mel_energies(samples: np.ndarray, every: int = 1) -> np.ndarray:
+    """(frames, 80) mel power of 16-kHz mono float samples; ``every`` > 1 keeps one frame
+    in that many."""
     n = frame_count(len(samples))
     if n == 0:
         return np.zeros((0, MEL_BINS), dtype=np.float32)
     x = np.asarray(samples, dtype=np.float32)
-    frames = np.lib.stride_tricks.sliding_window_view(x, FRAME)[::SHIFT][:n].copy()
+    frames = np.lib.stride_tricks.sliding_window_view(x, FRAME)[:: SHIFT * every][
+        : (n + every - 1) // every
+    ].copy()
     frames -= frames.mean(axis=1, keepdims=True)
     frames[:, 1:] -= PREEMPH * frames[:, :-1].copy()
     frames[:, 0] *= 1.0 - PREEMPH
     frames *= _window()
     power = np.abs(np.fft.rfft(frames, n=FFT, axis=1)) ** 2
-    energies = power.astype(np.float32) @ mel_banks()
+    return np.asarray(power.astype(np.float32) @ mel_banks(), dtype=np.float32)
+
+
+def fbank(samples: np.ndarray, noise: np.ndarray | None = None) -> np.ndarray:
+    """(frames, 80) log mel energies of 16-kHz mono float samples; with ``noise`` (a
+    recording's noise_floor), that floor subtracted first (spectral subtraction)."""
+    energies = mel_energies(samples)
+    if noise is not None and len(energies):
+        energies = np.maximum(energies - NOISE_OVERSUBTRACT * noise, NOISE_KEEP * energies)
     return np.log(np.maximum(energies, _EPS)).astype(np.float32)
 
 
-def normalized(samples: np.ndarray) -> np.ndarray:
-    """Filterbanks with the mean over the clip removed (3D-Speaker's input)."""
-    feats = fbank(samples)
+def noise_floor(samples: np.ndarray, block_s: float = 60.0) -> np.ndarray:
+    """(80,) the recording's noise in each mel band: the 10th percentile of its frames'
+    power, one frame in NOISE_EVERY (every 100 ms), a minute at a time (an hour holds
+    36,000 x 80 floats, 11.5 MB)."""
+    block = int(block_s * SAMPLE_RATE)
+    parts = [mel_energies(samples[i : i + block + FRAME], NOISE_EVERY)
+             for i in range(0, len(samples), block)]  # fmt: skip
+    frames = np.concatenate([p for p in parts if len(p)] or [np.zeros((1, MEL_BINS))])
+    return np.percentile(frames, 10, axis=0).astype(np.float32)
+
+
+def normalized(samples: np.ndarray, noise: np.ndarray | None = None) -> np.ndarray:
+    """Filterbanks (the noise floor subtracted, when given) with the mean over the clip
+    removed (3D-Speaker's input)."""
+    feats = fbank(samples, noise)
     return feats - feats.mean(axis=0, keepdims=True) if len(feats) else feats
