@@ -14,13 +14,19 @@
 # dependencies, the model, then our code. Editing handler/ rebuilds only the last layer;
 # the model is never fetched again for a code change.
 
-# CUDA base: the CTranslate2 4.8 wheels (pinned in builder/constraints.txt) are built with
-# CUDA 12.8 (their PTX is ISA 8.7) and dlopen libcublas.so.12 and nothing else from CUDA
-# but the driver: no cuDNN since OpenNMT/CTranslate2#1949 (the faster-whisper README still
-# asks for cuDNN 9; that predates the change). So: the small "base" image (CUDA runtime
-# only) plus cuBLAS 12.8, instead of "runtime", which adds ~2 GB of cuFFT, cuSPARSE,
-# cuSOLVER, NPP, nvJPEG and NCCL that are never loaded. Hosts need a driver for CUDA 12.8+
-# (R570+); .runpod/hub.json's allowedCudaVersions says so to the scheduler.
+# CUDA image: plain ubuntu:24.04 plus cuBLAS 12.8 from NVIDIA's PyPI wheel
+# (builder/cuda.txt), the route faster-whisper's README documents. The CTranslate2 4.8
+# wheels (pinned in builder/constraints.txt) are built with CUDA 12.8 and dlopen
+# libcublas.so.12 and nothing else from CUDA but the driver (no cuDNN since
+# OpenNMT/CTranslate2#1949). Until issue 30 the base was nvidia/cuda:12.8.1-base plus
+# libcublas-12-8 from NVIDIA's apt repository; neither is reachable from the machines this
+# project is built and tested on, so that image could never be built or tested. The wheel
+# holds the same libraries; the NVIDIA container toolkit needs only the environment below
+# to inject the driver (NVIDIA_REQUIRE_CUDA keeps a host with a driver older than CUDA
+# 12.8, R570, from starting it, as the nvidia/cuda image did), and LD_LIBRARY_PATH is where
+# the wheels put the libraries (cuDNN, cuFFT, cuRAND and the CUDA runtime only with
+# DIARIZER_GPU=true). Hosts need a driver for CUDA 12.8+ (R570+); .runpod/hub.json's
+# allowedCudaVersions says so to the scheduler.
 #
 # WHISPER_IMAGE=cpu builds the CPU image instead (RunPod CPU endpoints, CPU nodes): plain
 # Ubuntu, no CUDA library at all; BuildKit builds only the base stage the argument names.
@@ -31,31 +37,42 @@ ARG WHISPER_IMAGE=cuda
 # image turns WHISPER_DIARIZATION on. The default image gets nothing of it.
 ARG DIARIZATION=false
 
-FROM nvidia/cuda:12.8.1-base-ubuntu24.04 AS base-cuda
-ENV IMAGE_SYSTEM_LIBS=libcublas-12-8
+FROM ubuntu:24.04 AS base-cuda
+ENV IMAGE_CUDA_REQUIREMENTS=cuda.txt \
+    NVIDIA_VISIBLE_DEVICES=all \
+    NVIDIA_DRIVER_CAPABILITIES=compute,utility \
+    NVIDIA_REQUIRE_CUDA="cuda>=12.8" \
+    LD_LIBRARY_PATH=/opt/venv/lib/python3.12/site-packages/nvidia/cublas/lib:/opt/venv/lib/python3.12/site-packages/nvidia/cuda_runtime/lib:/opt/venv/lib/python3.12/site-packages/nvidia/cudnn/lib:/opt/venv/lib/python3.12/site-packages/nvidia/cufft/lib:/opt/venv/lib/python3.12/site-packages/nvidia/curand/lib
 
 FROM ubuntu:24.04 AS base-cpu
-ENV IMAGE_SYSTEM_LIBS=""
+ENV IMAGE_CUDA_REQUIREMENTS=""
 
-FROM ubuntu:24.04 AS diarizer-true
+# One stage whose steps do nothing unless DIARIZATION=true (not two stages picked by
+# `FROM diarizer-${DIARIZATION}`: Debian's podman 4.3 skips the stage an ARG names and then
+# looks for it as an image to pull; issue 30).
+FROM ubuntu:24.04 AS diarizer
 SHELL ["/bin/bash", "-o", "pipefail", "-c"]
-# hadolint ignore=DL3008
-RUN apt-get update \
-    && apt-get install -y --no-install-recommends ca-certificates python3 python3-venv \
-    && rm -rf /var/lib/apt/lists/* \
-    && python3 -m venv /opt/export
+ARG DIARIZATION
+# torch only exports the model (the image never gets it): PyTorch's CPU index by default (a
+# small download); bench/image.sh passes --build-arg TORCH_INDEX_URL=https://pypi.org/simple
+# (the same release, a CUDA build: larger, same export) where that index is not reachable.
+ARG TORCH_INDEX_URL=https://download.pytorch.org/whl/cpu
 ENV PATH=/opt/export/bin:$PATH
-RUN pip install --no-cache-dir --index-url https://download.pytorch.org/whl/cpu torch==2.13.0 \
-    && pip install --no-cache-dir onnx==1.23.2 onnxruntime==1.23.2 numpy==2.3.5
+# hadolint ignore=DL3008
+RUN mkdir /out \
+    && if [ "$DIARIZATION" = true ]; then \
+        apt-get update \
+        && apt-get install -y --no-install-recommends ca-certificates python3 python3-venv \
+        && rm -rf /var/lib/apt/lists/* \
+        && python3 -m venv /opt/export \
+        && pip install --no-cache-dir --index-url "$TORCH_INDEX_URL" torch==2.13.0 \
+        && pip install --no-cache-dir onnx==1.23.2 onnxruntime==1.23.2 numpy==2.3.5; \
+    fi
 WORKDIR /export
 COPY builder/__init__.py builder/diarizer.py ./builder/
-RUN python -m builder.diarizer --dest /out/diarizer && chmod -R a+rX /out
-
-FROM ubuntu:24.04 AS diarizer-false
-RUN mkdir /out
-
-# hadolint ignore=DL3006
-FROM diarizer-${DIARIZATION} AS diarizer
+RUN if [ "$DIARIZATION" = true ]; then \
+        python -m builder.diarizer --dest /out/diarizer && chmod -R a+rX /out; \
+    fi
 
 # hadolint ignore=DL3006
 FROM base-${WHISPER_IMAGE}
@@ -68,24 +85,26 @@ ENV DEBIAN_FRONTEND=noninteractive \
     VIRTUAL_ENV=/opt/venv \
     PATH=/opt/venv/bin:$PATH
 
-# Ubuntu's security updates of these packages are wanted, so they are not pinned;
-# libcublas-12-8 (IMAGE_SYSTEM_LIBS of the CUDA base) pins the CUDA minor by its name.
-# hadolint ignore=DL3008,SC2086
+# Ubuntu's security updates of these packages are wanted, so they are not pinned.
+# hadolint ignore=DL3008
 RUN apt-get update \
     && apt-get install -y --no-install-recommends \
-        ca-certificates python3 python3-venv $IMAGE_SYSTEM_LIBS \
+        ca-certificates python3 python3-venv \
     && rm -rf /var/lib/apt/lists/* \
     && python3 -m venv "$VIRTUAL_ENV" \
     && groupadd --gid 10001 worker \
     && useradd --create-home --uid 10001 --gid 10001 --shell /usr/sbin/nologin worker
 
 # Python dependencies from pyproject.toml alone, before any source is copied, so this
-# layer survives code edits. PyAV bundles FFmpeg: no system ffmpeg.
+# layer survives code edits. PyAV bundles FFmpeg: no system ffmpeg. The CUDA image adds
+# cuBLAS (IMAGE_CUDA_REQUIREMENTS of its base stage).
 WORKDIR /build
-COPY pyproject.toml builder/constraints.txt ./
+COPY pyproject.toml builder/constraints.txt builder/cuda.txt ./
 RUN python -c "import tomllib; p = tomllib.load(open('pyproject.toml', 'rb')); \
 print('\n'.join(p['project']['dependencies'] + p['build-system']['requires']))" \
         > requirements.txt \
+    && if [ -n "$IMAGE_CUDA_REQUIREMENTS" ]; then \
+        echo "-r $IMAGE_CUDA_REQUIREMENTS" >> requirements.txt; fi \
     && pip install --no-cache-dir -r requirements.txt -c constraints.txt
 
 # DIARIZER_GPU=true (with DIARIZATION=true, on the CUDA image) runs the diarizer on the GPU:
@@ -107,7 +126,9 @@ RUN if [ "$DIARIZER_GPU" = true ]; then \
     fi
 
 # The model. WHISPER_MODEL: a faster-whisper size name (turbo, large-v3, distil-large-v3,
-# ...), a Hugging Face repo id, or a folder inside the build context. WHISPER_EXTRA_MODELS:
+# ...), a Hugging Face repo id, or a folder under models/ in the build context
+# (WHISPER_MODEL=models/NAME; mounted for this step only, so it is not copied twice).
+# WHISPER_EXTRA_MODELS:
 # space-separated smaller models for fast tiers (a job picks one with "model" once it is
 # listed in WHISPER_ALLOWED_MODELS). WHISPER_MODEL_REVISION pins the exact commit.
 # A private repo: docker build --secret id=hf_token,env=HF_TOKEN ...
@@ -116,6 +137,7 @@ ARG WHISPER_EXTRA_MODELS=""
 ARG WHISPER_MODEL_REVISION=""
 COPY builder/ ./builder/
 RUN --mount=type=secret,id=hf_token,required=false \
+    --mount=type=bind,source=models,target=/build/models \
     set -- ; for m in $WHISPER_EXTRA_MODELS; do set -- "$@" --extra-model "$m"; done \
     && if [ -n "$WHISPER_MODEL_REVISION" ]; then set -- "$@" --revision "$WHISPER_MODEL_REVISION"; fi \
     && HF_TOKEN="$(cat /run/secrets/hf_token 2>/dev/null || true)" HF_HOME=/tmp/hf-home \
@@ -144,4 +166,7 @@ RUN pip install --no-cache-dir --no-deps --no-build-isolation . \
 # Numeric, so a platform that checks "runAsNonRoot" can tell without reading /etc/passwd.
 USER 10001:10001
 WORKDIR /home/worker
+# `docker run IMAGE` with no platform around it (no RUNPOD_WEBHOOK_GET_JOB) runs this job,
+# offline, and exits: the image tests itself. On the platform the SDK never reads it.
+COPY test_input.json ./
 CMD ["python", "-m", "handler"]
