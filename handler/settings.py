@@ -29,6 +29,10 @@ ComputeType = Literal[
 ]
 
 
+API_KEY_MIN = 16
+"""Shortest WHISPER_API_KEY accepted (characters)."""
+
+
 class Settings(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True, use_attribute_docstrings=True)
 
@@ -157,10 +161,11 @@ class Settings(BaseModel):
     http_max_queue: int = Field(16, ge=0, le=10_000)
     """HTTP mode: requests that may wait for a free slot beyond the max_concurrency running;
     past it a request gets 429 with Retry-After at once."""
-    api_key: SecretStr | None = Field(None, min_length=16, max_length=512)
+    api_key: SecretStr | None = Field(None, max_length=512)
     """HTTP mode: when set, every route but the health routes needs `Authorization: Bearer
-    <key>` (at least 16 characters; compared in constant time; never logged). Unset: open,
-    as on RunPod, whose platform authenticates callers itself."""
+    <key>` (at least 16 characters: make one with `openssl rand -hex 32`; compared in
+    constant time; never logged). Unset: open, as on RunPod, whose platform authenticates
+    callers itself."""
     realtime_max_sessions: int = Field(8, ge=0, le=1000)
     """HTTP mode: live sessions on `/v1/realtime` at once; the next gets an `error` event and
     a close (1013, try again later). 0 turns the route off."""
@@ -199,6 +204,18 @@ class Settings(BaseModel):
     loaded model."""
     max_rss_mb: int = Field(0, ge=0)
     """Ask for a fresh worker when resident memory grows past this (MiB); 0 never."""
+
+    @field_validator("api_key", mode="after")
+    @classmethod
+    def _strong_key(cls, v: SecretStr | None) -> SecretStr | None:
+        if v is not None and len(v.get_secret_value()) < API_KEY_MIN:
+            raise ValueError(
+                f"the key is {len(v.get_secret_value())} characters; it must be at least "
+                f"{API_KEY_MIN} characters, so that it cannot be guessed. Make one with "
+                "`openssl rand -hex 32` (64 characters), or unset WHISPER_API_KEY to leave the "
+                "server open (for a platform that authenticates callers itself)"
+            )
+        return v
 
     @field_validator(
         "device_index",
@@ -255,7 +272,8 @@ def load_settings(env: Mapping[str, str] | None = None) -> Settings:
         return Settings.model_validate(raw)
     except ValidationError as exc:
         parts = [
-            f"{PREFIX}{'.'.join(str(x) for x in e['loc']).upper()}: {e['msg']}"
+            f"{PREFIX}{'.'.join(str(x) for x in e['loc']).upper()}: "
+            + e["msg"].removeprefix("Value error, ")
             for e in exc.errors()
         ]
         raise SettingsError("invalid settings: " + "; ".join(parts)) from None

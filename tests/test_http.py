@@ -561,3 +561,22 @@ def test_a_diarize_model_on_a_server_without_diarization_names_the_setting(serve
         )
     assert info.value.body["code"] == Code.DIARIZATION_UNAVAILABLE.value
     assert "WHISPER_DIARIZATION" in info.value.body["message"]
+
+
+def test_a_weak_api_key_is_refused_in_plain_words() -> None:
+    """Issue 32: a 15-character WHISPER_API_KEY stopped the server with pydantic's "Value
+    should have at least 16 items after validation, not 15". The refusal stays; the message
+    says how long and how to make one, and never echoes the key."""
+    weak = "short-key-12345"
+    done = subprocess.run(
+        [sys.executable, "-m", "handler", "serve"],
+        env={**os.environ, "WHISPER_API_KEY": weak, "PORT": "0"},
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    out = done.stdout + done.stderr
+    assert done.returncode != 0
+    assert "WHISPER_API_KEY" in out and "at least 16 characters" in out, out
+    assert "openssl rand -hex 32" in out and "items" not in out and weak not in out, out
+    assert "Traceback" not in out
