@@ -88,6 +88,10 @@ def cmd_transcribe(args: argparse.Namespace) -> int:
             job["output"].append("words")
     if args.no_vad:
         job["vad_filter"] = False
+    if args.diarize or args.num_speakers is not None:
+        job["diarize"] = True
+        if args.num_speakers is not None:
+            job["num_speakers"] = args.num_speakers
     progress = _Progress(sys.stderr.isatty() and not args.stream)
 
     def stream(seg: Any) -> None:
@@ -110,7 +114,8 @@ def cmd_transcribe(args: argparse.Namespace) -> int:
     elif fmt == "text":
         # One line per segment: a long recording is readable, not one 4000-character line.
         for seg in result["segments"]:
-            print(seg["text"].strip())
+            who = f"{seg['speaker']}: " if seg.get("speaker") else ""
+            print(who + seg["text"].strip())
     else:
         out = result[fmt]
         print(out, end="" if out.endswith("\n") else "\n")
@@ -194,6 +199,11 @@ def build_parser() -> argparse.ArgumentParser:
     t.add_argument("--initial-prompt", help="text that primes spelling and style")
     t.add_argument("--word-timestamps", action="store_true", help="compute per-word times")
     t.add_argument("--no-vad", action="store_true", help="keep the audio the VAD would cut")
+    t.add_argument("--diarize", action="store_true",
+                   help="label who spoke when (needs WHISPER_DIARIZATION=true and the "
+                   "diarizer's model: docs/deploy.md)")  # fmt: skip
+    t.add_argument("--num-speakers", type=int,
+                   help="the number of speakers, when known (implies --diarize)")  # fmt: skip
     t.add_argument("--stream", action="store_true",
                    help="print each segment as it is decoded, with its times")  # fmt: skip
     t.set_defaults(func=cmd_transcribe)

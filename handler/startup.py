@@ -167,6 +167,19 @@ def load_models(plan: Plan, times: StartupTimes) -> ModelPool:
     return pool
 
 
+def no_diarizer_model(folder: str) -> str:
+    """What to do when the diarizer's model is not where WHISPER_DIARIZATION_MODEL says: the
+    image bakes it (DIARIZATION=true); outside it (a clone, an image of one's own) it is
+    exported once with torch, which the worker itself never needs."""
+    return (
+        f"diarizer load failed: no diarizer model in {folder} (its manifest.json is missing). "
+        "The image built with --build-arg DIARIZATION=true has it; outside that image, export "
+        "it once: pip install torch==2.13.0 onnx (for the export only; in a clone: pip install -e \'.[diarizer]\') "
+        "&& python -m builder.diarizer --dest models/diarizer, then set "
+        "WHISPER_DIARIZATION_MODEL=models/diarizer (docs/deploy.md, Speaker diarization)"
+    )
+
+
 def load_all(plan: Plan, times: StartupTimes) -> tuple[ModelPool, Any]:
     """The Whisper models and, when the deployment turns it on, the diarizer, loaded at
     the same time (the diarizer in a second thread). Raises ModelLoadError."""
@@ -183,7 +196,9 @@ def load_all(plan: Plan, times: StartupTimes) -> tuple[ModelPool, Any]:
                                            threads=_diarizer_threads(plan.settings),
                                            device=plan.device,
                                            device_index=plan.settings.device_index[0])  # fmt: skip
-        except Exception as exc:  # the model folder is missing or unreadable
+        except FileNotFoundError:
+            box["error"] = no_diarizer_model(plan.settings.diarization_model)
+        except Exception as exc:  # the model folder is unreadable or broken
             box["error"] = f"diarizer load failed: {type(exc).__name__}: {exc}"
         times.diarizer_load = time.perf_counter() - t
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 import base64
 import json
 import logging
+import os
 import subprocess
 import sys
 import threading
@@ -456,6 +457,36 @@ def test_a_missing_model_folder_fails_start_up_in_one_line(tmp_path) -> None:
     with pytest.raises(ModelLoadError, match="diarizer load failed"):
         start_worker(make_settings(device="cpu", diarization="true",
                                    diarization_model=tmp_path / "none"))  # fmt: skip
+
+
+def test_diarization_from_a_clone_without_the_model_names_the_command(tmp_path) -> None:
+    """Issue 32: `WHISPER_DIARIZATION=true whisper-worker job ...` on a fresh clone failed with
+    `FileNotFoundError: /models/diarizer/manifest.json` and no word of how to get the model."""
+    env = {**os.environ, "WHISPER_DIARIZATION": "true", "WHISPER_DEVICE": "cpu",
+           "WHISPER_DIARIZATION_MODEL": str(tmp_path / "diarizer")}  # fmt: skip
+    done = subprocess.run([sys.executable, "-m", "handler.cli", "job", str(ROOT / "test_input.json")],
+                          cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)  # fmt: skip
+    out = done.stdout + done.stderr
+    assert done.returncode != 0
+    assert "python -m builder.diarizer --dest" in out and "WHISPER_DIARIZATION_MODEL" in out, out
+    assert "Traceback" not in out and "FileNotFoundError" not in out, out
+
+
+def test_the_documented_export_serves_diarized_jobs_from_a_clone(model_dir, tmp_path) -> None:
+    """What docs/deploy.md tells a user outside the image: the folder `python -m
+    builder.diarizer --dest models/diarizer` writes (model_dir is that export), then
+    WHISPER_DIARIZATION_MODEL, through the command line as they run it."""
+    job = json.loads((ROOT / "test_input.json").read_text())
+    job["input"]["diarize"] = True
+    path = tmp_path / "job.json"
+    path.write_text(json.dumps(job))
+    env = {**os.environ, "WHISPER_DIARIZATION": "true", "WHISPER_DEVICE": "cpu",
+           "WHISPER_DIARIZATION_MODEL": str(model_dir)}  # fmt: skip
+    done = subprocess.run([sys.executable, "-m", "handler.cli", "job", str(path)], cwd=ROOT,
+                          env=env, capture_output=True, text=True, timeout=300)  # fmt: skip
+    assert done.returncode == 0, done.stderr[-2000:]
+    result = json.loads(done.stdout)
+    assert result["segments"] and all(s.get("speaker") == "A" for s in result["segments"])
 
 
 # --- joining turns to the transcript (no model) ------------------------------------------
