@@ -240,3 +240,29 @@ def test_a_diarized_job_in_the_diarization_image(tmp_path):
     )  # fmt: skip
     log = run.stdout + run.stderr
     assert run.returncode == 0 and "'speaker': 'A'" in log, log[-2000:]
+
+
+def test_the_cuda_libraries_resolve_in_the_cuda_image():
+    """The CUDA image's cuBLAS comes from NVIDIA's PyPI wheel (builder/cuda.txt): what
+    CTranslate2 dlopens must load by name, as it does on a GPU host (where the container
+    toolkit adds only the driver, libcuda.so.1). With DIARIZER_GPU, every library
+    onnxruntime's CUDA provider links resolves too."""
+    env = image_env()
+    if "NVIDIA_VISIBLE_DEVICES" not in env:
+        assert "LD_LIBRARY_PATH" not in env  # the CPU image carries no CUDA at all
+        pytest.skip("not a CUDA image")
+    assert env["NVIDIA_DRIVER_CAPABILITIES"] == "compute,utility"
+    probe = "import ctypes; [ctypes.CDLL(n) for n in ('libcublas.so.12', 'libcublasLt.so.12')]"
+    run = podman("run", "--rm", "--network", "none", IMAGE, "python", "-c", probe, check=False)
+    assert run.returncode == 0, run.stderr
+    if env.get("WHISPER_DIARIZATION") != "true":
+        return
+    script = (
+        "import glob, onnxruntime, os, subprocess; "
+        "lib = glob.glob(os.path.dirname(onnxruntime.__file__) + "
+        "'/capi/libonnxruntime_providers_cuda.so')[0]; "
+        "print(subprocess.run(['ldd', lib], capture_output=True, text=True).stdout)"
+    )
+    ldd = podman("run", "--rm", "--network", "none", IMAGE, "python", "-c", script).stdout
+    missing = [ln for ln in ldd.splitlines() if "not found" in ln and "libcuda.so" not in ln]
+    assert "libcudnn.so.9" in ldd and not missing, ldd
