@@ -14,6 +14,7 @@
 # MODEL (default tiny.en for cpu, base for the others): tiny.en | base | a folder; it is
 # copied into the build context's models/ folder and baked with WHISPER_MODEL=models/NAME,
 # as a user bakes a folder of their own. Images are tagged whisper-worker:VARIANT.
+# NO_CACHE=1 builds every step again (downloads included: the build times in docs/deploy.md).
 # Needs root (debootstrap, podman's storage). Every step fails loudly (set -e); the log of
 # each build is bench/out/image/build-VARIANT.log.
 set -euo pipefail
@@ -154,7 +155,8 @@ build() {
               -v "$OUT/pip.conf:/etc/pip.conf:ro")
     fi
     # shellcheck disable=SC2086
-    if ! "${PODMAN[@]}" build --pull=never --layers --format docker "${vols[@]}" -f Dockerfile \
+    if ! "${PODMAN[@]}" build --pull=never --layers --format docker "${vols[@]}" \
+            ${NO_CACHE:+--no-cache} -f Dockerfile \
             -t "whisper-worker:$variant" \
             $args --build-arg WHISPER_MODEL="models/$model" \
             --build-arg TORCH_INDEX_URL="${TORCH_INDEX_URL:-https://pypi.org/simple}" \
@@ -171,10 +173,42 @@ test_image() {
         tests/test_image.py
 }
 
+measure() {
+    # Sizes layer by layer (bench/image_sizes.py), then `podman run` of the default command
+    # (test_input.json, offline) with the page cache dropped (a host that has the image but
+    # has not run it lately) and warm: seconds to the worker ready (its start-up log's
+    # "ready" mark) and to the job's result (the container has exited).
+    local image="whisper-worker:$1" t0 t1 log ready
+    .venv/bin/python -c 'from bench import machine; print(machine.line(machine.describe()))'
+    .venv/bin/python -m bench.image_sizes "$image"
+    echo "| start ($image) | podman run -> worker ready, s | -> job done, container gone, s |"
+    echo "|---|---|---|"
+    for cache in dropped dropped dropped warm warm warm; do
+        if [ "$cache" = dropped ]; then sync; echo 3 > /proc/sys/vm/drop_caches; fi
+        t0=$(date +%s.%N)
+        log=$("${PODMAN[@]}" run --rm --network none "$image" 2>&1) \
+            || { printf '%s\n' "$log" | tail -20 >&2; exit 1; }
+        t1=$(date +%s.%N)
+        printf '%s\n' "$log" | grep -q "Job local_test completed successfully" \
+            || { printf '%s\n' "$log" | tail -20 >&2; exit 1; }
+        ready=$(printf '%s\n' "$log" | .venv/bin/python -c "import json, re, sys
+for line in sys.stdin:
+    m = re.search(r'startup (\{.*\})', line)
+    if m:
+        print(round(json.loads(m.group(1))['marks']['ready'] - $t0, 2)); break")
+        echo "| page cache $cache | $ready | $(.venv/bin/python -c "print(round($t1 - $t0, 2))") |"
+    done
+}
+
 case "${1:-}" in
     setup) setup ;;
     base) setup; base ;;
     build) setup; build "${2:?variant}" ;;
     test) setup; test_image "${2:?variant}" ;;
+    measure) setup; measure "${2:?variant}" ;;
+    all)
+        setup; base
+        for v in "${VARIANTS[@]}"; do build "$v"; test_image "$v"; done
+        for v in "${VARIANTS[@]}"; do measure "$v"; done ;;
     *) sed -n '2,20p' "$0" | sed 's/^# \{0,1\}//'; exit 2 ;;
 esac

@@ -60,6 +60,20 @@ class _Progress:
             self.bar.close()
 
 
+def _flags_to_job(args: argparse.Namespace, job: dict[str, Any]) -> None:
+    """The command line's switches as job fields."""
+    if args.word_timestamps:
+        job["word_timestamps"] = True
+        if args.format == "json":
+            job["output"].append("words")
+    if args.no_vad:
+        job["vad_filter"] = False
+    if args.diarize or args.num_speakers is not None:
+        job["diarize"] = True
+        if args.num_speakers is not None:
+            job["num_speakers"] = args.num_speakers
+
+
 def cmd_transcribe(args: argparse.Namespace) -> int:
     path = Path(args.file)
     if not path.is_file():
@@ -82,16 +96,7 @@ def cmd_transcribe(args: argparse.Namespace) -> int:
         value = getattr(args, name)
         if value is not None:
             job[name] = value
-    if args.word_timestamps:
-        job["word_timestamps"] = True
-        if fmt == "json":
-            job["output"].append("words")
-    if args.no_vad:
-        job["vad_filter"] = False
-    if args.diarize or args.num_speakers is not None:
-        job["diarize"] = True
-        if args.num_speakers is not None:
-            job["num_speakers"] = args.num_speakers
+    _flags_to_job(args, job)
     progress = _Progress(sys.stderr.isatty() and not args.stream)
 
     def stream(seg: Any) -> None:

@@ -174,7 +174,8 @@ def no_diarizer_model(folder: str) -> str:
     return (
         f"diarizer load failed: no diarizer model in {folder} (its manifest.json is missing). "
         "The image built with --build-arg DIARIZATION=true has it; outside that image, export "
-        "it once: pip install torch==2.13.0 onnx (for the export only; in a clone: pip install -e \'.[diarizer]\') "
+        "it once: pip install torch==2.13.0 onnx (for the export only; in a clone: "
+        "pip install -e '.[diarizer]') "
         "&& python -m builder.diarizer --dest models/diarizer, then set "
         "WHISPER_DIARIZATION_MODEL=models/diarizer (docs/deploy.md, Speaker diarization)"
     )

@@ -487,3 +487,117 @@ def test_result_of_reads_what_the_runpod_sdk_returns() -> None:
     assert result_of(streamed) is full
     assert result_of([{"segment": {"id": 1, "text": " one"}}]) is None
     assert result_of(None) is None
+
+
+# --------------------------------------------------------------------------- stream races
+class HandWorker:
+    """The test plays the worker over the emulator's worker routes, as the SDK does: take a
+    job, post stream items, post the result; so the test can land a post exactly between
+    two reads of the caller (the race a busy machine makes by chance)."""
+
+    def __init__(self, em: Emulator) -> None:
+        import requests
+
+        self.em, self.http, self.wid = em, requests.Session(), "hand-worker"
+        self.prefix = f"{em.base_url}/{em.config.endpoint_id}"
+        self.http.headers["Authorization"] = em.api_key
+
+    def take(self) -> str:
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline:
+            r = self.http.get(f"{self.prefix}/job-take/{self.wid}?gpu=emulated", timeout=10)
+            if r.status_code == 200 and r.content:
+                return str(r.json()["id"])
+        raise AssertionError("no job to take")
+
+    def post(self, route: str, job_id: str, body: dict[str, Any], stream: bool) -> None:
+        url = (
+            f"{self.prefix}/{route}/{self.wid}/{job_id}?gpu=emulated&isStream={str(stream).lower()}"
+        )
+        r = self.http.post(url, data=json.dumps(body), timeout=10)
+        assert r.status_code == 200, r.text
+
+    def finish(self, job_id: str, segments: list[dict[str, Any]]) -> None:
+        """The last segment, then the whole result, back to back."""
+        self.post("job-stream", job_id, {"output": {"segment": segments[-1]}}, True)
+        result = {"text": "".join(s["text"] for s in segments).strip(), "segments": segments}
+        self.post("job-done", job_id, {"output": [*({"segment": s} for s in segments), result]},
+                  True)  # fmt: skip
+
+
+SEGMENTS = [
+    {"id": 1, "start": 0.0, "end": 4.0, "text": " And so my fellow Americans,"},
+    {"id": 2, "start": 4.0, "end": 8.0, "text": " ask not what your country can do for you."},
+]
+
+
+def test_the_clients_stream_never_misses_the_last_segment(tmp_path: Path) -> None:
+    """Issue 32: on a busy machine `transcribe(stream=True, on_partial=...)` delivered one
+    partial while the result held two. The race, made certain: the last segment and the
+    result land right after the client's read of the stream, before its read of the status."""
+    em = Emulator(api_key=SECRET_KEY, log_dir=str(tmp_path)).start()
+    try:
+        worker = HandWorker(em)
+        partials: list[dict[str, Any]] = []
+        with client_for(em) as client:
+            real_stream = client.stream
+            state: dict[str, Any] = {}
+
+            def stream_then_race(job_id: str) -> dict[str, Any]:
+                chunk = real_stream(job_id)
+                if chunk.get("stream") and not state.get("raced"):
+                    state["raced"] = True
+                    worker.finish(job_id, SEGMENTS)
+                return chunk
+
+            client.stream = stream_then_race  # type: ignore[method-assign]
+
+            def play() -> None:
+                job_id = worker.take()
+                worker.post("job-stream", job_id, {"output": {"segment": SEGMENTS[0]}}, True)
+
+            player = threading.Thread(target=play)
+            player.start()
+            result = client.transcribe(
+                Path(__file__).parent / "data" / "jfk.mp3", stream=True, on_partial=partials.append
+            )
+            player.join(30)
+        assert state.get("raced"), "the race was not staged"
+        assert [p["id"] for p in partials] == [1, 2]
+        assert "".join(p["text"] for p in partials).strip() == result["text"]
+    finally:
+        em.stop()
+
+
+def test_the_runpod_sdks_stream_never_misses_the_last_segment(tmp_path: Path, monkeypatch) -> None:
+    """The same race for `runpod.Endpoint(...).run(...).stream()`, what most callers use:
+    the last segment and the result land the moment the SDK has read the first."""
+    import runpod
+
+    em = Emulator(api_key=SECRET_KEY, log_dir=str(tmp_path)).start()
+    try:
+        worker = HandWorker(em)
+        monkeypatch.setattr(runpod, "api_key", em.api_key)
+        monkeypatch.setattr(runpod, "endpoint_url_base", em.base_url)
+        job = runpod.Endpoint(em.config.endpoint_id).run({"audio_url": "https://x.test/a.mp3"})
+        job_id = worker.take()
+        worker.post("job-stream", job_id, {"output": {"segment": SEGMENTS[0]}}, True)
+
+        def race() -> None:
+            # The moment the SDK's /stream read has handed out the first item.
+            deadline = time.monotonic() + 60
+            while time.monotonic() < deadline:
+                with em.state.cond:
+                    if em.state.jobs[job_id].stream_cursor >= 1:
+                        break
+                time.sleep(0.001)
+            worker.finish(job_id, SEGMENTS)
+
+        racer = threading.Thread(target=race)
+        racer.start()
+        items = list(job.stream())
+        racer.join(30)
+        segments = [i["segment"] for i in items if isinstance(i, dict) and "segment" in i]
+        assert [s["id"] for s in segments] == [1, 2]
+    finally:
+        em.stop()

@@ -464,8 +464,9 @@ def test_diarization_from_a_clone_without_the_model_names_the_command(tmp_path) 
     `FileNotFoundError: /models/diarizer/manifest.json` and no word of how to get the model."""
     env = {**os.environ, "WHISPER_DIARIZATION": "true", "WHISPER_DEVICE": "cpu",
            "WHISPER_DIARIZATION_MODEL": str(tmp_path / "diarizer")}  # fmt: skip
-    done = subprocess.run([sys.executable, "-m", "handler.cli", "job", str(ROOT / "test_input.json")],
-                          cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)  # fmt: skip
+    command = [sys.executable, "-m", "handler.cli", "job", str(ROOT / "test_input.json")]
+    done = subprocess.run(command, cwd=ROOT, env=env, capture_output=True, text=True,
+                          timeout=300)  # fmt: skip
     out = done.stdout + done.stderr
     assert done.returncode != 0
     assert "python -m builder.diarizer --dest" in out and "WHISPER_DIARIZATION_MODEL" in out, out

@@ -137,9 +137,7 @@ def _container_worker(em: Emulator, names: list[str], **env: str) -> str:
 
 
 def _emulator(tmp_path: Path) -> Emulator:
-    return Emulator(
-        ping_interval_ms=1000, stop_grace_s=GRACE_S, log_dir=str(tmp_path)
-    ).start()
+    return Emulator(ping_interval_ms=1000, stop_grace_s=GRACE_S, log_dir=str(tmp_path)).start()
 
 
 def test_the_queue_worker_in_the_container_serves_the_runpod_sdk(tmp_path, names, monkeypatch):
@@ -214,9 +212,7 @@ def test_http_mode_with_a_published_port_serves_the_openai_sdk(names):
         text = client.audio.transcriptions.create(model="whisper-1", file=f).text
     assert wer(JFK_TEXT, text) <= 0.05
     with open(DATA / "jfk.wav", "rb") as f:
-        events = list(
-            client.audio.transcriptions.create(model="whisper-1", file=f, stream=True)
-        )
+        events = list(client.audio.transcriptions.create(model="whisper-1", file=f, stream=True))
     deltas = "".join(e.delta for e in events if e.type == "transcript.text.delta")
     done = [e for e in events if e.type == "transcript.text.done"]
     assert len(done) == 1 and deltas.strip() == done[0].text.strip()

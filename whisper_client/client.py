@@ -167,6 +167,37 @@ def result_of(output: Any) -> dict[str, Any] | None:
     return None
 
 
+class _Partials:
+    """Segments handed to a caller's `on_partial`, each once, in order (by segment id)."""
+
+    def __init__(self, on_partial: PartialFn) -> None:
+        self.on_partial = on_partial
+        self.seen: set[Any] = set()
+
+    def _give(self, segment: dict[str, Any]) -> bool:
+        key = segment.get("id", ("text", segment.get("start"), segment.get("text")))
+        if key in self.seen:
+            return False
+        self.seen.add(key)
+        self.on_partial(segment)
+        return True
+
+    def feed(self, chunk: Mapping[str, Any]) -> int:
+        """The segments of one `/stream` answer; returns how many were new."""
+        given = 0
+        for item in chunk.get("stream") or []:
+            out = item.get("output") if isinstance(item, dict) else None
+            if isinstance(out, dict) and isinstance(out.get("segment"), dict):
+                given += self._give(out["segment"])
+        return given
+
+    def complete(self, segments: list[Any]) -> None:
+        """The result's segments the stream did not carry, shaped as streamed ones."""
+        for seg in segments:
+            if isinstance(seg, dict) and seg.get("id") not in self.seen:
+                self._give({k: seg[k] for k in ("id", "start", "end", "text") if k in seg})
+
+
 def _job_error(status: Mapping[str, Any]) -> ClientError:
     job_id = status.get("id")
     error = str(status.get("error") or "the job failed")
@@ -312,14 +343,12 @@ class Client:
         next_status = 0.0
         last_state = None
         last_progress = None
+        partials = _Partials(on_partial) if on_partial is not None else None
         while True:
             status: dict[str, Any] | None = None
-            if on_partial is not None:
+            if partials is not None:
                 chunk = self.stream(job_id)
-                for item in chunk.get("stream") or []:
-                    out = item.get("output") if isinstance(item, dict) else None
-                    if isinstance(out, dict) and isinstance(out.get("segment"), dict):
-                        on_partial(out["segment"])
+                partials.feed(chunk)
                 if chunk.get("status") in TERMINAL:
                     status = self.status(job_id)
             if status is None and time.monotonic() >= next_status:
@@ -331,6 +360,8 @@ class Client:
                     on_status(status)
                 last_state = state
                 if state in TERMINAL:
+                    if partials is not None:
+                        self._finish_partials(job_id, status, partials)
                     return status
                 progress = _progress_of(status) if state == "IN_PROGRESS" else None
                 if progress is not None and progress != last_progress and on_progress:
@@ -349,6 +380,23 @@ class Client:
                 pause = min(pause, max(0.0, deadline - time.monotonic()))
             time.sleep(pause)
             delay = min(delay * 2, self.poll_max_s)
+
+    def _finish_partials(self, job_id: str, status: dict[str, Any], partials: _Partials) -> None:
+        """The job ended: hand over what the stream still holds, then any segment of the
+        result the stream never carried. A /status read can see the job done before the
+        /stream read that would have carried its last segments (issue 32: the caller showed
+        a transcript that stopped short of the result)."""
+        for _ in range(3):  # a finished job's /stream answers at once; an empty one ends it
+            try:
+                chunk = self.stream(job_id)
+            except ClientError:
+                break
+            if not partials.feed(chunk):
+                break
+        if status.get("status") == "COMPLETED":
+            result = result_of(status.get("output"))
+            if result is not None:
+                partials.complete(result.get("segments") or [])
 
     def transcribe(
         self,
