@@ -10,6 +10,7 @@
     python -m bench realtime [...]     live sessions on /v1/realtime: latency, WER, CPU per session
     python -m bench http-soak [...]    HTTP mode: 1000 requests, bad inputs, disconnects, bursts
     python -m bench diarization [...]  who spoke when: DER, attribution, speed, memory, WER
+    python -m bench code-switch [...]  several languages in one recording: WER, coverage
     python -m bench alloc [...]         ms per window and kernel CPU share per allocator policy
     python -m bench memory [...]                 peak RSS of one job against audio length
     python -m bench threads [...]       queue worker vs in-process transcribe time per audio s
@@ -146,6 +147,11 @@ def build_parser() -> argparse.ArgumentParser:
     sub.add_parser(
         "throughput",
         help="burst throughput, engine vs one job at a time (see --help)",
+        add_help=False,
+    )
+    sub.add_parser(
+        "code-switch",
+        help="conversations in several languages: WER per language, speech covered (--help)",
         add_help=False,
     )
     sub.add_parser(
@@ -410,6 +416,10 @@ def main(argv: list[str] | None = None) -> int:
         from bench.http_soak import main as http_soak_main
 
         return int(http_soak_main(argv[1:]) or 0)
+    if argv[:1] == ["code-switch"]:
+        from bench.code_switch import main as code_switch_main
+
+        return int(code_switch_main(argv[1:]) or 0)
     if argv[:1] == ["diarization"]:
         from bench.diarization import main as diarization_main
 

@@ -80,6 +80,7 @@ class Outcome:
     language: str | None
     seconds: float
     error: str | None = None
+    warnings: list[str] = field(default_factory=list)
 
     @property
     def ref(self) -> str:
@@ -155,7 +156,8 @@ def run_worker(name: str, worker: Any, options: dict[str, Any], items: list[Item
         if "error" in out:
             run.outcomes.append(Outcome(it, "", None, dt, out["error_code"]))
         else:
-            run.outcomes.append(Outcome(it, out["text"], out.get("language"), dt))
+            run.outcomes.append(Outcome(it, out["text"], out.get("language"), dt,
+                                        warnings=list(out.get("warnings") or [])))  # fmt: skip
         progress(f"{name} {i + 1}/{len(items)}")
     return run
 
@@ -224,6 +226,21 @@ def detection_table(files: dict[str, list[dict[str, Any]]]) -> str:
             cells.append(f"{right}/{len(judged)}")
         n = sum(1 for r in first if (r["language"], r["group"]) == (lang, group))
         lines.append(f"| {lang} | {group} | {n} | " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+def dropped_speech(runs: list[Run]) -> str:
+    """How often the worker's warning of speech without a segment fired (issue 31), per run:
+    on clean single-language files it should be near zero."""
+    lines = ["speech-without-a-segment warning (files / files with speech):"]
+    for run in runs:
+        if run.name == "plain":
+            continue
+        spoken = [o for o in run.outcomes if o.ref]
+        fired = [o for o in spoken if any("got no segment" in w for w in o.warnings)]
+        names = ", ".join(o.item.path.name for o in fired[:6])
+        listed = f" ({names})" if names else ""
+        lines.append(f"- {run.name}: {len(fired)} / {len(spoken)}{listed}")
     return "\n".join(lines)
 
 
@@ -338,6 +355,7 @@ def main(argv: list[str] | None = None) -> int:
     )
     print(table(runs, audio_s))
     rows = _rows(runs)
+    print("\n" + dropped_speech(runs))
     print("\nlanguage detection (right / judged):")
     print(detection_table(rows))
     if len(runs) > 1:

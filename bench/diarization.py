@@ -43,7 +43,13 @@ from bench.eval_corpus import DEFAULT_DIR, _transcripts, fetch, sound_effects
 from bench.machine import describe
 from bench.machine import line as machine_line
 from speech_assets.clips import DATA, JFK_TEXT
-from speech_assets.diarization import attribution, diarizer_dir, pyannote_sample, rttm_turns
+from speech_assets.diarization import (
+    attribution,
+    coverage,
+    diarizer_dir,
+    pyannote_sample,
+    rttm_turns,
+)
 
 RATE = 16000
 ROOT = Path(__file__).resolve().parent.parent
@@ -206,6 +212,7 @@ def score(conv: Conversation, result: Any) -> dict[str, Any]:
         "der": round(float(DiarizationErrorRate(collar=0.25)(ref, hyp)), 4),
         "der_no_collar": round(float(DiarizationErrorRate()(ref, hyp)), 4),
         "attribution": round(attribution(conv.turns, hyp_turns), 4),
+        "coverage": round(coverage(conv.turns, hyp_turns), 4),
         "speakers_found": len(result.speakers),
         "snr_db": result.snr_db,
         "seconds": round(result.seconds, 3),
@@ -395,22 +402,24 @@ def table(report: dict[str, Any]) -> str:
     lines = [machine_line(report["machine"], report["machine"].get("load_after")),
              f"diarizer start-up: {report['start_up']}",
              f"worker start-up (tiny.en, warm-up on), medians: {report['worker_start']}", "",
-             "| set | hints | attribution (mean / min) | DER collar 0.25 (mean) | DER no collar "
-             "| speaker count exact | s per audio min |",
-             "|---|---|---|---|---|---|---|"]  # fmt: skip
+             "| set | hints | attribution (mean / min) | coverage (mean / min) "
+             "| DER collar 0.25 (mean) | DER no collar | speaker count exact | s per audio min |",
+             "|---|---|---|---|---|---|---|---|"]  # fmt: skip
     noisy = f" at {report['snr_db']:g} dB SNR" if report.get("snr_db") is not None else ""
     for label, subset in (("pyannote sample", rows[:1]), (f"{len(built)} built{noisy}", built)):
         if not subset:
             continue
         for hints in ("auto", "given"):
             a = [r[hints]["attribution"] for r in subset]
+            cov = [r[hints].get("coverage", float("nan")) for r in subset]
             der = [r[hints]["der"] for r in subset]
             der0 = [r[hints]["der_no_collar"] for r in subset]
             exact = sum(r[hints]["speakers_found"] == r["speakers"] for r in subset)
             spm = sum(r[hints]["seconds"] for r in subset) / sum(r["minutes"] for r in subset)
             lines.append(
                 f"| {label} | {'none' if hints == 'auto' else 'num_speakers'} | "
-                f"{np.mean(a):.3f} / {min(a):.3f} | {np.mean(der):.3f} | {np.mean(der0):.3f} | "
+                f"{np.mean(a):.3f} / {min(a):.3f} | {np.mean(cov):.3f} / {min(cov):.3f} | "
+                f"{np.mean(der):.3f} | {np.mean(der0):.3f} | "
                 f"{exact}/{len(subset)} | {spm:.2f} |"
             )
     if "hour" in report:

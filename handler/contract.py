@@ -70,9 +70,11 @@ class Segment(TypedDict):
     words: list[Word] | None
     speaker: NotRequired[str]
     """Only in a diarized job (handler.output.speakers)."""
+    language: NotRequired[str]
+    """Only with ``"language": "multi"``: the language its part was decoded in."""
 
 
 SEGMENT_FIELDS: Final[tuple[str, ...]] = tuple(
-    k for k in Segment.__annotations__ if k not in ("words", "speaker")
+    k for k in Segment.__annotations__ if k not in ("words", "speaker", "language")
 )
 """The fields of a returned segment, in order."""

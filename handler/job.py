@@ -7,6 +7,7 @@ exactly one result or one ``{"error", "error_code", "retryable"}`` body.
 
 from __future__ import annotations
 
+import functools
 import logging
 import os
 import tempfile
@@ -24,11 +25,11 @@ from handler.audio.decode import SAMPLE_RATE, DecodedAudio, decode_audio
 from handler.audio.sources import JOB_DIR_PREFIX, decode_base64, fetch_to_file
 from handler.contract import Segment
 from handler.errors import Code, WorkerError
-from handler.inference import allocator, checks, language, transcribe
+from handler.inference import allocator, checks, code_switch, language, transcribe
 from handler.inference.engine import Engine
 from handler.inference.memory import MIB, MemoryBudget, auto_budget_bytes, job_bytes
 from handler.inference.models import LoadedModel, ModelPool
-from handler.output import formats, speakers
+from handler.output import coverage, formats, speakers
 from handler.output.cues import Layout
 from handler.output.offload import deliver
 from handler.schema import JobInput, parse_job_input
@@ -279,20 +280,35 @@ def _transcribe(
                                         what=f"{duration:.0f} s of audio"), \
             diarization.beside(job, worker, call, audio.samples, options["budget_s"]):  # fmt: skip
         memory_wait = time.perf_counter() - t
+        multi = kwargs.get("language") == code_switch.MULTI
         if batch_size > 1 and blocker is None:
             # the engine shares instances: no exclusive wait
             call.timings["queue_model"] = memory_wait
-            tr = transcribe.run_engine(worker.engine, model, audio.samples, kwargs,
-                                       batch_size=batch_size, **options)  # fmt: skip
+            if multi:
+                instance, _ = worker.engine.scheduler_for(model.instances)
+                tr = transcribe.run_by_parts(
+                    instance, audio.samples, kwargs,
+                    functools.partial(transcribe.run_engine, worker.engine, model),
+                    batch_size=batch_size, **options)  # fmt: skip
+            else:
+                tr = transcribe.run_engine(worker.engine, model, audio.samples, kwargs,
+                                           batch_size=batch_size, **options)  # fmt: skip
             call.timings["batch_wait"] = tr.batch_wait or 0.0
         else:
             with worker.pool.acquire(model, call.cancel) as (instance, waited):
                 call.timings["queue_model"] = memory_wait + waited
-                # Nothing reads the samples after this: the speech is gathered in them.
-                tr = transcribe.run(instance, audio.samples, kwargs,
-                                    consume_audio=not job.diarize, **options)  # fmt: skip
+                if multi:
+                    tr = transcribe.run_by_parts(instance, audio.samples, kwargs,
+                                                 functools.partial(transcribe.run, instance),
+                                                 **options)  # fmt: skip
+                else:
+                    # Nothing reads the samples after this: the speech is gathered in them.
+                    tr = transcribe.run(instance, audio.samples, kwargs,
+                                        consume_audio=not job.diarize, **options)  # fmt: skip
     call.timings["transcribe"] = tr.seconds
     call.warnings += tr.warnings
+    if tr.speech and (dropped := coverage.warning(tr.speech, tr.segments, multi)):
+        call.warnings.append(dropped)
     if doubt := checks.english_only_doubt(model, tr.segments):
         call.warnings.append(doubt)
     return tr

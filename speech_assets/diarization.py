@@ -143,6 +143,24 @@ def attribution(reference: Turns, hypothesis: Turns, step: float = 0.01) -> floa
     return best / max(1, len(ref))
 
 
+def coverage(reference: Turns, hypothesis: Turns, step: float = 0.01) -> float:
+    """Share of the reference's speech that lies inside any hypothesis turn (any label):
+    attribution gives a moment outside every turn the nearest turn's speaker, so a diarizer
+    that labels little could still score well there; this says how much it labelled."""
+    import numpy as np
+
+    if not reference:
+        return 0.0
+    grid = np.arange(0, max(e for _, e, _ in reference), step) + step / 2
+    speech = np.zeros(len(grid), dtype=bool)
+    for s, e, _ in reference:
+        speech |= (grid >= s) & (grid < e)
+    labelled = np.zeros(len(grid), dtype=bool)
+    for s, e, _ in hypothesis:
+        labelled |= (grid >= s) & (grid < e)
+    return float((speech & labelled).sum() / max(1, speech.sum()))
+
+
 def join_turns(
     clips: list[tuple[str, Any]], gap_s: float = 0.6, rate: int = 16000
 ) -> tuple[Any, Turns]:

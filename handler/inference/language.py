@@ -14,6 +14,7 @@ import numpy as np
 from faster_whisper.vad import get_speech_timestamps
 
 from handler.errors import Code, WorkerError
+from handler.inference import code_switch
 from handler.inference.fw_batch import SAMPLE_RATE, WINDOW_S
 from handler.inference.models import LoadedModel
 from handler.inference.options import opt, vad_options
@@ -50,7 +51,13 @@ def plan(
     if default and "language" not in kwargs and model.multilingual:
         kwargs = {**kwargs, "language": default}
     lang = kwargs.get("language")
-    if lang is not None and lang not in model.languages:
+    if lang == code_switch.MULTI and not model.multilingual:
+        raise WorkerError(
+            Code.UNSUPPORTED_FOR_MODEL,
+            f"language 'multi' (a language per part) needs a multilingual model; "
+            f"'{model.spec.name}' is English-only",
+        )
+    if lang is not None and lang != code_switch.MULTI and lang not in model.languages:
         raise WorkerError(
             Code.INVALID_INPUT if model.multilingual else Code.UNSUPPORTED_FOR_MODEL,
             f"language '{lang}' is not supported by model '{model.spec.name}'",

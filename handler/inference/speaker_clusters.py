@@ -92,9 +92,10 @@ def _cut(x: np.ndarray, count: SpeakerCount, threshold: float) -> np.ndarray:
 
 def merge_to(x: np.ndarray, labels: np.ndarray, k: int) -> np.ndarray:
     """``labels`` with the two nearest clusters (average cosine distance between their
-    windows, times na*nb/(na+nb)) merged, again and again, until k are left. From the threshold's clusters, not
-    the dendrogram's top: a short interjection of another voice (2 s among three speakers,
-    tests/test_diarization.py) is one of those clusters and joins the nearest speaker,
+    windows, times na*nb/(na+nb)) merged, again and again, until k are left. From the
+    threshold's clusters, not the dendrogram's top: a short interjection of another voice
+    (2 s among three speakers, tests/test_diarization.py) is one of those clusters and
+    joins the nearest speaker,
     where the dendrogram's cut at 3 kept it and merged two real speakers (0.68 of the
     speech right against 1.0 without the count)."""
     labels = labels.copy()

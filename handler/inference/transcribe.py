@@ -21,7 +21,7 @@ import numpy as np
 from handler.contract import Segment, Word
 from handler.errors import Code, WorkerError, is_oom
 from handler.guard import raise_if_cancelled
-from handler.inference import fw_batch, language
+from handler.inference import code_switch, fw_batch, language
 from handler.inference.checks import budget_guard
 from handler.inference.engine import Engine, EngineJob
 from handler.inference.models import LoadedModel, guarded_calls
@@ -43,6 +43,10 @@ class Transcript:
     """Engine only: seconds this job's windows waited for a batch, summed."""
     batch_sizes: list[int] | None = None
     """Engine only: the size of each batch this job's windows rode in."""
+    speech: list[tuple[float, float]] | None = None
+    """The VAD's speech spans (seconds) the transcription used; None without the VAD."""
+    parts: list[tuple[float, float, str]] | None = None
+    """``"language": "multi"`` only: (start s, end s, language) of each part."""
 
 
 def segment_dict(seg: Any) -> Segment:
@@ -125,7 +129,7 @@ def _run_sequential(
     start = time.perf_counter()
     kwargs = language.among(instance, audio, kwargs, languages)
     try:
-        generator, info = _transcribe_sequential(instance, audio, kwargs, consume_audio)
+        generator, info, spans = _transcribe_sequential(instance, audio, kwargs, consume_audio)
         segments = []
         for seg in generator:
             item = segment_dict(seg)
@@ -148,7 +152,13 @@ def _run_sequential(
         language=info.language,
         language_probability=float(info.language_probability),
         seconds=time.perf_counter() - start,
+        speech=_seconds(spans) if spans is not None else None,
     )
+
+
+def _seconds(spans: list[dict[str, int]]) -> list[tuple[float, float]]:
+    rate = fw_batch.SAMPLE_RATE
+    return [(s["start"] / rate, s["end"] / rate) for s in spans]
 
 
 def _transcribe_sequential(
@@ -166,7 +176,7 @@ def _transcribe_sequential(
     never over one still to come), so no second copy of the speech exists at all.
     """
     if not kwargs.get("vad_filter") or kwargs.get("clip_timestamps", "0") != "0":
-        return instance.transcribe(audio, **kwargs)
+        return (*instance.transcribe(audio, **kwargs), None)
     from faster_whisper.transcribe import restore_speech_timestamps
     from faster_whisper.vad import get_speech_timestamps
 
@@ -185,7 +195,53 @@ def _transcribe_sequential(
     generator, info = instance.transcribe(speech, vad_filter=False, **rest)
     if spans:
         generator = restore_speech_timestamps(generator, spans, fw_batch.SAMPLE_RATE)
-    return generator, info
+    return generator, info, spans
+
+
+def run_by_parts(
+    instance: Any,
+    audio: np.ndarray,
+    kwargs: dict[str, Any],
+    run_part: Callable[..., Transcript],
+    *,
+    cancel: threading.Event | None = None,
+    on_segment: SegmentCallback | None = None,
+    languages: list[str] | None = None,
+    **rest: Any,
+) -> Transcript:
+    """``"language": "multi"``: the recording cut into parts of one language each
+    (handler.inference.code_switch), each part transcribed by ``run_part`` (``run`` or
+    ``run_engine``, with ``rest``) in its language; segments on the file's time line,
+    numbered across parts, each with its ``language``; the result's language is the one
+    with the most speech."""
+    start = time.perf_counter()
+    plan, found = code_switch.plan_parts(instance, audio, kwargs, languages)
+    segments: list[Segment] = []
+    batch_wait, batch_sizes = 0.0, []
+    for part in plan:
+        raise_if_cancelled(cancel)
+        offset = part.start / fw_batch.SAMPLE_RATE
+
+        def placed(seg: Segment, offset: float = offset, lang: str = part.language) -> None:
+            code_switch.shift(seg, offset)
+            seg["language"] = lang
+            seg["id"] = len(segments) + 1
+            segments.append(seg)
+            if on_segment is not None:
+                on_segment(seg)
+
+        tr = run_part(audio[part.start : part.end], {**kwargs, "language": part.language},
+                      cancel=cancel, on_segment=placed, **rest)  # fmt: skip
+        batch_wait += tr.batch_wait or 0.0
+        batch_sizes += tr.batch_sizes or []
+    main, probability = code_switch.main_language(plan) if plan else ("", 0.0)
+    return Transcript(segments=segments, language=main, language_probability=probability,
+                      seconds=time.perf_counter() - start, batch_wait=batch_wait,
+                      batch_sizes=batch_sizes,
+                      speech=[(r.start / fw_batch.SAMPLE_RATE, r.end / fw_batch.SAMPLE_RATE)
+                              for r in found],
+                      parts=[(p.start / fw_batch.SAMPLE_RATE,
+                      p.end / fw_batch.SAMPLE_RATE, p.language) for p in plan])  # fmt: skip
 
 
 def run_engine(
@@ -225,6 +281,7 @@ def run_engine(
                 on_segment(item)
     finally:
         scheduler.drop(job)
+    vad = kwargs.get("vad_filter", fw_batch.BATCHED_DEFAULTS["vad_filter"])
     return Transcript(
         segments=segments,
         language=prepared.language,
@@ -232,4 +289,5 @@ def run_engine(
         seconds=time.perf_counter() - start,
         batch_wait=sum(job.waits),
         batch_sizes=list(job.batch_sizes),
+        speech=_seconds(prepared.speech_chunks) if vad else None,
     )

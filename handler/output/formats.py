@@ -220,6 +220,8 @@ def _segment_fields(seg: Segment) -> dict[str, Any]:
     out = {name: cast(seg[name]) for name, cast in _FIELD_TYPES.items()}  # type: ignore[literal-required]
     if "speaker" in seg:
         out["speaker"] = str(seg["speaker"])
+    if "language" in seg:
+        out["language"] = str(seg["language"])
     return out
 
 

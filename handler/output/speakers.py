@@ -125,7 +125,7 @@ def diarized_json(segments: Sequence[Segment], *, duration: float, text: str) ->
 
 
 def diarized_segment(seg: Segment) -> dict[str, Any]:
-    return {
+    out = {
         "type": "transcript.text.segment",
         "id": f"seg_{seg['id']}",
         "start": round(float(seg["start"]), 3),
@@ -133,6 +133,9 @@ def diarized_segment(seg: Segment) -> dict[str, Any]:
         "text": str(seg["text"]).strip(),
         "speaker": str(seg.get("speaker") or ""),
     }
+    if "language" in seg:
+        out["language"] = str(seg["language"])
+    return out
 
 
 def to_rttm(turns: Sequence[TurnLike], file_id: str = "audio") -> str:
