@@ -428,3 +428,21 @@ def test_subtitle_cues_keep_the_layout_limits_on_real_speech(worker, batch) -> N
     # Words were computed for the cues but not asked for: the segments stay as they were.
     assert "words" not in out["segments"][0]
     assert "-sposed" not in out["srt"].replace("old-sposed", "")  # continuations stay attached
+
+
+def test_speech_no_segment_covers_is_named_where_it_is() -> None:
+    """Issue 31: 12 s of speech in the middle of a conversation got no segment and nothing
+    said so. The VAD's spans against the segments' times: a stretch of 3 s or more is
+    named (with where), small slack at the edges and short gaps are not."""
+    from handler.output import coverage
+
+    speech = [(0.0, 10.0), (10.5, 20.0), (60.7, 66.0), (66.4, 74.3), (80.0, 90.0)]
+    segs = [{"start": 0.2, "end": 19.8}, {"start": 80.1, "end": 89.7}]
+    found = coverage.uncovered(speech, segs)  # type: ignore[arg-type]
+    assert len(found) == 1 and found[0][:2] == (60.7, 74.3)
+    assert round(found[0][2], 1) == 13.2  # 5.3 + 7.9 s of speech
+    text = coverage.warning(speech, segs, multi=False)  # type: ignore[arg-type]
+    assert text is not None and "60.7-74.3 s" in text and '"language": "multi"' in text
+    assert coverage.warning(speech[:2], segs, multi=False) is None  # type: ignore[arg-type]
+    assert coverage.warning([(0.0, 2.5)], [], multi=True) is None  # under the bound
+    assert "multi" not in (coverage.warning(speech, [], multi=True) or "")

@@ -554,6 +554,26 @@ def test_translate_through_http_on_a_multilingual_model(base_model_dir) -> None:
         srv.stop()
 
 
+@pytest.mark.model
+def test_language_multi_through_the_openai_sdk(base_model_dir) -> None:
+    """Issue 31 in HTTP mode: `language=multi` and verbose_json's segments say their
+    language; the English parts stay English beside the Spanish one."""
+    from tests.test_multilingual import code_switched
+
+    srv = Server({"WHISPER_MODEL": str(base_model_dir), "WHISPER_WARMUP": "false"})
+    try:
+        verbose = srv.client().audio.transcriptions.create(
+            model="whisper-1", file=("mixed.wav", code_switched()), language="multi",
+            response_format="verbose_json",
+        )  # fmt: skip
+        segments = verbose.model_dump()["segments"]
+        langs = [s["language"] for s in segments]
+        assert langs[0] == "en" and "es" in langs, langs
+        assert "madrid" in verbose.text.lower() and "americans" in verbose.text.lower()
+    finally:
+        srv.stop()
+
+
 def test_a_diarize_model_on_a_server_without_diarization_names_the_setting(server: Server) -> None:
     with pytest.raises(openai.BadRequestError) as info:
         server.client().audio.transcriptions.create(

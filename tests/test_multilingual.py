@@ -89,3 +89,67 @@ def test_deployment_language_and_detection_set(base_model_dir):
         assert out["language"] == "es", out
         out = run_job({"audio_base64": de, "batch_size": batch}, among)
         assert out["language"] in {"en", "es", "fr"}, out  # German is not on the list
+
+
+# --- a recording in several languages (issue 31) ------------------------------------------
+
+
+def code_switched() -> bytes:
+    """JFK (English), eSpeak's Spanish, then JFK again: three parts, two languages."""
+    import numpy as np
+    from faster_whisper import decode_audio
+
+    from speech_assets.clips import read_wav, wav_bytes
+
+    jfk = read_wav(DATA / "jfk.wav")
+    es = decode_audio(str(DATA / CLIPS["es"][0]))
+    gap = np.zeros(int(0.6 * 16000), np.float32)
+    return wav_bytes(
+        np.concatenate([jfk[: int(5.5 * 16000)], gap, es, gap, jfk[int(5.5 * 16000) :]])
+    )
+
+
+@pytest.mark.parametrize("batch_size", [1, 4], ids=["sequential", "engine"])
+def test_language_multi_decodes_each_part_in_its_own_language(base_worker, batch_size):
+    """Detected once, the whole file was Spanish: JFK came back as "Y así, mi familia de
+    americanos..." (the file's language is the one of its longest part). With "multi" each
+    part is decoded in its language, every segment says which, and the Spanish part is
+    Spanish."""
+    import base64
+
+    audio = base64.b64encode(code_switched()).decode()
+    once = run_job({"audio_base64": audio, "batch_size": batch_size}, base_worker)
+    assert "americans" not in once["text"].lower()  # the failure this fixes
+    result = run_job({"audio_base64": audio, "language": "multi", "batch_size": batch_size,
+                      "output": ["text", "segments", "verbose_json"]}, base_worker)  # fmt: skip
+    assert "error" not in result, result
+    langs = [s["language"] for s in result["segments"]]
+    assert langs[0] == "en" and "es" in langs and langs[-1] == "en", langs
+    assert [s["id"] for s in result["segments"]] == list(range(1, len(langs) + 1))
+    starts = [s["start"] for s in result["segments"]]
+    assert starts == sorted(starts) and result["segments"][-1]["end"] <= result["duration"] + 0.1
+    text = result["text"].lower()
+    assert "fellow americans" in text and "your country" in text and "madrid" in text, text
+    assert all("language" in s for s in result["verbose_json"]["segments"])
+    assert not any("got no segment" in w for w in result.get("warnings", []))
+
+
+def test_language_multi_among_the_allowed_languages(base_worker):
+    """`languages` narrows each part's detection as it narrows the file's."""
+    import base64
+
+    audio = base64.b64encode(code_switched()).decode()
+    result = run_job({"audio_base64": audio, "language": "multi", "languages": ["en", "it"],
+                      "output": ["segments"]}, base_worker)  # fmt: skip
+    assert {s["language"] for s in result["segments"]} <= {"en", "it"}
+
+
+def test_language_multi_on_an_english_only_model_is_refused(worker):
+    result = run_job({"audio_base64": b64(DATA / "jfk.wav"), "language": "multi"}, worker)
+    assert result["error_code"] == Code.UNSUPPORTED_FOR_MODEL and not result["retryable"]
+
+
+def test_a_single_language_file_gets_no_dropped_speech_warning(base_worker):
+    for name in ("jfk.wav", CLIPS["es"][0], CLIPS["de"][0]):
+        result = run_job({"audio_base64": b64(DATA / name)}, base_worker)
+        assert not any("got no segment" in w for w in result.get("warnings", [])), name

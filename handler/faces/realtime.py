@@ -242,7 +242,8 @@ class Config:
         model = resolve_model(self.model, self.loaded_models)
         if model is not None:
             job["model"] = model
-        if self.language:
+        if self.language and self.language != "multi":
+            # "multi": each live turn is a part of its own, its language detected alone.
             job["language"] = self.language
         if self.prompt:
             job["initial_prompt"] = self.prompt
