@@ -40,8 +40,8 @@ from handler.settings import Settings
 # PyAV before 19 decoded a container's metadata strictly unless told to ignore errors (a
 # tag that is not UTF-8 would fail the open); PyAV 19 dropped the argument and refuses it
 # (TypeError), and it is what pip installs on Python 3.12, the image's Python (Ubuntu
-# 24.04), while 3.11 stays on 18. Found by bench/cpu_image.sh: every job of the image
-# ended INTERNAL. Passed only where PyAV takes it.
+# 24.04), while 3.11 stays on 18. Found by replaying the image in a chroot (issue 23):
+# every job of the image ended INTERNAL. Passed only where PyAV takes it.
 _METADATA_ERRORS: dict[str, Any] = (
     {"metadata_errors": "ignore"} if int(av.__version__.split(".")[0]) < 19 else {}
 )
