@@ -48,6 +48,7 @@ def queue_worker(settings: Settings) -> int:
     loader.times.runpod_import = time.perf_counter() - t
     # `import runpod` calls logging.basicConfig(INFO) on the root logger.
     configure_logging(settings.log_level)
+    from handler.faces import fanout
     from handler.faces.result_posts import persist_result_posts
     from handler.faces.runpod_handlers import make_handlers
 
@@ -62,6 +63,8 @@ def queue_worker(settings: Settings) -> int:
     except STARTUP_ERRORS as exc:
         print(f"whisper-worker: {exc}", file=sys.stderr)
         return 1
+    # A job's `split` submits its pieces to this endpoint with the endpoint's own key.
+    worker.fan_out = fanout.Platform.from_env()
     handler, stream_handler = make_handlers(worker)
     # The SDK's local test mode does not iterate generators: stream only in the real loop.
     streaming = settings.stream and bool(os.environ.get("RUNPOD_WEBHOOK_GET_JOB"))

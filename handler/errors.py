@@ -35,6 +35,8 @@ class Code(str, Enum):
     QUEUE_FULL = "QUEUE_FULL"
     NOT_READY = "NOT_READY"
     CANCELLED = "CANCELLED"
+    SPLIT_UNAVAILABLE = "SPLIT_UNAVAILABLE"
+    PIECE_FAILED = "PIECE_FAILED"
     INTERNAL = "INTERNAL"
 
 
@@ -48,6 +50,7 @@ RETRYABLE: frozenset[Code] = frozenset(
         Code.GPU_OOM,
         Code.QUEUE_FULL,
         Code.NOT_READY,
+        Code.PIECE_FAILED,
         Code.INTERNAL,
     }
 )

@@ -7,6 +7,7 @@ exactly one result or one ``{"error", "error_code", "retryable"}`` body.
 
 from __future__ import annotations
 
+import base64
 import functools
 import logging
 import os
@@ -22,17 +23,18 @@ import numpy as np
 
 from handler import diarization
 from handler.audio.decode import SAMPLE_RATE, DecodedAudio, decode_audio
+from handler.audio.encode import to_flac
 from handler.audio.sources import JOB_DIR_PREFIX, decode_base64, fetch_to_file
-from handler.contract import Segment
+from handler.contract import SEGMENT_FIELDS, Segment
 from handler.errors import Code, WorkerError
-from handler.inference import allocator, checks, code_switch, language, transcribe
+from handler.inference import allocator, checks, code_switch, language, pieces, transcribe
 from handler.inference.engine import Engine
 from handler.inference.memory import MIB, MemoryBudget, auto_budget_bytes, job_bytes
 from handler.inference.models import LoadedModel, ModelPool
 from handler.output import coverage, formats, speakers
 from handler.output.cues import Layout
 from handler.output.offload import deliver
-from handler.schema import JobInput, parse_job_input
+from handler.schema import MAX_PIECES, JobInput, parse_job_input
 from handler.settings import Settings
 
 if TYPE_CHECKING:
@@ -62,6 +64,9 @@ class Runtime:
     """Jobs between run_job's start and end."""
     diarizer: Diarizer | None = None
     """The speaker diarizer (WHISPER_DIARIZATION), loaded beside the models; else None."""
+    fan_out: FanOut | None = None
+    """Runs a split job's pieces as jobs of the worker's own endpoint (the queue face sets
+    it when the endpoint's key is in the environment); None: ``split`` is refused."""
     _lock: threading.Lock = field(default_factory=threading.Lock)
 
     def memory_budget(self) -> MemoryBudget:
@@ -142,6 +147,16 @@ class Call:
     references: dict[str, np.ndarray] = field(default_factory=dict)
     """Known speakers' voice embeddings (a diarized job's ``known_speakers``)."""
     diarization: Diarization | None = None
+    pieces: list[dict[str, Any]] | None = None
+    """A split job's pieces: where each is, its job, its tries and seconds."""
+
+
+FanOut = Callable[[list[dict[str, Any]], threading.Event | None], list[dict[str, Any]]]
+"""Each piece's job input run on the platform; their outputs, job ids and tries, in order."""
+AUTO_PIECE_S = 240.0
+"""``split: "auto"``: one piece per this much audio (4 min: a piece travels inline, FLAC)."""
+MAX_PIECE_BASE64 = 9_000_000
+"""A piece's base64 above this would not fit RunPod's 10-MB /run request."""
 
 
 def run_job(
@@ -189,6 +204,8 @@ def _run(raw_input: Any, worker: Runtime, call: Call) -> dict[str, Any]:
     call.warnings += audio.warnings
     if duration < MIN_AUDIO_SECONDS:
         tr = _nothing_to_transcribe(job, call)
+    elif (n := _pieces_wanted(job, duration)) > 1:
+        tr = _split(job, kwargs, audio, n, worker, call)
     else:
         tr = _transcribe(job, model, kwargs, languages, audio, worker, call)
     del audio  # its samples may be gigabytes: not kept while the result is shaped
@@ -207,6 +224,13 @@ def _plan(job: JobInput, worker: Runtime) -> tuple[LoadedModel, dict[str, Any], 
         model, kwargs, settings.language, settings.languages, job.languages
     )
     checks.check_request(model, kwargs)
+    if job.split not in (None, 1) and worker.fan_out is None:
+        raise WorkerError(
+            Code.SPLIT_UNAVAILABLE,
+            "split runs the pieces as jobs of this endpoint: the queue worker needs the "
+            "endpoint's API key as RUNPOD_API_KEY in its environment (and RUNPOD_ENDPOINT_ID, "
+            "which RunPod sets); HTTP mode and the command line cannot split",
+        )
     if job.diarize:
         if worker.diarizer is None:
             raise WorkerError(
@@ -314,6 +338,96 @@ def _transcribe(
     return tr
 
 
+def _pieces_wanted(job: JobInput, duration: float) -> int:
+    if job.split in (None, 1):
+        return 1
+    return pieces.count(job.split, duration, AUTO_PIECE_S, MAX_PIECES)
+
+
+def _split(
+    job: JobInput,
+    kwargs: dict[str, Any],
+    audio: DecodedAudio,
+    n: int,
+    worker: Runtime,
+    call: Call,
+) -> transcribe.Transcript:
+    """The recording cut at silences into n pieces, run as jobs of the endpoint by
+    ``worker.fan_out``, stitched back on the recording's time line."""
+    assert worker.fan_out is not None  # refused in _plan otherwise
+    t = time.perf_counter()
+    samples = audio.samples
+    cuts = pieces.cut_points(samples, n, kwargs)
+    bounds = list(zip([0, *cuts], [*cuts, len(samples)], strict=True))
+    child = _piece_input(job, kwargs)
+    inputs = []
+    for i, (a, b) in enumerate(bounds):
+        data = base64.b64encode(to_flac(samples[a:b])).decode()
+        if len(data) > MAX_PIECE_BASE64:
+            raise WorkerError(
+                Code.INPUT_TOO_LARGE,
+                f"piece {i + 1} of {len(bounds)} is {len(data) / 1e6:.1f} MB as base64, over "
+                "what the platform takes in one request: split into more pieces",
+            )
+        inputs.append({**child, "audio_base64": data})
+    call.timings["split"] = time.perf_counter() - t
+    results = worker.fan_out(inputs, call.cancel)
+    sink = _segment_sink(call, audio.duration, worker.settings.progress_interval_s)
+    segments: list[Segment] = []
+    spoken: dict[str, float] = {}
+    probability: dict[str, float] = {}
+    call.pieces = []
+    for i, ((a, b), res) in enumerate(zip(bounds, results, strict=True)):
+        out = res["output"]
+        for seg in out.get("segments") or []:
+            item = _piece_segment(seg, a / SAMPLE_RATE, len(segments) + 1)
+            segments.append(item)
+            sink(item)
+        lang = out.get("language") or ""
+        spoken[lang] = spoken.get(lang, 0.0) + (b - a) / SAMPLE_RATE
+        probability.setdefault(lang, float(out.get("language_probability") or 0.0))
+        call.warnings += [f"piece {i + 1}: {w}" for w in out.get("warnings") or []]
+        call.pieces.append({"piece": i + 1, "start": round(a / SAMPLE_RATE, 3),
+                            "end": round(b / SAMPLE_RATE, 3), "job_id": res["job_id"],
+                            "tries": res["tries"],
+                            "seconds": (out.get("timings") or {}).get("total")})  # fmt: skip
+    main = max(spoken, key=lambda k: spoken[k]) if spoken else ""
+    call.timings["queue_model"] = 0.0
+    call.timings["transcribe"] = time.perf_counter() - t - call.timings["split"]
+    return transcribe.Transcript(segments, main, probability.get(main, 0.0),
+                                 time.perf_counter() - t)  # fmt: skip
+
+
+def _piece_input(job: JobInput, kwargs: dict[str, Any]) -> dict[str, Any]:
+    """The job's own options for each piece, asking for what stitching needs."""
+    child = job.model_dump(exclude_unset=True, exclude={"audio_base64", "audio_url", "split",
+                                                         "output", "batch_size"})  # fmt: skip
+    child = {k: v for k, v in child.items() if v is not None}
+    child["output"] = ["segments"]
+    if kwargs.get("word_timestamps"):
+        child["word_timestamps"] = True
+        child["output"].append("words")
+    if job.batch_size:
+        child["batch_size"] = job.batch_size
+    return child
+
+
+def _piece_segment(seg: dict[str, Any], offset: float, number: int) -> Segment:
+    """A piece's returned segment as one of the whole recording's."""
+    item: dict[str, Any] = {k: seg[k] for k in SEGMENT_FIELDS if k in seg}
+    item["id"] = number
+    item["start"] = round(float(seg["start"]) + offset, 3)
+    item["end"] = round(float(seg["end"]) + offset, 3)
+    words = seg.get("words")
+    item["words"] = (
+        [{**w, "start": round(w["start"] + offset, 3), "end": round(w["end"] + offset, 3)}
+         for w in words] if words else None
+    )  # fmt: skip
+    if "language" in seg:
+        item["language"] = seg["language"]
+    return item  # type: ignore[return-value]
+
+
 def _compute_budget(settings: Settings, duration: float) -> float | None:
     """Seconds this job may spend in the model (None: unbounded)."""
     floor, factor = settings.compute_budget_floor_s, settings.compute_budget_factor
@@ -414,6 +528,8 @@ def _shape(
     }
     if job.diarize:
         out["speakers"] = speakers.summary(turns)
+    if call.pieces is not None:
+        out["pieces"] = call.pieces
     if warnings:
         out["warnings"] = warnings
     if job.legacy:

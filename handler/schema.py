@@ -38,6 +38,8 @@ MAX_CLIP_TIMESTAMPS = 200
 MAX_CLIP_SECONDS = 24 * 3600.0
 MAX_SPEAKERS = 20
 """The most speakers a job may ask the diarizer for."""
+MAX_PIECES = 32
+"""The most jobs one recording may be split into (``split``)."""
 MAX_KNOWN_SPEAKERS = 10
 """Reference clips per job (OpenAI takes 4)."""
 MAX_TOKEN_ID = 51865
@@ -134,6 +136,10 @@ class JobInput(BaseModel):
     output: list[OutputFormat] = Field(default_factory=lambda: list(DEFAULT_OUTPUT), min_length=1)
     batch_size: int | None = Field(None, ge=1, le=128)
     """> 1 runs faster-whisper's BatchedInferencePipeline. Unset: the worker's default."""
+    split: Annotated[int, Field(ge=1, le=MAX_PIECES)] | Literal["auto"] | None = None
+    """Fan the recording out across the endpoint's workers as this many ordinary jobs
+    (pieces cut at silences), or ``auto`` (one piece per AUTO_PIECE_S of audio); the result
+    is stitched into one. Queue mode, with RUNPOD_API_KEY in the worker's environment."""
     languages: (
         list[Annotated[str, Field(min_length=2, max_length=8, pattern=r"^[a-zA-Z_-]+$")]] | None
     ) = Field(None, min_length=1, max_length=100)
@@ -297,6 +303,10 @@ class JobInput(BaseModel):
         names = [k.name for k in self.known_speakers or []]
         if len(set(names)) != len(names):
             raise ValueError("known_speakers names must differ")
+        if self.split not in (None, 1) and self.diarize:
+            # Each piece would number its own speakers: matching them across pieces is
+            # not built yet (issue 33).
+            raise ValueError("split with diarize is not supported yet")
 
     @property
     def legacy(self) -> bool:
@@ -391,6 +401,7 @@ DECODING_OPTIONS: frozenset[str] = frozenset(
         "min_speakers",
         "max_speakers",
         "known_speakers",
+        "split",
     }
 )
 

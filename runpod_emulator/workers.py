@@ -33,6 +33,8 @@ def worker_env(
         "RUNPOD_AI_API_KEY": api_key,
         "RUNPOD_POD_ID": worker_id,
         "RUNPOD_ENDPOINT_BASE_URL": base_url,
+        # RunPod sets it in every worker: a job that splits submits its pieces here.
+        "RUNPOD_ENDPOINT_ID": endpoint_id,
         "RUNPOD_LOG_LEVEL": "INFO",
         "RUNPOD_SKIP_AUTO_SYSTEM_CHECKS": "true",
         "RUNPOD_SKIP_GPU_CHECK": "true",

@@ -1,0 +1,158 @@
+"""A split recording's pieces as ordinary jobs on the worker's own endpoint (issue 33).
+
+The worker that took the job submits each piece to ``{RUNPOD_ENDPOINT_BASE_URL}/
+{RUNPOD_ENDPOINT_ID}/run`` with ``RUNPOD_API_KEY`` (the endpoint's own key, which the user
+puts in its environment: the platform gives workers none that may submit jobs), so the
+platform's queue and autoscaler bring the workers. It polls ``/status`` until every piece
+has ended: a piece that fails, is cancelled by someone else or runs past
+``PIECE_TIMEOUT_S`` is submitted once more, and a second failure fails the whole job with
+``PIECE_FAILED`` naming the piece; never a result with a hole. Cancelling the job cancels
+every piece still running. The pieces travel inline (FLAC, base64): nothing is left behind
+to delete.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import threading
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+import requests
+
+from handler.errors import Code, WorkerError
+
+log = logging.getLogger(__name__)
+
+DEFAULT_BASE_URL = "https://api.runpod.ai/v2"
+TERMINAL = {"COMPLETED", "FAILED", "CANCELLED", "TIMED_OUT"}
+PIECE_TIMEOUT_S = 1800.0
+TRIES = 2
+REQUEST_TIMEOUT_S = 30.0
+
+
+@dataclass
+class Piece:
+    index: int
+    input: dict[str, Any]
+    job_id: str | None = None
+    tries: int = 0
+    submitted: float = 0.0
+    output: dict[str, Any] | None = None
+    errors: list[str] = field(default_factory=list)
+
+
+class Platform:
+    """The endpoint's own queue, as a caller of it sees it."""
+
+    def __init__(
+        self,
+        base_url: str,
+        endpoint_id: str,
+        api_key: str,
+        *,
+        poll_s: float = 1.0,
+        piece_timeout_s: float = PIECE_TIMEOUT_S,
+    ) -> None:
+        self.url = f"{base_url.rstrip('/')}/{endpoint_id}"
+        self.poll_s = poll_s
+        self.piece_timeout_s = piece_timeout_s
+        self.http = requests.Session()
+        self.http.headers["Authorization"] = f"Bearer {api_key}"
+
+    @classmethod
+    def from_env(cls, env: Mapping[str, str] | None = None) -> Platform | None:
+        """From the worker's environment; None without a key or an endpoint id."""
+        env = os.environ if env is None else env
+        key, endpoint = env.get("RUNPOD_API_KEY"), env.get("RUNPOD_ENDPOINT_ID")
+        if not key or not endpoint:
+            return None
+        return cls(env.get("RUNPOD_ENDPOINT_BASE_URL") or DEFAULT_BASE_URL, endpoint, key)
+
+    def __call__(self, inputs: list[dict[str, Any]], cancel: threading.Event | None
+                 ) -> list[dict[str, Any]]:  # fmt: skip
+        """Each input run as a job; their outputs (and job ids, tries) in order."""
+        pieces = [Piece(i, inp) for i, inp in enumerate(inputs)]
+        try:
+            for p in pieces:
+                self._submit(p)
+            self._wait(pieces, cancel)
+        except BaseException:
+            self._cancel([p for p in pieces if p.output is None and p.job_id])
+            raise
+        return [{"output": p.output, "job_id": p.job_id, "tries": p.tries} for p in pieces]
+
+    def _submit(self, p: Piece) -> None:
+        p.tries += 1
+        try:
+            r = self.http.post(f"{self.url}/run", json={"input": p.input},
+                               timeout=REQUEST_TIMEOUT_S)  # fmt: skip
+            r.raise_for_status()
+            p.job_id = str(r.json()["id"])
+        except (requests.RequestException, ValueError, KeyError) as exc:
+            raise WorkerError(Code.PIECE_FAILED, f"piece {p.index + 1} could not be submitted "
+                              f"to the endpoint: {type(exc).__name__}") from None  # fmt: skip
+        p.submitted = time.monotonic()
+        log.info("piece %d submitted as job %s (try %d)", p.index + 1, p.job_id, p.tries)
+
+    def _status(self, p: Piece) -> dict[str, Any]:
+        try:
+            r = self.http.get(f"{self.url}/status/{p.job_id}", timeout=REQUEST_TIMEOUT_S)
+            r.raise_for_status()
+            return dict(r.json())
+        except (requests.RequestException, ValueError):
+            return {"status": "UNKNOWN"}  # asked again at the next poll
+
+    def _wait(self, pieces: list[Piece], cancel: threading.Event | None) -> None:
+        while live := [p for p in pieces if p.output is None]:
+            if cancel is not None and cancel.is_set():
+                raise WorkerError(Code.CANCELLED, "the job was cancelled")
+            for p in live:
+                status = self._status(p)
+                state = status.get("status")
+                if state == "COMPLETED":
+                    p.output = _final(status.get("output"))
+                    if p.output is None:
+                        self._failed(p, "completed without a result")
+                elif state in TERMINAL:
+                    self._failed(p, _error_of(status))
+                elif time.monotonic() - p.submitted > self.piece_timeout_s:
+                    self._cancel([p])
+                    self._failed(p, f"still {state} after {self.piece_timeout_s:.0f} s")
+            if any(p.output is None for p in pieces):
+                (cancel or threading.Event()).wait(self.poll_s)
+
+    def _failed(self, p: Piece, why: str) -> None:
+        p.errors.append(why)
+        log.warning("piece %d (job %s) failed: %s", p.index + 1, p.job_id, why)
+        if p.tries >= TRIES:
+            raise WorkerError(Code.PIECE_FAILED, f"piece {p.index + 1} failed {p.tries} times "
+                              f"(last: {why})")  # fmt: skip
+        self._submit(p)
+
+    def _cancel(self, pieces: list[Piece]) -> None:
+        for p in pieces:
+            try:
+                self.http.post(f"{self.url}/cancel/{p.job_id}", timeout=REQUEST_TIMEOUT_S)
+            except requests.RequestException:
+                log.warning("could not cancel piece %d (job %s)", p.index + 1, p.job_id)
+
+
+def _final(output: Any) -> dict[str, Any] | None:
+    """The result in a status's output: the dict, or a streaming worker's last full one."""
+    if isinstance(output, dict) and "error_code" not in output:
+        return output
+    if isinstance(output, list):
+        finals = [o for o in output if isinstance(o, dict) and "segment" not in o]
+        return finals[-1] if finals and "error" not in finals[-1] else None
+    return None
+
+
+def _error_of(status: Mapping[str, Any]) -> str:
+    output = status.get("output")
+    code = output.get("error_code") if isinstance(output, dict) else None
+    state = str(status.get("status"))
+    return f"{state}: {code}" if code else state

@@ -1,0 +1,154 @@
+"""One recording fanned out across workers (issue 33; e2e tier): `split` on the real worker
+under the real runpod SDK loop against the local emulator, the pieces ordinary jobs of the
+same endpoint taken by two real worker processes, stitched back into one result.
+
+The cut points (VAD silences near equal shares) and the stitching are checked on real
+speech; a piece cancelled by someone else is submitted again; one that fails twice fails the
+whole job naming it; cancelling the job cancels its pieces.
+"""
+
+from __future__ import annotations
+
+import sys
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+import srt
+
+from handler.errors import Code
+from handler.job import run_job
+from runpod_emulator import Emulator
+from speech_assets.clips import long_clip
+from tests.conftest import wait_for, wer
+from tests.test_platform import long_job
+
+ROOT = Path(__file__).resolve().parent.parent
+READY_S = 120.0
+JOB_S = 300.0
+
+
+def test_cuts_fall_in_silence_near_equal_shares() -> None:
+    from handler.inference import pieces
+
+    clip = long_clip(60)
+    audio = clip.samples
+    cuts = pieces.cut_points(audio, 3)
+    assert len(cuts) == 2 and cuts == sorted(cuts)
+    for k, cut in enumerate(cuts, start=1):
+        assert abs(cut - k * len(audio) / 3) < 0.2 * len(audio) / 3
+        around = audio[cut - 1600 : cut + 1600]  # 0.1 s each side: silence
+        assert float(np.abs(around).max()) < 0.01
+    assert pieces.count("auto", 3600, 240, 32) == 15
+    assert pieces.count(8, 30, 240, 32) == 3  # no piece under 10 s
+    assert pieces.count(64, 7200, 240, 32) == 32
+
+
+def test_split_on_a_worker_that_cannot_is_refused_before_the_audio(worker) -> None:
+    result = run_job({"audio_url": "https://example.com/a.mp3", "split": 4}, worker)
+    assert result["error_code"] == Code.SPLIT_UNAVAILABLE and not result["retryable"]
+    assert "RUNPOD_API_KEY" in result["error"]
+    both = run_job({"audio_url": "https://example.com/a.mp3", "split": 2, "diarize": True},
+                   worker)  # fmt: skip
+    assert both["error_code"] == Code.INVALID_INPUT
+
+
+@pytest.fixture(scope="module")
+def endpoint(tmp_path_factory) -> Any:
+    logs = tmp_path_factory.mktemp("fanout")
+    em = Emulator(ping_interval_ms=1000, stop_grace_s=30.0, log_dir=str(logs)).start()
+    try:
+        env = {"WHISPER_DEVICE": "cpu", "HF_HUB_OFFLINE": "1", "RUNPOD_API_KEY": em.api_key,
+               "WHISPER_MAX_CONCURRENCY": "3", "TMPDIR": str(logs)}  # fmt: skip
+        wids = [em.start_worker(env, command=[sys.executable, "-m", "handler"], cwd=str(ROOT))
+                for _ in range(2)]  # fmt: skip
+        for wid in wids:
+            em.wait_worker(wid, {"idle", "busy"}, READY_S)
+        yield em
+    finally:
+        em.stop()
+
+
+def _children(em: Emulator, parent: str) -> list[Any]:
+    with em.state.cond:
+        return [j for j in em.state.jobs.values()
+                if j.id != parent and isinstance(j.input, dict) and "split" not in j.input
+                and j.submitted_at >= em.state.jobs[parent].submitted_at]  # fmt: skip
+
+
+@pytest.mark.e2e
+def test_a_split_job_is_pieces_on_the_queue_stitched_into_one_result(endpoint) -> None:
+    em = endpoint
+    job = {**long_job(75), "output": ["text", "segments", "srt", "verbose_json"]}
+    whole = em.wait_job(em.submit(job), JOB_S)
+    assert whole["status"] == "COMPLETED", whole
+    parent = em.submit({**job, "split": 3})
+    status = em.wait_job(parent, JOB_S)
+    assert status["status"] == "COMPLETED", status
+    out = status["output"]
+    children = _children(em, parent)
+    assert len(children) == 3 and all(c.status == "COMPLETED" for c in children)
+    # One ordinary result: the same words as unsplit, in time order, numbered once.
+    assert wer(whole["output"]["text"], out["text"]) <= 0.05, (whole["output"]["text"], out)
+    segs = out["segments"]
+    assert [s["id"] for s in segs] == list(range(1, len(segs) + 1))
+    assert all(a["start"] <= b["start"] for a, b in zip(segs, segs[1:], strict=False))
+    assert segs[-1]["end"] <= out["duration"] + 0.5
+    cues = list(srt.parse(out["srt"]))  # built once, from the whole: numbered 1..n in time
+    assert [c.index for c in cues] == list(range(1, len(cues) + 1))
+    assert all(a.start <= b.start for a, b in zip(cues, cues[1:], strict=False))
+    assert cues[-1].end.total_seconds() > 0.8 * out["duration"]
+    assert out["verbose_json"]["text"] == out["text"]
+    assert [p["piece"] for p in out["pieces"]] == [1, 2, 3]
+    assert out["pieces"][0]["start"] == 0 and abs(out["pieces"][-1]["end"] - out["duration"]) < 0.1
+    assert all(p["tries"] == 1 for p in out["pieces"])
+
+
+@pytest.mark.e2e
+def test_a_cancelled_piece_is_run_again_and_a_twice_failed_one_names_itself(endpoint) -> None:
+    em = endpoint
+    job = {**long_job(60), "output": ["text"]}
+    parent = em.submit({**job, "split": 2})
+    # Someone else cancels the first piece once: the job submits it again and completes.
+    first = wait_for(lambda: next(iter(_children(em, parent)), None), JOB_S, "a piece")
+    em.cancel(first.id)
+    status = em.wait_job(parent, JOB_S)
+    assert status["status"] == "COMPLETED", status
+    assert sorted(p["tries"] for p in status["output"]["pieces"]) == [1, 2]
+
+    parent = em.submit({**job, "split": 2})
+    stop = threading.Event()
+
+    def cancel_every_piece() -> None:
+        while not stop.is_set():
+            for child in _children(em, parent):
+                if child.status in ("IN_QUEUE", "IN_PROGRESS"):
+                    em.cancel(child.id)
+            time.sleep(0.05)
+
+    canceller = threading.Thread(target=cancel_every_piece, daemon=True)
+    canceller.start()
+    try:
+        status = em.wait_job(parent, JOB_S)
+    finally:
+        stop.set()
+        canceller.join(5)
+    assert status["status"] == "FAILED", status
+    assert "PIECE_FAILED" in str(status) and "failed 2 times" in str(status), status
+
+
+@pytest.mark.e2e
+def test_cancelling_a_split_job_cancels_its_pieces(endpoint) -> None:
+    em = endpoint
+    parent = em.submit({**long_job(120), "split": 4, "batch_size": 1})
+    wait_for(lambda: len(_children(em, parent)) == 4, JOB_S, "the pieces")
+    em.cancel(parent)
+    wait_for(
+        lambda: all(c.status not in ("IN_QUEUE", "IN_PROGRESS") for c in _children(em, parent)),
+        JOB_S,
+        "every piece to end",
+    )
+    assert any(c.status == "CANCELLED" for c in _children(em, parent))
