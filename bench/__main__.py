@@ -10,6 +10,7 @@
     python -m bench realtime [...]     live sessions on /v1/realtime: latency, WER, CPU per session
     python -m bench http-soak [...]    HTTP mode: 1000 requests, bad inputs, disconnects, bursts
     python -m bench diarization [...]  who spoke when: DER, attribution, speed, memory, WER
+    python -m bench fanout [...]       one recording split across workers: time, seams
     python -m bench code-switch [...]  several languages in one recording: WER, coverage
     python -m bench alloc [...]         ms per window and kernel CPU share per allocator policy
     python -m bench memory [...]                 peak RSS of one job against audio length
@@ -147,6 +148,11 @@ def build_parser() -> argparse.ArgumentParser:
     sub.add_parser(
         "throughput",
         help="burst throughput, engine vs one job at a time (see --help)",
+        add_help=False,
+    )
+    sub.add_parser(
+        "fanout",
+        help="one long recording split across workers: time, worker seconds, seams (--help)",
         add_help=False,
     )
     sub.add_parser(
@@ -402,64 +408,33 @@ def _scenario_meta(args: argparse.Namespace, arrivals) -> dict[str, Any]:
     }
 
 
+# Benches with a parser of their own: the subcommand -> the module whose main() runs it.
+SUBCOMMANDS = {
+    "memory": "bench.memory",
+    "realtime": "bench.realtime",
+    "http-soak": "bench.http_soak",
+    "fanout": "bench.fanout",
+    "code-switch": "bench.code_switch",
+    "diarization": "bench.diarization",
+    "alloc": "bench.alloc",
+    "throughput": "bench.throughput",
+    "accuracy": "bench.accuracy",
+    "threads": "bench.threads_check",
+    "soak": "bench.soak",
+    "english-only": "bench.english_only",
+    "packing": "bench.packing",
+    "http": "bench.http_vs_queue",
+    "single": "bench.single",
+}
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
-    if argv[:1] == ["memory"]:
-        from bench.memory import main as memory_main
+    if argv[:1] and argv[0] in SUBCOMMANDS:
+        import importlib
 
-        return int(memory_main(argv[1:]) or 0)
-    if argv[:1] == ["realtime"]:
-        from bench.realtime import main as realtime_main
-
-        return int(realtime_main(argv[1:]) or 0)
-    if argv[:1] == ["http-soak"]:
-        from bench.http_soak import main as http_soak_main
-
-        return int(http_soak_main(argv[1:]) or 0)
-    if argv[:1] == ["code-switch"]:
-        from bench.code_switch import main as code_switch_main
-
-        return int(code_switch_main(argv[1:]) or 0)
-    if argv[:1] == ["diarization"]:
-        from bench.diarization import main as diarization_main
-
-        return int(diarization_main(argv[1:]) or 0)
-    if argv[:1] == ["alloc"]:
-        from bench.alloc import main as alloc_main
-
-        return int(alloc_main(argv[1:]) or 0)
-    if argv[:1] == ["throughput"]:
-        from bench.throughput import main as throughput_main
-
-        return int(throughput_main(argv[1:]) or 0)
-    if argv[:1] == ["accuracy"]:
-        from bench.accuracy import main as accuracy_main
-
-        return int(accuracy_main(argv[1:]) or 0)
-    if argv[:1] == ["threads"]:
-        from bench.threads_check import main as threads_main
-
-        return int(threads_main(argv[1:]) or 0)
-    if argv[:1] == ["soak"]:
-        from bench.soak import main as soak_main
-
-        return int(soak_main(argv[1:]) or 0)
-    if argv[:1] == ["english-only"]:
-        from bench.english_only import main as english_only_main
-
-        return int(english_only_main(argv[1:]) or 0)
-    if argv[:1] == ["packing"]:
-        from bench.packing import main as packing_main
-
-        return int(packing_main(argv[1:]) or 0)
-    if argv[:1] == ["http"]:
-        from bench.http_vs_queue import main as http_main
-
-        return int(http_main(argv[1:]) or 0)
-    if argv[:1] == ["single"]:
-        from bench.single import main as single_main
-
-        return int(single_main(argv[1:]) or 0)
+        module = importlib.import_module(SUBCOMMANDS[argv[0]])
+        return int(module.main(argv[1:]) or 0)
     args = build_parser().parse_args(argv)
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
     commands = {"local": cmd_local, "remote": cmd_remote, "report": cmd_report}

@@ -9,6 +9,7 @@ whole job naming it; cancelling the job cancels its pieces.
 
 from __future__ import annotations
 
+import json
 import sys
 import threading
 import time
@@ -152,3 +153,22 @@ def test_cancelling_a_split_job_cancels_its_pieces(endpoint) -> None:
         "every piece to end",
     )
     assert any(c.status == "CANCELLED" for c in _children(em, parent))
+
+
+@pytest.mark.e2e
+def test_the_client_splits_from_the_command_line(endpoint, tmp_path, monkeypatch, capsys) -> None:
+    """`python -m whisper_client FILE --split 2`: the caller's way in (issue 33)."""
+    from speech_assets.clips import wav_bytes
+    from whisper_client.client import main
+
+    em = endpoint
+    path = tmp_path / "long.wav"
+    clip = long_clip(50)
+    path.write_bytes(wav_bytes(clip.samples))
+    monkeypatch.setenv("RUNPOD_API_KEY", em.api_key)
+    args = [str(path), "--endpoint", em.config.endpoint_id, "--base-url", em.base_url,
+            "--split", "2", "--output", "json"]  # fmt: skip
+    assert main(args) == 0
+    result = json.loads(capsys.readouterr().out)
+    assert [p["piece"] for p in result["pieces"]] == [1, 2]
+    assert wer(clip.text, result["text"]) <= 0.15

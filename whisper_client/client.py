@@ -411,11 +411,16 @@ class Client:
         on_progress: ProgressFn | None = None,
         on_partial: PartialFn | None = None,
         on_status: StatusFn | None = None,
+        split: int | str | None = None,
         **options: Any,
     ) -> dict[str, Any]:
         """Transcribe a local file or a URL; returns the worker's result dict.
 
-        `options` are job input fields (language, model, beam_size, ...). `stream=True`
+        `split` (2-32 or "auto": a piece per 4 min) has the worker fan the recording out
+        as that many jobs of the same endpoint, run by as many workers as the platform
+        brings, and stitch one result (the endpoint needs RUNPOD_API_KEY in its
+        environment; docs/platform.md). `options` are job input fields (language, model,
+        beam_size, ...). `stream=True`
         reads partial segments into `on_partial` (needs a worker deployed with
         WHISPER_STREAM=true; uses /run even when `sync`). `sync=True` uses /runsync and
         falls back to polling when its wait runs out. On Ctrl-C or `timeout` the job is
@@ -424,6 +429,8 @@ class Client:
         sync = sync and not stream
         if output is not None:
             options["output"] = list(output)
+        if split is not None:
+            options["split"] = split
         limit = RUNSYNC_LIMIT_BYTES if sync else RUN_LIMIT_BYTES
         job_input = audio_input(audio, options, limit=limit, sync=sync)
         deadline = None if timeout is None else time.monotonic() + timeout
@@ -687,6 +694,12 @@ def build_parser() -> argparse.ArgumentParser:
         action="store_true",
         help="print partial text as segments arrive (worker deployed with WHISPER_STREAM=true)",
     )
+    p.add_argument(
+        "--split",
+        type=_split_arg,
+        help="fan a long recording out as N jobs (2-32) or 'auto' (a piece per 4 min) on "
+        "the endpoint's workers; one stitched result",
+    )
     p.add_argument("--language")
     p.add_argument("--model")
     p.add_argument("--task", choices=["transcribe", "translate"])
@@ -702,9 +715,21 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
+def _split_arg(value: str) -> int | str:
+    if value == "auto":
+        return value
+    try:
+        n = int(value)
+    except ValueError:
+        raise argparse.ArgumentTypeError("a number of pieces (2-32) or auto") from None
+    if not 1 <= n <= 32:
+        raise argparse.ArgumentTypeError("a number of pieces (2-32) or auto")
+    return n
+
+
 def _options(args: argparse.Namespace) -> dict[str, Any]:
     options: dict[str, Any] = {}
-    for name in ("language", "model", "task"):
+    for name in ("language", "model", "task", "split"):
         if getattr(args, name) is not None:
             options[name] = getattr(args, name)
     for item in args.option:
