@@ -110,12 +110,13 @@ def test_sequential_transcript_equals_faster_whisper(speech) -> None:
 
     before = audio.copy()
     want, _ = model.transcribe(audio, **opts)
-    got, _ = _transcribe_sequential(model, audio, opts)
+    got, _, spans = _transcribe_sequential(model, audio, opts)
+    assert spans  # the VAD spans it used: the dropped-speech check reads them
     want, got = shape(want), shape(got)
     assert want and got == want
     assert np.array_equal(audio, before)  # not consumed unless asked
     # Consumed: the speech is gathered inside the caller's buffer, the same transcript.
     mine = audio.copy()
-    consumed, _ = _transcribe_sequential(model, mine, opts, consume=True)
+    consumed, _, _ = _transcribe_sequential(model, mine, opts, consume=True)
     assert shape(consumed) == want
     assert not np.array_equal(mine, before)  # it really was used as the gathering buffer
