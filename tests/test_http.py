@@ -536,10 +536,20 @@ def test_queue_job_in_runpod_openai_passthrough_shape(worker) -> None:  # type: 
 
 
 @pytest.mark.model
-def test_translate_through_http_on_a_multilingual_model(base_model_dir) -> None:
+def test_a_multilingual_model_over_http_translates_and_switches_language(base_model_dir) -> None:
+    """Translation; and issue 31 in HTTP mode: `language=multi`, verbose_json's segments say
+    their language, the English parts stay English beside the Spanish one (one server)."""
     srv = Server({"WHISPER_MODEL": str(base_model_dir), "WHISPER_WARMUP": "false"})
     try:
-        from tests.test_multilingual import CLIPS
+        from tests.test_multilingual import CLIPS, code_switched
+
+        mixed = srv.client().audio.transcriptions.create(
+            model="whisper-1", file=("mixed.wav", code_switched()), language="multi",
+            response_format="verbose_json",
+        )  # fmt: skip
+        langs = [seg["language"] for seg in mixed.model_dump()["segments"]]
+        assert langs[0] == "en" and "es" in langs, langs
+        assert "madrid" in mixed.text.lower() and "americans" in mixed.text.lower()
 
         with open(DATA / CLIPS["de"][0], "rb") as f:
             res = srv.client().audio.translations.create(model="whisper-1", file=f)
@@ -550,26 +560,6 @@ def test_translate_through_http_on_a_multilingual_model(base_model_dir) -> None:
                 model="whisper-1", file=f, response_format="verbose_json"
             )
         assert verbose.model_dump().get("language") == "english"
-    finally:
-        srv.stop()
-
-
-@pytest.mark.model
-def test_language_multi_through_the_openai_sdk(base_model_dir) -> None:
-    """Issue 31 in HTTP mode: `language=multi` and verbose_json's segments say their
-    language; the English parts stay English beside the Spanish one."""
-    from tests.test_multilingual import code_switched
-
-    srv = Server({"WHISPER_MODEL": str(base_model_dir), "WHISPER_WARMUP": "false"})
-    try:
-        verbose = srv.client().audio.transcriptions.create(
-            model="whisper-1", file=("mixed.wav", code_switched()), language="multi",
-            response_format="verbose_json",
-        )  # fmt: skip
-        segments = verbose.model_dump()["segments"]
-        langs = [s["language"] for s in segments]
-        assert langs[0] == "en" and "es" in langs, langs
-        assert "madrid" in verbose.text.lower() and "americans" in verbose.text.lower()
     finally:
         srv.stop()
 
