@@ -100,15 +100,30 @@ class _Linked(threading.Event):
         return super().is_set() or (self.parent is not None and self.parent.is_set())
 
 
+def first(
+    job: JobInput, worker: Runtime, call: Call, samples: np.ndarray, budget_s: float | None
+) -> None:
+    """Diarize before the transcription (``"language": "multi"`` cuts its parts at the
+    speaker turns): ``call.diarization`` is set, and :func:`beside` then runs nothing."""
+    with beside(job, worker, call, samples, budget_s, after=True):
+        pass
+
+
 @contextlib.contextmanager
 def beside(
-    job: JobInput, worker: Runtime, call: Call, samples: np.ndarray, budget_s: float | None
+    job: JobInput,
+    worker: Runtime,
+    call: Call,
+    samples: np.ndarray,
+    budget_s: float | None,
+    *,
+    after: bool = False,
 ) -> Iterator[None]:
     """Diarize ``samples`` and store the result in ``call.diarization``: in a thread while
-    the body (the transcription) runs, or after it (:func:`beside_transcription`). A
-    failed transcription stops it (or never starts it); its own failure (cancel, compute
-    budget) fails the job."""
-    if not job.diarize or worker.diarizer is None:
+    the body (the transcription) runs, or after it (:func:`beside_transcription`, or
+    ``after``). A failed transcription stops it (or never starts it); its own failure
+    (cancel, compute budget) fails the job. Already diarized (:func:`first`): nothing."""
+    if not job.diarize or worker.diarizer is None or call.diarization is not None:
         yield
         return
     from handler.inference.speaker_clusters import SpeakerCount
@@ -121,7 +136,7 @@ def beside(
                   "diarization used the job's compute budget")  # fmt: skip
     box: dict[str, Any] = {}
     diarizer = worker.diarizer
-    if not beside_transcription(worker):
+    if after or not beside_transcription(worker):
         yield
         t = time.perf_counter()
         call.diarization = diarizer.run(samples, count, guard, call.references)

@@ -299,12 +299,19 @@ def _transcribe(
         "languages": languages,
         "budget_s": _compute_budget(settings, duration),
     }
+    multi = kwargs.get("language") == code_switch.MULTI
+    if multi and job.diarize:
+        # A part per speaker turn too: the turns first, then the parts cut at them (beside()
+        # below then has nothing left to do).
+        diarization.first(job, worker, call, audio.samples, options["budget_s"])
+        assert call.diarization is not None
+        options["breaks"] = sorted({t.start for t in call.diarization.turns}
+                                   | {t.end for t in call.diarization.turns})  # fmt: skip
     t = time.perf_counter()
     with worker.memory_budget().reserve(job_bytes(duration), call.cancel,
                                         what=f"{duration:.0f} s of audio"), \
             diarization.beside(job, worker, call, audio.samples, options["budget_s"]):  # fmt: skip
         memory_wait = time.perf_counter() - t
-        multi = kwargs.get("language") == code_switch.MULTI
         if batch_size > 1 and blocker is None:
             # the engine shares instances: no exclusive wait
             call.timings["queue_model"] = memory_wait

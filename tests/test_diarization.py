@@ -678,3 +678,36 @@ def test_queue_job_with_diarize_through_the_runpod_sdk_loop(tmp_path, model_dir,
         assert attribution(sample[1], rttm_turns(out["rttm"])) >= 0.85
     finally:
         em.stop()
+
+
+def test_language_multi_cuts_parts_at_speaker_turns(model_dir, base_model_dir) -> None:
+    """Issue 31: with diarize, a part per speaker turn. JFK's "And so my fellow Americans,
+    ask not", then eSpeak's Spanish voice 50 ms after him (no pause the VAD cuts at): by
+    the pauses alone "ask not" fell into the Spanish part (" Es, no, buenos días"); cut at
+    the speaker turn, it stays in JFK's English part and each part has its speaker."""
+    from faster_whisper import decode_audio
+
+    from handler.startup import start_worker
+
+    jfk = read_wav(DATA / "jfk.wav")[: int(4.2 * RATE)]
+    es = decode_audio(str(DATA / "es_espeak.flac"))
+    audio = np.concatenate([jfk, np.zeros(int(0.05 * RATE), np.float32), es])
+    settings = make_settings(device="cpu", model=str(base_model_dir), diarization="true",
+                             diarization_model=model_dir)  # fmt: skip
+    worker = start_worker(settings)
+    data = base64.b64encode(wav_bytes(audio)).decode()
+    paused = run_job({"audio_base64": data, "language": "multi"}, worker)
+    english = " ".join(s["text"] for s in paused["segments"] if s["language"] == "en").lower()
+    assert "americans" in english and "ask" not in english  # the failure: "ask not" lost
+    job = {"audio_base64": data, "diarize": True, "num_speakers": 2, "language": "multi",
+           "output": ["segments", "diarized_json"]}  # fmt: skip
+    result = run_job(job, worker)
+    assert "error" not in result, result
+    segs = result["segments"]
+    english = " ".join(s["text"] for s in segs if s["language"] == "en").lower()
+    assert "americans" in english and "ask" in english, segs
+    assert {s["language"] for s in segs} == {"en", "es"}
+    assert {s["speaker"] for s in segs if s["language"] == "en"}.isdisjoint(
+        {s["speaker"] for s in segs if s["language"] == "es"}
+    )
+    assert {s["language"] for s in result["diarized_json"]["segments"]} == {"en", "es"}

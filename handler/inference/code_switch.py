@@ -37,6 +37,8 @@ SURE_S = 2.0
 """A region shorter than this, detected with probability under SURE_PROBABILITY, takes the
 language of its longer neighbour: a second of speech is too little to tell a language."""
 SURE_PROBABILITY = 0.5
+MIN_SPLIT_S = 0.3
+"""A speaker turn's edge cuts a region only if both sides keep this much."""
 BATCH = 8
 """Regions encoded at once for detection."""
 EDGE_S = 0.2
@@ -72,6 +74,21 @@ def regions(audio: np.ndarray, kwargs: dict[str, Any]) -> list[Region]:
         kwargs, min_silence_duration_ms=PAUSE_MS, max_speech_duration_s=MAX_REGION_S
     )
     return [Region(s["start"], s["end"]) for s in get_speech_timestamps(audio, options)]
+
+
+def split_at(found: list[Region], breaks: list[float]) -> list[Region]:
+    """Regions cut at each break that leaves MIN_SPLIT_S of speech on both sides."""
+    edge = int(MIN_SPLIT_S * SAMPLE_RATE)
+    cuts = sorted(int(b * SAMPLE_RATE) for b in breaks)
+    out: list[Region] = []
+    for r in found:
+        start = r.start
+        for c in cuts:
+            if start + edge <= c <= r.end - edge:
+                out.append(Region(start, c))
+                start = c
+        out.append(Region(start, r.end))
+    return out
 
 
 def detect(
@@ -140,11 +157,16 @@ def parts(found: list[Region], total: int) -> list[Part]:
 
 
 def plan_parts(
-    instance: Any, audio: np.ndarray, kwargs: dict[str, Any], allowed: list[str] | None
+    instance: Any,
+    audio: np.ndarray,
+    kwargs: dict[str, Any],
+    allowed: list[str] | None,
+    breaks: list[float] | None = None,
 ) -> tuple[list[Part], list[Region]]:
     """The recording's parts, each with its language, and the speech regions they hold
-    (none: no speech)."""
-    found = regions(audio, kwargs)
+    (none: no speech). ``breaks`` (seconds: a diarized job's speaker turns) cut regions
+    too, so two voices that answer each other without a pause are two regions."""
+    found = split_at(regions(audio, kwargs), breaks or [])
     if not found:
         return [], []
     detect(instance, audio, found, allowed)

@@ -207,6 +207,7 @@ def run_by_parts(
     cancel: threading.Event | None = None,
     on_segment: SegmentCallback | None = None,
     languages: list[str] | None = None,
+    breaks: list[float] | None = None,
     **rest: Any,
 ) -> Transcript:
     """``"language": "multi"``: the recording cut into parts of one language each
@@ -215,7 +216,7 @@ def run_by_parts(
     numbered across parts, each with its ``language``; the result's language is the one
     with the most speech."""
     start = time.perf_counter()
-    plan, found = code_switch.plan_parts(instance, audio, kwargs, languages)
+    plan, found = code_switch.plan_parts(instance, audio, kwargs, languages, breaks)
     segments: list[Segment] = []
     batch_wait, batch_sizes = 0.0, []
     for part in plan:
