@@ -8,7 +8,8 @@ before the runs), the recording built from the real clips of speech_assets with 
 ``split`` set to the number of pieces (1: not split), and reports: seconds from submit to
 the whole result; the seconds the pieces' jobs ran, summed (what a GPU per piece bills for
 the work), and the parent's; WER of the stitched transcript against the unsplit one, and
-the words inserted and deleted against it (lost or doubled at the seams).
+the words inserted and deleted against it (lost or doubled at the seams), both normalised
+as the accuracy bench normalises English.
 """
 
 from __future__ import annotations
@@ -30,6 +31,8 @@ ROOT = Path(__file__).resolve().parent.parent
 
 def run(minutes: float, workers: int, pieces: list[int], model: str) -> dict[str, Any]:
     import jiwer
+
+    from bench.accuracy import normalise
 
     clip = long_clip(minutes * 60)
     audio = base64.b64encode(wav_bytes(clip.samples)).decode()
@@ -63,10 +66,11 @@ def run(minutes: float, workers: int, pieces: list[int], model: str) -> dict[str
                 own = (record.finished_at or 0) - (record.taken_at or 0)
                 kids = [em.state.jobs[p["job_id"]] for p in out.get("pieces") or []]
                 piece_s = sum((k.finished_at or 0) - (k.taken_at or 0) for k in kids)
+            text = normalise(out["text"], "en")
             if n == 1:
-                unsplit = out["text"]
-            m = jiwer.process_words(unsplit, out["text"])
-            reference = round(jiwer.wer(clip.text, out["text"]), 4)
+                unsplit = text
+            m = jiwer.process_words(unsplit, text)
+            reference = round(jiwer.wer(normalise(clip.text, "en"), text), 4)
             rows.append({"pieces": n, "wall_s": round(wall, 1), "parent_s": round(own, 1),
                          "pieces_s": round(piece_s, 1), "wer_vs_unsplit": round(m.wer, 4),
                          "inserted": m.insertions, "deleted": m.deletions,
