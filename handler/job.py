@@ -31,7 +31,7 @@ from handler.inference import allocator, checks, code_switch, language, pieces, 
 from handler.inference.engine import Engine
 from handler.inference.memory import MIB, MemoryBudget, auto_budget_bytes, job_bytes
 from handler.inference.models import LoadedModel, ModelPool
-from handler.output import coverage, formats, speakers
+from handler.output import coverage, formats, speakers, stitch
 from handler.output.cues import Layout
 from handler.output.offload import deliver
 from handler.schema import MAX_PIECES, JobInput, parse_job_input
@@ -301,12 +301,7 @@ def _transcribe(
     }
     multi = kwargs.get("language") == code_switch.MULTI
     if multi and job.diarize:
-        # A part per speaker turn too: the turns first, then the parts cut at them (beside()
-        # below then has nothing left to do).
-        diarization.first(job, worker, call, audio.samples, options["budget_s"])
-        assert call.diarization is not None
-        options["breaks"] = sorted({t.start for t in call.diarization.turns}
-                                   | {t.end for t in call.diarization.turns})  # fmt: skip
+        options["breaks"] = _speaker_breaks(job, worker, call, audio, options["budget_s"])
     t = time.perf_counter()
     with worker.memory_budget().reserve(job_bytes(duration), call.cancel,
                                         what=f"{duration:.0f} s of audio"), \
@@ -315,15 +310,7 @@ def _transcribe(
         if batch_size > 1 and blocker is None:
             # the engine shares instances: no exclusive wait
             call.timings["queue_model"] = memory_wait
-            if multi:
-                instance, _ = worker.engine.scheduler_for(model.instances)
-                tr = transcribe.run_by_parts(
-                    instance, audio.samples, kwargs,
-                    functools.partial(transcribe.run_engine, worker.engine, model),
-                    batch_size=batch_size, **options)  # fmt: skip
-            else:
-                tr = transcribe.run_engine(worker.engine, model, audio.samples, kwargs,
-                                           batch_size=batch_size, **options)  # fmt: skip
+            tr = _through_engine(worker, model, audio.samples, kwargs, batch_size, options)
             call.timings["batch_wait"] = tr.batch_wait or 0.0
         else:
             with worker.pool.acquire(model, call.cancel) as (instance, waited):
@@ -379,6 +366,8 @@ def _split(
         inputs.append({**child, "audio_base64": data})
     call.timings["split"] = time.perf_counter() - t
     results = worker.fan_out(inputs, call.cancel)
+    if job.diarize:
+        _one_set_of_speakers(job, [r["output"] for r in results])
     sink = _segment_sink(call, audio.duration, worker.settings.progress_interval_s)
     segments: list[Segment] = []
     spoken: dict[str, float] = {}
@@ -399,10 +388,45 @@ def _split(
                             "tries": res["tries"],
                             "seconds": (out.get("timings") or {}).get("total")})  # fmt: skip
     main = max(spoken, key=lambda k: spoken[k]) if spoken else ""
+    if job.diarize:
+        call.diarization = _turns_of(segments)
     call.timings["queue_model"] = 0.0
     call.timings["transcribe"] = time.perf_counter() - t - call.timings["split"]
     return transcribe.Transcript(segments, main, probability.get(main, 0.0),
                                  time.perf_counter() - t)  # fmt: skip
+
+
+def _one_set_of_speakers(job: JobInput, outputs: list[dict[str, Any]]) -> None:
+    """The pieces' speaker labels, in place, made the whole recording's (output/stitch)."""
+    voices = []
+    for out in outputs:
+        seconds = {s["speaker"]: float(s["seconds"]) for s in out.get("speakers") or []}
+        embeddings = out.get("speaker_embeddings") or {}
+        voices.append([stitch.Voice(label, emb, seconds.get(label, 0.0))
+                       for label, emb in embeddings.items()])  # fmt: skip
+    named = {k.name for k in job.known_speakers or []}
+    maps = stitch.unify(voices, named, job.num_speakers or job.max_speakers)
+    for out, mapping in zip(outputs, maps, strict=True):
+        for seg in out.get("segments") or []:
+            if seg.get("speaker") in mapping:
+                seg["speaker"] = mapping[seg["speaker"]]
+            for word in seg.get("words") or []:
+                if word.get("speaker") in mapping:
+                    word["speaker"] = mapping[word["speaker"]]
+
+
+def _turns_of(segments: list[Segment]) -> Diarization:
+    """A stitched recording's speaker turns: its labelled segments, runs of one speaker."""
+    from handler.inference.diarize import Diarization, Turn
+
+    turns: list[Turn] = []
+    for seg in segments:
+        who = seg.get("speaker") or ""
+        if turns and turns[-1].speaker == who:
+            turns[-1] = Turn(turns[-1].start, float(seg["end"]), who)
+        else:
+            turns.append(Turn(float(seg["start"]), float(seg["end"]), who))
+    return Diarization(turns, list(dict.fromkeys(t.speaker for t in turns)))
 
 
 def _piece_input(job: JobInput, kwargs: dict[str, Any]) -> dict[str, Any]:
@@ -416,6 +440,13 @@ def _piece_input(job: JobInput, kwargs: dict[str, Any]) -> dict[str, Any]:
         child["output"].append("words")
     if job.batch_size:
         child["batch_size"] = job.batch_size
+    if job.diarize:
+        # A piece may hold fewer voices than the whole: the count bounds it, and the whole
+        # is brought to the count after the pieces' speakers are matched (output/stitch).
+        child["speaker_embeddings"] = True
+        child.pop("min_speakers", None)
+        if child.pop("num_speakers", None) is not None:
+            child["max_speakers"] = job.num_speakers
     return child
 
 
@@ -432,7 +463,38 @@ def _piece_segment(seg: dict[str, Any], offset: float, number: int) -> Segment:
     )  # fmt: skip
     if "language" in seg:
         item["language"] = seg["language"]
+    if "speaker" in seg:
+        item["speaker"] = seg["speaker"]
     return item  # type: ignore[return-value]
+
+
+def _through_engine(
+    worker: Runtime,
+    model: LoadedModel,
+    samples: np.ndarray,
+    kwargs: dict[str, Any],
+    batch_size: int,
+    options: dict[str, Any],
+) -> transcribe.Transcript:
+    """The engine's path: the whole job, or with ``"language": "multi"`` part by part."""
+    if kwargs.get("language") != code_switch.MULTI:
+        return transcribe.run_engine(worker.engine, model, samples, kwargs,
+                                     batch_size=batch_size, **options)  # fmt: skip
+    instance, _ = worker.engine.scheduler_for(model.instances)
+    part = functools.partial(transcribe.run_engine, worker.engine, model)
+    return transcribe.run_by_parts(instance, samples, kwargs, part, batch_size=batch_size,
+                                   **options)  # fmt: skip
+
+
+def _speaker_breaks(
+    job: JobInput, worker: Runtime, call: Call, audio: DecodedAudio, budget_s: float | None
+) -> list[float]:
+    """``"language": "multi"`` with diarize: a part per speaker turn too, so the turns come
+    first and the parts are cut at them (diarization.beside then has nothing left to do)."""
+    diarization.first(job, worker, call, audio.samples, budget_s)
+    assert call.diarization is not None
+    turns = call.diarization.turns
+    return sorted({t.start for t in turns} | {t.end for t in turns})
 
 
 def _compute_budget(settings: Settings, duration: float) -> float | None:
@@ -535,6 +597,8 @@ def _shape(
     }
     if job.diarize:
         out["speakers"] = speakers.summary(turns)
+        if job.speaker_embeddings and call.diarization is not None:
+            out["speaker_embeddings"] = call.diarization.centroids
     if call.pieces is not None:
         out["pieces"] = call.pieces
     if warnings:

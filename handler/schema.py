@@ -156,6 +156,9 @@ class JobInput(BaseModel):
     known_speakers: list[KnownSpeaker] | None = Field(None, min_length=1,
                                                       max_length=MAX_KNOWN_SPEAKERS)  # fmt: skip
     """Names for speakers, each with a 2-10-s reference clip of the voice."""
+    speaker_embeddings: bool | None = None
+    """Return each speaker's voice embedding (192 numbers, unit length) under
+    ``speaker_embeddings``: to match speakers across recordings (``split`` uses it)."""
 
     # --- faster-whisper options (names as in WhisperModel.transcribe) ---------------------
     language: str | None = Field(None, min_length=2, max_length=8, pattern=r"^[a-zA-Z_-]+$")
@@ -303,10 +306,8 @@ class JobInput(BaseModel):
         names = [k.name for k in self.known_speakers or []]
         if len(set(names)) != len(names):
             raise ValueError("known_speakers names must differ")
-        if self.split not in (None, 1) and self.diarize:
-            # Each piece would number its own speakers: matching them across pieces is
-            # not built yet (issue 33).
-            raise ValueError("split with diarize is not supported yet")
+        if self.speaker_embeddings and not self.diarize:
+            raise ValueError("speaker_embeddings need diarize: true")
 
     @property
     def legacy(self) -> bool:
@@ -401,6 +402,7 @@ DECODING_OPTIONS: frozenset[str] = frozenset(
         "min_speakers",
         "max_speakers",
         "known_speakers",
+        "speaker_embeddings",
         "split",
     }
 )

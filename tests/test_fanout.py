@@ -9,6 +9,7 @@ whole job naming it; cancelling the job cancels its pieces.
 
 from __future__ import annotations
 
+import base64
 import json
 import sys
 import threading
@@ -52,9 +53,9 @@ def test_split_on_a_worker_that_cannot_is_refused_before_the_audio(worker) -> No
     result = run_job({"audio_url": "https://example.com/a.mp3", "split": 4}, worker)
     assert result["error_code"] == Code.SPLIT_UNAVAILABLE and not result["retryable"]
     assert "RUNPOD_API_KEY" in result["error"]
-    both = run_job({"audio_url": "https://example.com/a.mp3", "split": 2, "diarize": True},
-                   worker)  # fmt: skip
-    assert both["error_code"] == Code.INVALID_INPUT
+    bad = run_job({"audio_url": "https://example.com/a.mp3", "speaker_embeddings": True},
+                  worker)  # fmt: skip
+    assert bad["error_code"] == Code.INVALID_INPUT and "diarize" in bad["error"]
 
 
 @pytest.fixture(scope="module")
@@ -62,8 +63,12 @@ def endpoint(tmp_path_factory) -> Any:
     logs = tmp_path_factory.mktemp("fanout")
     em = Emulator(ping_interval_ms=1000, stop_grace_s=30.0, log_dir=str(logs)).start()
     try:
+        from speech_assets.diarization import diarizer_dir
+
         env = {"WHISPER_DEVICE": "cpu", "HF_HUB_OFFLINE": "1", "RUNPOD_API_KEY": em.api_key,
-               "WHISPER_MAX_CONCURRENCY": "3", "TMPDIR": str(logs)}  # fmt: skip
+               "WHISPER_MAX_CONCURRENCY": "3", "TMPDIR": str(logs),
+               "WHISPER_DIARIZATION": "true",
+               "WHISPER_DIARIZATION_MODEL": str(diarizer_dir())}  # fmt: skip
         wids = [em.start_worker(env, command=[sys.executable, "-m", "handler"], cwd=str(ROOT))
                 for _ in range(2)]  # fmt: skip
         for wid in wids:
@@ -172,3 +177,43 @@ def test_the_client_splits_from_the_command_line(endpoint, tmp_path, monkeypatch
     result = json.loads(capsys.readouterr().out)
     assert [p["piece"] for p in result["pieces"]] == [1, 2]
     assert wer(clip.text, result["text"]) <= 0.15
+
+
+@pytest.mark.e2e
+def test_speakers_are_one_set_across_the_pieces(endpoint) -> None:
+    """With diarize each piece names its speakers in its own order; the whole matches them
+    by their voice embeddings, so "A" is one person throughout (issue 33). Three real
+    voices take turns twice over, cut into two pieces."""
+    from faster_whisper import decode_audio
+
+    from speech_assets.clips import DATA, read_wav, wav_bytes
+    from speech_assets.diarization import attribution, join_turns, pyannote_sample
+
+    rate = 16000
+    phone = decode_audio(str(pyannote_sample()[0]))
+    libri = [read_wav(p) for p in sorted((DATA / "librivox").glob("*.wav"))]
+    jfk = read_wav(DATA / "jfk.wav")
+    calls = [
+        phone[int(10.6 * rate) : int(14.45 * rate)],
+        phone[int(18.1 * rate) : int(21.4 * rate)],
+    ]
+    # The second half starts with another voice: its piece's own "A" is the caller.
+    order = [("jfk", jfk[: 5 * rate]), ("reader", libri[0]), ("phone", calls[0]),
+             ("jfk", jfk[5 * rate :]), ("reader", libri[1]),
+             ("phone", calls[1]), ("reader", libri[2]), ("jfk", jfk[: 5 * rate]),
+             ("phone", calls[0]), ("reader", libri[3])]  # fmt: skip
+    audio, ref = join_turns(order, gap_s=1.2)
+    em = endpoint
+    job = {"audio_base64": base64.b64encode(wav_bytes(audio)).decode(), "diarize": True,
+           "split": 2, "output": ["segments", "rttm", "diarized_json"]}  # fmt: skip
+    status = em.wait_job(em.submit(job), JOB_S)
+    assert status["status"] == "COMPLETED", status
+    out = status["output"]
+    assert len(out["pieces"]) == 2
+    assert {s["speaker"] for s in out["speakers"]} == {"A", "B", "C"}, out["speakers"]
+    hyp = [(s["start"], s["end"], s["speaker"]) for s in out["segments"]]
+    assert attribution(ref, hyp) >= 0.9
+    first = {p["piece"]: p for p in out["pieces"]}[2]["start"]
+    late = [s for s in out["segments"] if s["start"] >= first]
+    assert late and late[0]["speaker"] != "A"  # the caller, named as in the first piece
+    assert out["rttm"].count("SPEAKER") >= 6

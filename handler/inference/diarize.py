@@ -74,6 +74,9 @@ class Diarization:
     timings: dict[str, float] = field(default_factory=dict)
     snr_db: float | None = None
     """Speech over the recording's noise floor (speech_to_floor_db)."""
+    centroids: dict[str, list[float]] = field(default_factory=dict)
+    """Each speaker's voice: the unit mean of its windows' embeddings (``split`` matches
+    the speakers of its pieces by them; ``speaker_embeddings`` returns them)."""
 
 
 class Diarizer:
@@ -142,7 +145,10 @@ class Diarizer:
         t4 = time.perf_counter()
         speakers = list(dict.fromkeys(t.speaker for t in turns))
         timings = {"vad": t1 - t0, "embed": t2 - t1, "cluster": t3 - t2, "relabel": t4 - t3}
-        return Diarization(turns, speakers, t4 - t0, timings, round(snr, 1))
+        centres = speaker_clusters.centroids(speaker_clusters.unit(emb.astype(np.float64)), labels)
+        voices = {names[i]: [round(float(v), 5) for v in c] for i, c in enumerate(centres)}
+        return Diarization(turns, speakers, t4 - t0, timings, round(snr, 1),
+                           {s: voices[s] for s in speakers if s in voices})  # fmt: skip
 
     def _relabel(
         self,
