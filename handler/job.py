@@ -33,7 +33,7 @@ from handler.inference.memory import MIB, MemoryBudget, auto_budget_bytes, job_b
 from handler.inference.models import LoadedModel, ModelPool
 from handler.output import coverage, formats, speakers, stitch
 from handler.output.cues import Layout
-from handler.output.offload import deliver
+from handler.output.offload import PieceStore, deliver
 from handler.schema import MAX_PIECES, JobInput, parse_job_input
 from handler.settings import Settings
 
@@ -151,12 +151,14 @@ class Call:
     """A split job's pieces: where each is, its job, its tries and seconds."""
 
 
-FanOut = Callable[[list[dict[str, Any]], threading.Event | None], list[dict[str, Any]]]
-"""Each piece's job input run on the platform; their outputs, job ids and tries, in order."""
+FanOut = Callable[
+    [list[dict[str, Any]], threading.Event | None, Callable[[int], dict[str, Any]] | None],
+    list[dict[str, Any]],
+]
+"""Each piece's job input run on the platform (or, given a way to, piece i on this worker
+when no other takes it); their outputs, job ids and tries, in order."""
 AUTO_PIECE_S = 240.0
 """``split: "auto"``: one piece per this much audio (4 min: a piece travels inline, FLAC)."""
-MAX_PIECE_BASE64 = 9_000_000
-"""A piece's base64 above this would not fit RunPod's 10-MB /run request."""
 
 
 def run_job(
@@ -354,18 +356,22 @@ def _split(
     cuts = pieces.cut_points(samples, n, kwargs)
     bounds = list(zip([0, *cuts], [*cuts, len(samples)], strict=True))
     child = _piece_input(job, kwargs)
-    inputs = []
-    for i, (a, b) in enumerate(bounds):
-        data = base64.b64encode(to_flac(samples[a:b])).decode()
-        if len(data) > MAX_PIECE_BASE64:
-            raise WorkerError(
-                Code.INPUT_TOO_LARGE,
-                f"piece {i + 1} of {len(bounds)} is {len(data) / 1e6:.1f} MB as base64, over "
-                "what the platform takes in one request: split into more pieces",
-            )
-        inputs.append({**child, "audio_base64": data})
-    call.timings["split"] = time.perf_counter() - t
-    results = worker.fan_out(inputs, call.cancel)
+
+    def run_here(i: int) -> dict[str, Any]:
+        a, b = bounds[i]
+        return run_job(child, worker, job_id=f"{call.job_id}/{i + 1}", cancel=call.cancel,
+                       samples=samples[a:b])  # fmt: skip
+
+    with PieceStore(worker.settings) as store:
+        inputs = []
+        for i, (a, b) in enumerate(bounds):
+            flac = to_flac(samples[a:b])
+            if len(flac) * 4 / 3 <= worker.settings.piece_inline_bytes:
+                inputs.append({**child, "audio_base64": base64.b64encode(flac).decode()})
+            else:
+                inputs.append({**child, "audio_url": store.put(i, flac, len(bounds))})
+        call.timings["split"] = time.perf_counter() - t
+        results = worker.fan_out(inputs, call.cancel, run_here)
     if job.diarize:
         _one_set_of_speakers(job, [r["output"] for r in results])
     sink = _segment_sink(call, audio.duration, worker.settings.progress_interval_s)
@@ -384,8 +390,9 @@ def _split(
         probability.setdefault(lang, float(out.get("language_probability") or 0.0))
         call.warnings += [f"piece {i + 1}: {w}" for w in out.get("warnings") or []]
         call.pieces.append({"piece": i + 1, "start": round(a / SAMPLE_RATE, 3),
-                            "end": round(b / SAMPLE_RATE, 3), "job_id": res["job_id"],
-                            "tries": res["tries"],
+                            "end": round(b / SAMPLE_RATE, 3),
+                            "job_id": None if res.get("here") else res["job_id"],
+                            "ran_here": bool(res.get("here")), "tries": res["tries"],
                             "seconds": (out.get("timings") or {}).get("total")})  # fmt: skip
     main = max(spoken, key=lambda k: spoken[k]) if spoken else ""
     if job.diarize:

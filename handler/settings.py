@@ -11,7 +11,15 @@ import os
 from collections.abc import Mapping, MutableMapping
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field, SecretStr, ValidationError, field_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    SecretStr,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
 
 PREFIX = "WHISPER_"
 
@@ -151,6 +159,17 @@ class Settings(BaseModel):
     """Lifetime of the presigned URL of an uploaded result (seconds)."""
     max_result_bytes: int = Field(9_000_000, ge=1)
     """Largest result returned inline (bytes of JSON); the platform refuses over 10 MB."""
+    piece_bucket: str | None = None
+    """Bucket for a split job's pieces too large to travel inline (each piece's job then
+    reads it as s3://; it must be in s3_allowed_buckets too); the objects are deleted when
+    the job ends. Unset: such a split fails with INPUT_TOO_LARGE (ask for more pieces)."""
+    piece_inline_bytes: int = Field(9_000_000, ge=0, le=9_500_000)
+    """A split job's piece up to this many bytes of base64 travels inline in its job (the
+    platform takes 10 MB on /run); a larger one goes through piece_bucket."""
+    piece_queue_wait_s: float = Field(60.0, ge=0, le=3600)
+    """A split job's piece still in the endpoint's queue after this long (no worker free,
+    none started) is cancelled there and run by the job's own worker, one at a time: every
+    worker's slots held by split jobs waiting on their pieces can never deadlock."""
 
     log_level: Literal["DEBUG", "INFO", "WARNING", "ERROR"] = "INFO"
     """Level of the worker's own log lines (transcripts are never logged at any level)."""
@@ -217,6 +236,15 @@ class Settings(BaseModel):
             )
         return v
 
+    @model_validator(mode="after")
+    def _piece_bucket_readable(self) -> Settings:
+        if self.piece_bucket and self.piece_bucket not in self.s3_allowed_buckets:
+            raise ValueError(
+                f"WHISPER_PIECE_BUCKET {self.piece_bucket!r} must also be in "
+                "WHISPER_S3_ALLOWED_BUCKETS: the pieces' jobs read their audio from it"
+            )
+        return self
+
     @field_validator(
         "device_index",
         "allowed_models",
@@ -272,7 +300,7 @@ def load_settings(env: Mapping[str, str] | None = None) -> Settings:
         return Settings.model_validate(raw)
     except ValidationError as exc:
         parts = [
-            f"{PREFIX}{'.'.join(str(x) for x in e['loc']).upper()}: "
+            (f"{PREFIX}{'.'.join(str(x) for x in e['loc']).upper()}: " if e["loc"] else "")
             + e["msg"].removeprefix("Value error, ")
             for e in exc.errors()
         ]

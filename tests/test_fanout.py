@@ -217,3 +217,83 @@ def test_speakers_are_one_set_across_the_pieces(endpoint) -> None:
     late = [s for s in out["segments"] if s["start"] >= first]
     assert late and late[0]["speaker"] != "A"  # the caller, named as in the first piece
     assert out["rttm"].count("SPEAKER") >= 6
+
+
+@pytest.fixture(scope="module")
+def one_job_workers(tmp_path_factory) -> Any:
+    """Two real workers that each hold one job at a time, pieces through S3 (moto's server
+    on 127.0.0.1): a split job's parent holds its worker, so at most one piece runs
+    elsewhere; the piece bucket takes every piece (inline limit 0)."""
+    import boto3
+    from moto.server import ThreadedMotoServer
+
+    logs = tmp_path_factory.mktemp("fanout-s3")
+    server = ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
+    server.start()
+    host, port = server.get_host_and_port()
+    aws = {"AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing",
+           "AWS_DEFAULT_REGION": "us-east-1"}  # fmt: skip
+    s3 = boto3.client("s3", endpoint_url=f"http://{host}:{port}", region_name="us-east-1",
+                      aws_access_key_id="testing", aws_secret_access_key="testing")  # fmt: skip
+    s3.create_bucket(Bucket="pieces")
+    em = Emulator(ping_interval_ms=1000, stop_grace_s=30.0, log_dir=str(logs)).start()
+    try:
+        env = {"WHISPER_DEVICE": "cpu", "HF_HUB_OFFLINE": "1", "RUNPOD_API_KEY": em.api_key,
+               "WHISPER_MODEL": "tiny.en", "WHISPER_MAX_CONCURRENCY": "1",
+               "TMPDIR": str(logs), "WHISPER_S3_ENDPOINT_URL": f"http://{host}:{port}",
+               "WHISPER_S3_ALLOWED_BUCKETS": "pieces", "WHISPER_PIECE_BUCKET": "pieces",
+               "WHISPER_PIECE_INLINE_BYTES": "0", "WHISPER_PIECE_QUEUE_WAIT_S": "3",
+               **aws}  # fmt: skip
+        wids = [em.start_worker(env, command=[sys.executable, "-m", "handler"], cwd=str(ROOT))
+                for _ in range(2)]  # fmt: skip
+        for wid in wids:
+            em.wait_worker(wid, {"idle", "busy"}, READY_S)
+        yield em, s3
+    finally:
+        em.stop()
+        server.stop()
+
+
+@pytest.mark.e2e
+def test_large_pieces_travel_through_the_piece_bucket_and_are_deleted(one_job_workers) -> None:
+    """Pieces over the inline limit go to WHISPER_PIECE_BUCKET as s3:// objects that the
+    pieces' workers read; none is left when the job ends. The piece that no worker can take
+    (the other worker is busy with one piece, this one with the parent) is run by the
+    parent's worker after the queue wait (issue 33)."""
+    em, s3 = one_job_workers
+    clip = long_clip(60)
+    parent = em.submit({**long_job(60), "split": 3, "output": ["text"]})
+    status = em.wait_job(parent, JOB_S)
+    assert status["status"] == "COMPLETED", status
+    out = status["output"]
+    assert wer(clip.text, out["text"]) <= 0.15
+    urls = [c.input.get("audio_url", "") for c in _children(em, parent)]
+    assert urls and all(u.startswith("s3://pieces/pieces/") for u in urls), urls
+    assert any(not p["ran_here"] for p in out["pieces"])  # read from S3 by the other worker
+    assert s3.list_objects_v2(Bucket="pieces").get("KeyCount") == 0
+
+
+@pytest.mark.e2e
+def test_split_jobs_holding_every_worker_run_their_own_pieces(one_job_workers) -> None:
+    """Two split jobs at once on two one-job workers: both workers hold a parent, so no
+    piece can ever be taken from the queue. Each parent takes its pieces back after the
+    queue wait and runs them itself; without that both would wait forever (issue 33)."""
+    em, s3 = one_job_workers
+    job = {**long_job(40), "split": 2, "output": ["text"]}
+    parents = [em.submit(job), em.submit(job)]
+    for parent in parents:
+        status = em.wait_job(parent, JOB_S)
+        assert status["status"] == "COMPLETED", status
+        assert [p["ran_here"] for p in status["output"]["pieces"]] == [True, True]
+        assert all(p["job_id"] is None for p in status["output"]["pieces"])
+        assert all(c.status == "CANCELLED" for c in _children(em, parent))
+    assert s3.list_objects_v2(Bucket="pieces").get("KeyCount") == 0
+
+
+def test_a_piece_bucket_the_pieces_cannot_read_is_refused_at_start() -> None:
+    from handler.settings import SettingsError, load_settings
+
+    with pytest.raises(SettingsError, match="WHISPER_S3_ALLOWED_BUCKETS") as err:
+        load_settings({"WHISPER_PIECE_BUCKET": "pieces", "WHISPER_S3_ALLOWED_BUCKETS": "in"})
+    assert "WHISPER_: " not in str(err.value)
+    assert load_settings({"WHISPER_PIECE_BUCKET": "p", "WHISPER_S3_ALLOWED_BUCKETS": "in,p"})

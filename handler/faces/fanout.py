@@ -7,8 +7,15 @@ platform's queue and autoscaler bring the workers. It polls ``/status`` until ev
 has ended: a piece that fails, is cancelled by someone else or runs past
 ``PIECE_TIMEOUT_S`` is submitted once more, and a second failure fails the whole job with
 ``PIECE_FAILED`` naming the piece; never a result with a hole. Cancelling the job cancels
-every piece still running. The pieces travel inline (FLAC, base64): nothing is left behind
-to delete.
+every piece still running.
+
+A piece still in the queue after ``queue_wait_s`` (no worker free and none started: every
+slot of the endpoint's workers may be held by split jobs waiting on their pieces) is
+cancelled there and run by this worker itself, one at a time, so a split job always ends:
+at worst as slowly as unsplit on one worker.
+
+The pieces travel inline (FLAC, base64) or, when larger than a request takes, as s3://
+objects of the piece bucket that the job deletes when it ends (``job._split``).
 """
 
 from __future__ import annotations
@@ -17,7 +24,7 @@ import logging
 import os
 import threading
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -30,8 +37,12 @@ log = logging.getLogger(__name__)
 DEFAULT_BASE_URL = "https://api.runpod.ai/v2"
 TERMINAL = {"COMPLETED", "FAILED", "CANCELLED", "TIMED_OUT"}
 PIECE_TIMEOUT_S = 1800.0
+QUEUE_WAIT_S = 60.0
 TRIES = 2
 REQUEST_TIMEOUT_S = 30.0
+
+RunHere = Callable[[int], dict[str, Any]]
+"""Runs piece i on this worker; its output (an error dict when it failed)."""
 
 
 @dataclass
@@ -43,6 +54,8 @@ class Piece:
     submitted: float = 0.0
     output: dict[str, Any] | None = None
     errors: list[str] = field(default_factory=list)
+    here: bool = False
+    """Run by this worker (it waited in the queue past queue_wait_s)."""
 
 
 class Platform:
@@ -56,34 +69,45 @@ class Platform:
         *,
         poll_s: float = 1.0,
         piece_timeout_s: float = PIECE_TIMEOUT_S,
+        queue_wait_s: float = QUEUE_WAIT_S,
     ) -> None:
         self.url = f"{base_url.rstrip('/')}/{endpoint_id}"
         self.poll_s = poll_s
         self.piece_timeout_s = piece_timeout_s
+        self.queue_wait_s = queue_wait_s
         self.http = requests.Session()
         self.http.headers["Authorization"] = f"Bearer {api_key}"
 
     @classmethod
-    def from_env(cls, env: Mapping[str, str] | None = None) -> Platform | None:
+    def from_env(
+        cls, env: Mapping[str, str] | None = None, *, queue_wait_s: float = QUEUE_WAIT_S
+    ) -> Platform | None:
         """From the worker's environment; None without a key or an endpoint id."""
         env = os.environ if env is None else env
         key, endpoint = env.get("RUNPOD_API_KEY"), env.get("RUNPOD_ENDPOINT_ID")
         if not key or not endpoint:
             return None
-        return cls(env.get("RUNPOD_ENDPOINT_BASE_URL") or DEFAULT_BASE_URL, endpoint, key)
+        base = env.get("RUNPOD_ENDPOINT_BASE_URL") or DEFAULT_BASE_URL
+        return cls(base, endpoint, key, queue_wait_s=queue_wait_s)
 
-    def __call__(self, inputs: list[dict[str, Any]], cancel: threading.Event | None
-                 ) -> list[dict[str, Any]]:  # fmt: skip
-        """Each input run as a job; their outputs (and job ids, tries) in order."""
+    def __call__(
+        self,
+        inputs: list[dict[str, Any]],
+        cancel: threading.Event | None,
+        run_here: RunHere | None = None,
+    ) -> list[dict[str, Any]]:
+        """Each input run as a job; their outputs (and job ids, tries) in order.
+        ``run_here``: how this worker runs a piece that waited too long in the queue."""
         pieces = [Piece(i, inp) for i, inp in enumerate(inputs)]
         try:
             for p in pieces:
                 self._submit(p)
-            self._wait(pieces, cancel)
+            self._wait(pieces, cancel, run_here)
         except BaseException:
-            self._cancel([p for p in pieces if p.output is None and p.job_id])
+            self._cancel([p for p in pieces if p.output is None and p.job_id and not p.here])
             raise
-        return [{"output": p.output, "job_id": p.job_id, "tries": p.tries} for p in pieces]
+        return [{"output": p.output, "job_id": p.job_id, "tries": p.tries, "here": p.here}
+                for p in pieces]  # fmt: skip
 
     def _submit(self, p: Piece) -> None:
         p.tries += 1
@@ -106,14 +130,18 @@ class Platform:
         except (requests.RequestException, ValueError):
             return {"status": "UNKNOWN"}  # asked again at the next poll
 
-    def _wait(self, pieces: list[Piece], cancel: threading.Event | None) -> None:
+    def _wait(self, pieces: list[Piece], cancel: threading.Event | None,
+              run_here: RunHere | None) -> None:  # fmt: skip
         while live := [p for p in pieces if p.output is None]:
             if cancel is not None and cancel.is_set():
                 raise WorkerError(Code.CANCELLED, "the job was cancelled")
+            queued: list[Piece] = []
             for p in live:
                 status = self._status(p)
                 state = status.get("status")
-                if state == "COMPLETED":
+                if state == "IN_QUEUE" and time.monotonic() - p.submitted > self.queue_wait_s:
+                    queued.append(p)
+                elif state == "COMPLETED":
                     p.output = _final(status.get("output"))
                     if p.output is None:
                         self._failed(p, "completed without a result")
@@ -122,8 +150,25 @@ class Platform:
                 elif time.monotonic() - p.submitted > self.piece_timeout_s:
                     self._cancel([p])
                     self._failed(p, f"still {state} after {self.piece_timeout_s:.0f} s")
-            if any(p.output is None for p in pieces):
+            if queued and run_here is not None:
+                self._run_here(min(queued, key=lambda q: q.submitted), run_here)
+            elif any(p.output is None for p in pieces):
                 (cancel or threading.Event()).wait(self.poll_s)
+
+    def _run_here(self, p: Piece, run_here: RunHere) -> None:
+        """A piece no worker took in time, taken back from the queue and run here."""
+        log.info("piece %d waited %.0f s in the queue: running it on this worker",
+                 p.index + 1, time.monotonic() - p.submitted)  # fmt: skip
+        self._cancel([p])
+        p.here = True
+        output = run_here(p.index)
+        if output.get("error_code") == Code.CANCELLED.value:
+            raise WorkerError(Code.CANCELLED, "the job was cancelled")
+        if "error_code" in output:
+            p.here = False  # the next try goes to the queue again
+            self._failed(p, f"on this worker: {output['error_code']}")
+        else:
+            p.output = output
 
     def _failed(self, p: Piece, why: str) -> None:
         p.errors.append(why)

@@ -1,14 +1,17 @@
-"""Results too large for the platform (10 MB on /run) go to S3 and come back as a URL.
+"""What is too large for the platform's requests (10 MB on /run) goes through S3.
 
-The client receives a presigned GET URL for the full result JSON plus the small fields
-(language, duration, model, timings). The URL is never logged: its query string is a
-credential.
+Results: the client receives a presigned GET URL for the full result JSON plus the small
+fields (language, duration, model, timings). The URL is never logged: its query string is
+a credential. A split job's pieces (:class:`PieceStore`): objects its pieces' jobs read as
+s3://, deleted when the job ends.
 """
 
 from __future__ import annotations
 
 import json
 import logging
+import uuid
+from types import TracebackType
 from typing import Any
 
 from handler.errors import Code, WorkerError
@@ -63,3 +66,66 @@ def deliver(output: dict[str, Any], settings: Settings, job_id: str) -> dict[str
     )
     summary = {k: output[k] for k in SUMMARY_KEYS if k in output}
     return {**summary, "result_url": url, "result_bytes": size, "timings": output.get("timings")}
+
+
+class PieceStore:
+    """A split job's pieces too large to travel inline, as objects of the piece bucket
+    (``WHISPER_PIECE_BUCKET``) under ``pieces/<random>/``; every one is deleted on leaving
+    the ``with`` block, whether the job completed, failed or was cancelled."""
+
+    def __init__(self, settings: Settings) -> None:
+        self.settings = settings
+        self.prefix = f"pieces/{uuid.uuid4().hex}/"
+        self.keys: list[str] = []
+        self._s3: Any = None
+
+    def __enter__(self) -> PieceStore:
+        return self
+
+    def put(self, index: int, data: bytes, count: int) -> str:
+        """Piece ``index`` (FLAC) uploaded; the s3:// URL its job reads."""
+        bucket = self.settings.piece_bucket
+        if not bucket:
+            raise WorkerError(
+                Code.INPUT_TOO_LARGE,
+                f"piece {index + 1} of {count} is {len(data) * 4 / 3 / 1e6:.1f} MB as base64, "
+                "over what one request to the platform takes, and this endpoint has no piece "
+                "bucket (WHISPER_PIECE_BUCKET): split into more pieces (or 'auto')",
+            )
+        from botocore.exceptions import BotoCoreError, ClientError
+
+        key = f"{self.prefix}{index + 1}.flac"
+        try:
+            self._client().put_object(Bucket=bucket, Key=key, Body=data,
+                                      ContentType="audio/flac")  # fmt: skip
+        except (BotoCoreError, ClientError) as exc:
+            log.warning("piece upload failed: %s", type(exc).__name__)
+            raise WorkerError(
+                Code.PIECE_FAILED,
+                f"piece {index + 1} could not be put in the piece bucket",
+                retryable=True,
+            ) from None
+        self.keys.append(key)
+        return f"s3://{bucket}/{key}"
+
+    def __exit__(self, kind: type[BaseException] | None, exc: BaseException | None,
+                 tb: TracebackType | None) -> None:  # fmt: skip
+        if not self.keys:
+            return
+        from botocore.exceptions import BotoCoreError, ClientError
+
+        objects = [{"Key": k} for k in self.keys]
+        try:
+            self._client().delete_objects(Bucket=self.settings.piece_bucket,
+                                          Delete={"Objects": objects, "Quiet": True})  # fmt: skip
+        except (BotoCoreError, ClientError) as err:
+            log.warning("could not delete %d piece objects under %s: %s", len(self.keys),
+                        self.prefix, type(err).__name__)  # fmt: skip
+
+    def _client(self) -> Any:
+        if self._s3 is None:
+            import boto3
+
+            no_instance_metadata()
+            self._s3 = boto3.client("s3", endpoint_url=self.settings.s3_endpoint_url)
+        return self._s3
