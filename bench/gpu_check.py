@@ -6,7 +6,9 @@
   1 (sequential) and 8/16/32 (the engine), float16 on CUDA;
 - a burst of short clips held at once: one job at a time against the engine;
 - cold start split from the worker's own start-up line (imports, load, warm-up, ready);
-- GPU memory per loaded instance (nvidia-smi before and after the load).
+- GPU memory per loaded instance (nvidia-smi before and after the load);
+- bench fanout's line (issue 33): a 20-minute recording unsplit and in 4 pieces on 4 warm
+  worker processes sharing the GPU, under the local emulator.
 
 It runs in-process on whatever models are on the machine (names resolve as the worker's:
 ``WHISPER_DOWNLOAD_ROOT``, a manifest, RunPod's cache, a folder) and skips a model it
@@ -161,6 +163,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", default=str(ROOT / "bench" / "out" / "gpu_check.json"))
     parser.add_argument("--diarizer", type=Path, default=ROOT / "models" / "diarizer",
                         help="the exported diarizer (timed when the folder exists)")  # fmt: skip
+    parser.add_argument("--fanout-minutes", type=float, default=20.0,
+                        help="bench fanout's line: this long a recording unsplit and in 4 "
+                        "pieces on 4 warm workers sharing the GPU (0: skip)")  # fmt: skip
     args = parser.parse_args(argv)
     batches = [int(b) for b in args.batches.split(",")]
     report: dict[str, Any] = {"device": args.device, "models": []}
@@ -188,6 +193,15 @@ def main(argv: list[str] | None = None) -> int:
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(report, indent=2))
+    loaded = [m["model"] for m in report["models"] if "skipped" not in m]
+    if args.fanout_minutes > 0 and loaded:
+        # Last, after the JSON is written: the one stage that starts worker processes.
+        from bench import fanout
+
+        fo = fanout.run(args.fanout_minutes, [1, 4], ["warm"], loaded[0], args.device)
+        report["fanout"] = fo
+        print(fanout.table([fo]))
+        out.write_text(json.dumps(report, indent=2))
     return 0 if all("skipped" not in m for m in report["models"]) else 1
 
 

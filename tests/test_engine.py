@@ -216,7 +216,8 @@ def test_the_gpu_check_runs_on_the_cpu(tmp_path) -> None:
     out = tmp_path / "gpu.json"
     proc = subprocess.run(
         ["bash", "bench/gpu_check.sh", "--device", "cpu", "--models", "tiny.en,no-such-model",
-         "--batches", "1,4", "--long-seconds", "35", "--burst", "6", "--out", str(out)],
+         "--batches", "1,4", "--long-seconds", "35", "--burst", "6", "--out", str(out),
+         "--fanout-minutes", "0.75"],
         cwd=Path(__file__).resolve().parent.parent, capture_output=True, text=True, timeout=480,
     )  # fmt: skip
     report = json.loads(out.read_text())
@@ -225,6 +226,11 @@ def test_the_gpu_check_runs_on_the_cpu(tmp_path) -> None:
     assert "skipped" in missing and "| no-such-model | skipped" in proc.stdout
     assert set(tiny["rtf_by_batch"]) == {"1", "4"} and tiny["rtf_by_batch"]["4"]["wer"] < 0.2
     assert tiny["burst_engine"]["clips"] == 6 and tiny["cold_start"]["ready"] > 0
+    # bench fanout's line: unsplit and 4 pieces on 4 warm worker processes (issue 33).
+    fanout = report["fanout"]["rows"]
+    assert [(r["pieces"], r["start"]) for r in fanout] == [(1, "warm"), (4, "warm")]
+    assert fanout[1]["pieces_s"] > 0 and fanout[1]["wer_vs_reference"] < 0.2
+    assert "| 0.75 min | 4 (warm) | 4 |" in proc.stdout
     if "diarizer" in report:  # models/diarizer, built by tests/test_diarization.py
         assert report["diarizer"]["cpu"]["provider"] == "CPUExecutionProvider"
         assert report["diarizer"]["cpu"]["s_per_audio_min"] > 0
