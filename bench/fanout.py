@@ -9,7 +9,11 @@ Real worker processes under the local emulator's queue, brought by the bench's a
 
 - ``cold``: no worker at the start (scale to zero); the parent job starts the first one and
   its pieces the rest, so the time to the result includes the cold starts;
-- ``warm``: as many workers as pieces already up (active workers).
+- ``warm``: as many workers as pieces already up (active workers);
+- ``serial``: one warm worker and no other (max workers 1): the pieces run one after
+  another beside the waiting parent, so their job seconds summed against the unsplit job's
+  are what splitting adds to the work itself, with no other process on the cores: the
+  figure a GPU per piece keeps (its cold start and idle timeout come on top).
 
 Each run submits the recording once with ``split`` set to the number of pieces (1: not
 split) and reports: seconds from submit to the whole result; billed worker seconds (cold:
@@ -57,12 +61,13 @@ def one_run(audio: str, n: int, start: str, model: str, device: str, s3: dict[st
            "WHISPER_MAX_INLINE_BYTES": str(256 * 1024 * 1024),
            # The platform's path is measured: no piece taken back by the parent's worker.
            "WHISPER_PIECE_QUEUE_WAIT_S": "3600", **s3}  # fmt: skip
-    config = ScalerConfig(active_workers=n if start == "warm" else 0, max_workers=n,
+    active = {"warm": n, "serial": 1}.get(start, 0)
+    config = ScalerConfig(active_workers=active, max_workers=1 if start == "serial" else n,
                           idle_timeout_s=IDLE_TIMEOUT_S, env=env,
                           command=[sys.executable, "-m", "handler"])  # fmt: skip
     scaler = Autoscaler(em, config).start()
     try:
-        if start == "warm":
+        if active:
             scaler.wait_ready("active", 600)
         job: dict[str, Any] = {"audio_base64": audio, "output": ["text"]}
         if n > 1:
@@ -87,6 +92,7 @@ def one_run(audio: str, n: int, start: str, model: str, device: str, s3: dict[st
         return {"pieces": n, "start": start, "wall_s": round(wall, 1),
                 "billed_worker_s": round(billed, 1), "held_s": round(held, 1),
                 "pieces_s": round(piece_s, 1), "workers": len(lifetimes),
+                "split_s": round(float((out.get("timings") or {}).get("split") or 0), 2),
                 "text": out["text"]}  # fmt: skip
     finally:
         scaler.stop()
@@ -176,19 +182,22 @@ def piece_bucket() -> Iterator[dict[str, str]]:
 def table(reports: list[dict[str, Any]]) -> str:
     lines = [
         "| audio | workers at the start | pieces | to the result, s | billed worker s "
-        "(x unsplit) | pieces' jobs, s | WER vs unsplit | seam words inserted / deleted "
-        "| WER vs reference |",
-        "|---|---|---|---|---|---|---|---|---|",
+        "(x unsplit) | pieces' jobs, s | cut + encode, s | WER vs unsplit "
+        "| seam words inserted / deleted | WER vs reference |",
+        "|---|---|---|---|---|---|---|---|---|---|",
     ]
     for report in reports:
         base = {r["start"]: r["billed_worker_s"] for r in report["rows"] if r["pieces"] == 1}
         for r in report["rows"]:
             one = base.get(r["start"]) or 0.0
             ratio = f" ({r['billed_worker_s'] / one:.2f}x)" if one else ""
-            at_start = "0 (cold)" if r["start"] == "cold" else f"{r['pieces']} (warm)"
+            at_start = {"cold": "0 (cold)", "serial": "1 (max 1)"}.get(
+                r["start"], f"{r['pieces']} (warm)"
+            )
             lines.append(
                 f"| {report['minutes']:g} min | {at_start} | {r['pieces']} | {r['wall_s']} | "
                 f"{r['billed_worker_s']}{ratio} | {r['pieces_s'] or '-'} | "
+                f"{r.get('split_s') or '-'} | "
                 f"{r['wer_vs_unsplit']:.4f} | {r['inserted']} / {r['deleted']} | "
                 f"{r['wer_vs_reference']:.4f} |"
             )
@@ -207,7 +216,7 @@ def main(argv: list[str] | None = None) -> int:
     pieces = [int(x) for x in args.pieces.split(",")]
     if pieces[0] != 1:
         pieces = [1, *pieces]
-    starts = [s for s in args.starts.split(",") if s in ("cold", "warm")]
+    starts = [s for s in args.starts.split(",") if s in ("cold", "warm", "serial")]
     machine = describe()
     reports = [run(float(m), pieces, starts, args.model, args.device)
                for m in args.minutes.split(",")]  # fmt: skip

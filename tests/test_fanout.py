@@ -236,6 +236,7 @@ def one_job_workers(tmp_path_factory) -> Any:
     s3 = boto3.client("s3", endpoint_url=f"http://{host}:{port}", region_name="us-east-1",
                       aws_access_key_id="testing", aws_secret_access_key="testing")  # fmt: skip
     s3.create_bucket(Bucket="pieces")
+    s3.create_bucket(Bucket="uploads")
     em = Emulator(ping_interval_ms=1000, stop_grace_s=30.0, log_dir=str(logs)).start()
     try:
         env = {"WHISPER_DEVICE": "cpu", "HF_HUB_OFFLINE": "1", "RUNPOD_API_KEY": em.api_key,
@@ -243,12 +244,12 @@ def one_job_workers(tmp_path_factory) -> Any:
                "TMPDIR": str(logs), "WHISPER_S3_ENDPOINT_URL": f"http://{host}:{port}",
                "WHISPER_S3_ALLOWED_BUCKETS": "pieces", "WHISPER_PIECE_BUCKET": "pieces",
                "WHISPER_PIECE_INLINE_BYTES": "0", "WHISPER_PIECE_QUEUE_WAIT_S": "3",
-               **aws}  # fmt: skip
+               "WHISPER_ALLOW_PRIVATE_URLS": "true", **aws}  # fmt: skip
         wids = [em.start_worker(env, command=[sys.executable, "-m", "handler"], cwd=str(ROOT))
                 for _ in range(2)]  # fmt: skip
         for wid in wids:
             em.wait_worker(wid, {"idle", "busy"}, READY_S)
-        yield em, s3
+        yield em, s3, f"http://{host}:{port}"
     finally:
         em.stop()
         server.stop()
@@ -260,7 +261,7 @@ def test_large_pieces_travel_through_the_piece_bucket_and_are_deleted(one_job_wo
     pieces' workers read; none is left when the job ends. The piece that no worker can take
     (the other worker is busy with one piece, this one with the parent) is run by the
     parent's worker after the queue wait (issue 33)."""
-    em, s3 = one_job_workers
+    em, s3, _ = one_job_workers
     clip = long_clip(60)
     parent = em.submit({**long_job(60), "split": 3, "output": ["text"]})
     status = em.wait_job(parent, JOB_S)
@@ -278,7 +279,7 @@ def test_split_jobs_holding_every_worker_run_their_own_pieces(one_job_workers) -
     """Two split jobs at once on two one-job workers: both workers hold a parent, so no
     piece can ever be taken from the queue. Each parent takes its pieces back after the
     queue wait and runs them itself; without that both would wait forever (issue 33)."""
-    em, s3 = one_job_workers
+    em, s3, _ = one_job_workers
     job = {**long_job(40), "split": 2, "output": ["text"]}
     parents = [em.submit(job), em.submit(job)]
     for parent in parents:
@@ -297,3 +298,33 @@ def test_a_piece_bucket_the_pieces_cannot_read_is_refused_at_start() -> None:
         load_settings({"WHISPER_PIECE_BUCKET": "pieces", "WHISPER_S3_ALLOWED_BUCKETS": "in"})
     assert "WHISPER_: " not in str(err.value)
     assert load_settings({"WHISPER_PIECE_BUCKET": "p", "WHISPER_S3_ALLOWED_BUCKETS": "in,p"})
+
+
+@pytest.mark.e2e
+def test_the_client_sends_a_local_file_through_the_callers_bucket(
+    one_job_workers, tmp_path, monkeypatch, capsys
+) -> None:
+    """`--upload-to s3://bucket/prefix/`: a local file (a long one is over the 10-MB inline
+    limit) goes to the caller's bucket, the job gets a presigned URL, the object is deleted
+    when the job ends (issue 33: the recording is fetched once, nothing left behind)."""
+    from speech_assets.clips import wav_bytes
+    from whisper_client.client import main
+
+    em, s3, url = one_job_workers
+    path = tmp_path / "call.wav"
+    clip = long_clip(40)
+    path.write_bytes(wav_bytes(clip.samples))
+    for key, value in {"AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing",
+                       "AWS_DEFAULT_REGION": "us-east-1", "AWS_ENDPOINT_URL": url,
+                       "RUNPOD_API_KEY": em.api_key}.items():  # fmt: skip
+        monkeypatch.setenv(key, value)
+    args = [str(path), "--endpoint", em.config.endpoint_id, "--base-url", em.base_url,
+            "--upload-to", "s3://uploads/calls/", "--split", "2", "--output", "json"]  # fmt: skip
+    assert main(args) == 0
+    result = json.loads(capsys.readouterr().out)
+    assert wer(clip.text, result["text"]) <= 0.15 and len(result["pieces"]) == 2
+    with em.state.cond:
+        sent = [j.input for j in em.state.jobs.values() if "split" in (j.input or {})][-1]
+    assert sent["audio_url"].startswith(f"{url}/uploads/calls/") and "audio_base64" not in sent
+    assert "X-Amz-Signature=" in sent["audio_url"]
+    assert s3.list_objects_v2(Bucket="uploads").get("KeyCount") == 0

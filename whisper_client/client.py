@@ -3,7 +3,9 @@
 
 `Client(endpoint_id).transcribe("talk.mp3")` sends a local file inline as base64 when the
 request fits the platform's body limit and refuses it before sending otherwise (upload it
-and pass an https:// or s3:// URL). Every failure, from the platform or from the worker,
+and pass an https:// or s3:// URL, or give ``upload_to="s3://bucket/prefix/"``: the client
+puts the file there with the caller's AWS credentials, sends a presigned URL and deletes
+the object when the job ends). Every failure, from the platform or from the worker,
 is one `ClientError` whose `str()` is ``CODE: message``. Runs against the local emulator
 too: pass its `base_url`.
 """
@@ -19,6 +21,7 @@ import os
 import re
 import sys
 import time
+import uuid
 from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import IO, Any
@@ -109,10 +112,55 @@ def audio_input(
             f"{path.name} is {size / 1e6:.1f} MB; sent inline as base64 the request would be "
             f"{body / 1e6:.1f} MB, over the platform's {limit / 1e6:.0f} MB limit for "
             f"{'/runsync' if sync else '/run'}. Upload it and pass an https:// URL (a presigned "
-            f"URL works) or an s3:// URL instead{hint}.",
+            f"URL works) or an s3:// URL instead, or let the client do it with --upload-to "
+            f"s3://bucket/prefix/ (upload_to=){hint}.",
         )
     encoded = base64.b64encode(path.read_bytes()).decode("ascii")
     return {"audio_base64": encoded, **options}
+
+
+class Upload:
+    """A local file put in the caller's bucket for one job: ``url`` is a presigned GET the
+    worker fetches (no bucket allowlist needed on the endpoint); the object is deleted on
+    leaving the ``with`` block. boto3 finds the credentials and endpoint as it always does
+    (AWS_* variables, profiles, AWS_ENDPOINT_URL for R2 or MinIO)."""
+
+    def __init__(self, path: Path, upload_to: str, ttl_s: int) -> None:
+        rest = upload_to[5:] if upload_to[:5].lower() == "s3://" else ""
+        self.bucket, _, prefix = rest.partition("/")
+        if not self.bucket:
+            raise ClientError("INVALID_UPLOAD", "--upload-to wants s3://bucket/prefix/")
+        prefix = prefix if not prefix or prefix.endswith("/") else prefix + "/"
+        self.key = f"{prefix}{uuid.uuid4().hex}/{path.name}"
+        self.path, self.ttl_s = path, ttl_s
+        self.url = ""
+
+    def __enter__(self) -> Upload:
+        import boto3
+        from botocore.exceptions import BotoCoreError
+        from botocore.exceptions import ClientError as S3Error
+
+        self._s3 = boto3.client("s3")
+        try:
+            self._s3.upload_file(str(self.path), self.bucket, self.key)
+            self.url = self._s3.generate_presigned_url(
+                "get_object", Params={"Bucket": self.bucket, "Key": self.key},
+                ExpiresIn=self.ttl_s,
+            )  # fmt: skip
+        except (BotoCoreError, S3Error) as exc:
+            raise ClientError("UPLOAD_FAILED", f"could not put {self.path.name} in "
+                              f"s3://{self.bucket}/: {type(exc).__name__}") from None  # fmt: skip
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        from botocore.exceptions import BotoCoreError
+        from botocore.exceptions import ClientError as S3Error
+
+        try:
+            self._s3.delete_object(Bucket=self.bucket, Key=self.key)
+        except (BotoCoreError, S3Error) as err:
+            log.warning("could not delete s3://%s/%s: %s", self.bucket, self.key,
+                        type(err).__name__)  # fmt: skip
 
 
 def output_of(status: Mapping[str, Any]) -> dict[str, Any]:
@@ -412,6 +460,7 @@ class Client:
         on_partial: PartialFn | None = None,
         on_status: StatusFn | None = None,
         split: int | str | None = None,
+        upload_to: str | None = None,
         **options: Any,
     ) -> dict[str, Any]:
         """Transcribe a local file or a URL; returns the worker's result dict.
@@ -419,13 +468,26 @@ class Client:
         `split` (2-32 or "auto": a piece per 4 min) has the worker fan the recording out
         as that many jobs of the same endpoint, run by as many workers as the platform
         brings, and stitch one result (the endpoint needs RUNPOD_API_KEY in its
-        environment; docs/platform.md). `options` are job input fields (language, model,
+        environment; docs/platform.md). `upload_to` ("s3://bucket/prefix/"): a local file
+        goes there (the caller's AWS credentials) and the job gets a presigned URL to it;
+        the object is deleted when the job ends. `options` are job input fields (language, model,
         beam_size, ...). `stream=True`
         reads partial segments into `on_partial` (needs a worker deployed with
         WHISPER_STREAM=true; uses /run even when `sync`). `sync=True` uses /runsync and
         falls back to polling when its wait runs out. On Ctrl-C or `timeout` the job is
         cancelled (it would otherwise run and bill on) and the exception propagates.
         """
+        if upload_to is not None and not is_url(audio):
+            path = Path(audio)
+            if not path.is_file():
+                raise ClientError("INPUT_NOT_FOUND", f"no such file: {path}")
+            ttl = max(3600, int(timeout or 0) + 600)
+            with Upload(path, upload_to, ttl) as up:
+                return self.transcribe(
+                    up.url, output=output, sync=sync, stream=stream, wait_ms=wait_ms,
+                    timeout=timeout, on_submit=on_submit, on_progress=on_progress,
+                    on_partial=on_partial, on_status=on_status, split=split, **options,
+                )  # fmt: skip
         sync = sync and not stream
         if output is not None:
             options["output"] = list(output)
@@ -700,6 +762,12 @@ def build_parser() -> argparse.ArgumentParser:
         help="fan a long recording out as N jobs (2-32) or 'auto' (a piece per 4 min) on "
         "the endpoint's workers; one stitched result",
     )
+    p.add_argument(
+        "--upload-to",
+        metavar="S3_URL",
+        help="put a local file in s3://bucket/prefix/ (your AWS credentials), send the job a "
+        "presigned URL to it, delete it when the job ends: for files over the 10 MB inline limit",
+    )
     p.add_argument("--language")
     p.add_argument("--model")
     p.add_argument("--task", choices=["transcribe", "translate"])
@@ -763,6 +831,7 @@ def main(argv: list[str] | None = None) -> int:
                 on_status=reporter.status,
                 on_progress=reporter.progress,
                 on_partial=reporter.partial if args.stream else None,
+                upload_to=args.upload_to,
                 **options,
             )
     except ClientError as exc:
