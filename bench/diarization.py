@@ -1,6 +1,7 @@
 """Who spoke when, measured: DER and speaker attribution on real conversations.
 
     python -m bench diarization [--conversations 20] [--wer 4] [--hour] [--snr DB] [--out FILE]
+    python -m bench diarization --split 3 [--conversations 20] [--seed 0]
 
 What it runs on:
 
@@ -22,6 +23,10 @@ moment between turns taking the nearest turn's speaker as a word there would. Al
 diarizer's seconds per audio minute, its start-up (load and warm-up) and RSS added,
 peak memory on a 1-hour recording (``--hour``), and transcription WER with and without
 ``diarize`` through the worker's job path (``--wer N`` English conversations).
+
+``--split N`` measures speakers across pieces instead (issue 33): each built conversation
+through the worker's job path with ``diarize``, unsplit and cut in N pieces whose speakers
+are one set for the whole, with and without ``num_speakers``.
 """
 
 from __future__ import annotations
@@ -346,6 +351,79 @@ def _wer(convs: list[Conversation], model: Path) -> list[dict[str, Any]]:
     return rows
 
 
+def _split(convs: list[Conversation], model: Path, n: int) -> list[dict[str, Any]]:
+    """Speakers across pieces (issue 33): the worker's job path with ``diarize``, unsplit
+    and with ``split: n``, without hints and with ``num_speakers``; attribution and coverage
+    of the whole result's segments. The pieces run in this process (a fan-out that calls the
+    job path for each piece input): the platform's queue changes nothing measured here.
+    Scored on the speaker turns (the RTTM) and on the segments' speakers."""
+    import base64
+
+    from handler.job import run_job
+    from handler.settings import load_settings
+    from handler.startup import start_worker
+    from speech_assets.clips import wav_bytes
+
+    worker = start_worker(load_settings({"WHISPER_DEVICE": "cpu", "WHISPER_DIARIZATION": "true",
+                                         "WHISPER_DIARIZATION_MODEL": str(model)}))  # fmt: skip
+
+    def here(inputs: list[dict[str, Any]], cancel: Any, run_here: Any) -> list[dict[str, Any]]:
+        outs = [run_job(inp, worker) for inp in inputs]
+        if failed := [o for o in outs if "error_code" in o]:
+            raise RuntimeError(f"a piece failed: {failed[0]}")
+        return [{"output": o, "job_id": f"here-{i}", "tries": 1} for i, o in enumerate(outs)]
+
+    worker.fan_out = here
+    rows = []
+    for conv in convs:
+        audio = base64.b64encode(wav_bytes(conv.samples)).decode()
+        row: dict[str, Any] = {"name": conv.name, "speakers": conv.speakers,
+                               "minutes": round(len(conv.samples) / RATE / 60, 2)}  # fmt: skip
+        for label, extra in (("unsplit", {}), ("split", {"split": n})):
+            for hints, count in (("auto", {}), ("given", {"num_speakers": conv.speakers})):
+                out = run_job({"audio_base64": audio, "diarize": True, "output": ["segments",
+                               "rttm"], **extra, **count}, worker)  # fmt: skip
+                if "error_code" in out:
+                    raise RuntimeError(f"{conv.name} {label} {hints}: {out}")
+                hyp = [(s["start"], s["end"], s.get("speaker") or "") for s in out["segments"]]
+                turns = [(float(f[3]), float(f[3]) + float(f[4]), f[7])
+                         for f in (ln.split() for ln in out["rttm"].splitlines())]  # fmt: skip
+                row[f"{label}_{hints}"] = {
+                    "attribution": round(attribution(conv.turns, turns), 4),
+                    "segments_attribution": round(attribution(conv.turns, hyp), 4),
+                    "coverage": round(coverage(conv.turns, hyp), 4),
+                    "speakers_found": len(out.get("speakers") or []),
+                    "pieces": len(out.get("pieces") or []) or 1,
+                }
+        rows.append(row)
+        print(json.dumps(row), flush=True)
+    return rows
+
+
+def split_table(rows: list[dict[str, Any]], n: int) -> str:
+    lines = ["| job | hints | attribution of the turns (mean / min) | of the segments "
+             "| segments' coverage (mean / min) | speaker count exact "
+             "| conversations' turns worse than unsplit (by > 0.01) |",
+             "|---|---|---|---|---|---|---|"]  # fmt: skip
+    for label in ("unsplit", "split"):
+        for hints in ("auto", "given"):
+            key = f"{label}_{hints}"
+            a = [r[key]["attribution"] for r in rows]
+            seg = [r[key]["segments_attribution"] for r in rows]
+            cov = [r[key]["coverage"] for r in rows]
+            exact = sum(r[key]["speakers_found"] == r["speakers"] for r in rows)
+            worse = sum(r[key]["attribution"] < r[f"unsplit_{hints}"]["attribution"] - 0.01
+                        for r in rows)  # fmt: skip
+            lines.append(
+                f"| {'unsplit' if label == 'unsplit' else f'split {n}'} | "
+                f"{'none' if hints == 'auto' else 'num_speakers'} | "
+                f"{np.mean(a):.3f} / {min(a):.3f} | {np.mean(seg):.3f} / {min(seg):.3f} | "
+                f"{np.mean(cov):.3f} / {min(cov):.3f} | "
+                f"{exact}/{len(rows)} | {'-' if label == 'unsplit' else worse} |"
+            )
+    return "\n".join(lines)
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m bench diarization", description=__doc__)
     parser.add_argument("--conversations", type=int, default=20)
@@ -357,8 +435,22 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--snr", type=float, default=None, help="pink noise, dB below the built ones' speech"
     )
+    parser.add_argument(
+        "--split", type=int, default=0,
+        help="instead: the job path with diarize, unsplit and in this many pieces",
+    )  # fmt: skip
     parser.add_argument("--out", type=Path, default=Path("bench/out/diarization.json"))
     args = parser.parse_args(argv)
+    if args.split > 1:
+        built = conversations(args.conversations, voices(), args.seed)
+        if args.snr is not None:
+            built = [with_noise(c, args.snr, i) for i, c in enumerate(built)]
+        split_rows = _split(built, diarizer_dir(), args.split)
+        args.out.parent.mkdir(parents=True, exist_ok=True)
+        args.out.write_text(json.dumps({"machine": describe(), "split": args.split,
+                                        "conversations": split_rows}, indent=2) + "\n")  # fmt: skip
+        print(split_table(split_rows, args.split))
+        return 0
     from handler.inference import diarize
     from handler.inference.speaker_clusters import SpeakerCount
 

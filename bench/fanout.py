@@ -34,6 +34,7 @@ import argparse
 import base64
 import contextlib
 import json
+import logging
 import sys
 import time
 from collections.abc import Iterator
@@ -163,6 +164,7 @@ def piece_bucket() -> Iterator[dict[str, str]]:
     import boto3
     from moto.server import ThreadedMotoServer
 
+    logging.getLogger("werkzeug").setLevel(logging.WARNING)  # no line per S3 request
     server = ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
     server.start()
     try:

@@ -31,7 +31,7 @@ from handler.inference import allocator, checks, code_switch, language, pieces, 
 from handler.inference.engine import Engine
 from handler.inference.memory import MIB, MemoryBudget, auto_budget_bytes, job_bytes
 from handler.inference.models import LoadedModel, ModelPool
-from handler.output import coverage, formats, speakers, stitch
+from handler.output import coverage, formats, speakers
 from handler.output.cues import Layout
 from handler.output.offload import PieceStore, deliver
 from handler.schema import MAX_PIECES, JobInput, parse_job_input
@@ -371,9 +371,13 @@ def _split(
             else:
                 inputs.append({**child, "audio_url": store.put(i, flac, len(bounds))})
         call.timings["split"] = time.perf_counter() - t
-        results = worker.fan_out(inputs, call.cancel, run_here)
-    if job.diarize:
-        _one_set_of_speakers(job, [r["output"] for r in results])
+        # With diarize, this worker diarizes the whole recording while the pieces are
+        # transcribed: one clustering over every voice, so "A" is one person throughout
+        # and a count holds for the whole (matching each piece's own speakers by their
+        # embeddings lost speakers that a short piece had merged: bench/README.md).
+        budget = _compute_budget(worker.settings, audio.duration)
+        with diarization.beside(job, worker, call, samples, budget):
+            results = worker.fan_out(inputs, call.cancel, run_here)
     sink = _segment_sink(call, audio.duration, worker.settings.progress_interval_s)
     segments: list[Segment] = []
     spoken: dict[str, float] = {}
@@ -395,45 +399,10 @@ def _split(
                             "ran_here": bool(res.get("here")), "tries": res["tries"],
                             "seconds": (out.get("timings") or {}).get("total")})  # fmt: skip
     main = max(spoken, key=lambda k: spoken[k]) if spoken else ""
-    if job.diarize:
-        call.diarization = _turns_of(segments)
     call.timings["queue_model"] = 0.0
     call.timings["transcribe"] = time.perf_counter() - t - call.timings["split"]
     return transcribe.Transcript(segments, main, probability.get(main, 0.0),
                                  time.perf_counter() - t)  # fmt: skip
-
-
-def _one_set_of_speakers(job: JobInput, outputs: list[dict[str, Any]]) -> None:
-    """The pieces' speaker labels, in place, made the whole recording's (output/stitch)."""
-    voices = []
-    for out in outputs:
-        seconds = {s["speaker"]: float(s["seconds"]) for s in out.get("speakers") or []}
-        embeddings = out.get("speaker_embeddings") or {}
-        voices.append([stitch.Voice(label, emb, seconds.get(label, 0.0))
-                       for label, emb in embeddings.items()])  # fmt: skip
-    named = {k.name for k in job.known_speakers or []}
-    maps = stitch.unify(voices, named, job.num_speakers or job.max_speakers)
-    for out, mapping in zip(outputs, maps, strict=True):
-        for seg in out.get("segments") or []:
-            if seg.get("speaker") in mapping:
-                seg["speaker"] = mapping[seg["speaker"]]
-            for word in seg.get("words") or []:
-                if word.get("speaker") in mapping:
-                    word["speaker"] = mapping[word["speaker"]]
-
-
-def _turns_of(segments: list[Segment]) -> Diarization:
-    """A stitched recording's speaker turns: its labelled segments, runs of one speaker."""
-    from handler.inference.diarize import Diarization, Turn
-
-    turns: list[Turn] = []
-    for seg in segments:
-        who = seg.get("speaker") or ""
-        if turns and turns[-1].speaker == who:
-            turns[-1] = Turn(turns[-1].start, float(seg["end"]), who)
-        else:
-            turns.append(Turn(float(seg["start"]), float(seg["end"]), who))
-    return Diarization(turns, list(dict.fromkeys(t.speaker for t in turns)))
 
 
 def _piece_input(job: JobInput, kwargs: dict[str, Any]) -> dict[str, Any]:
@@ -447,13 +416,10 @@ def _piece_input(job: JobInput, kwargs: dict[str, Any]) -> dict[str, Any]:
         child["output"].append("words")
     if job.batch_size:
         child["batch_size"] = job.batch_size
-    if job.diarize:
-        # A piece may hold fewer voices than the whole: the count bounds it, and the whole
-        # is brought to the count after the pieces' speakers are matched (output/stitch).
-        child["speaker_embeddings"] = True
-        child.pop("min_speakers", None)
-        if child.pop("num_speakers", None) is not None:
-            child["max_speakers"] = job.num_speakers
+    # The speakers are found on the whole recording by the job's own worker (_split).
+    for name in ("diarize", "num_speakers", "min_speakers", "max_speakers", "known_speakers",
+                 "speaker_embeddings"):  # fmt: skip
+        child.pop(name, None)
     return child
 
 
