@@ -137,10 +137,12 @@ class Upload:
 
     def __enter__(self) -> Upload:
         import boto3
+        from botocore.config import Config
         from botocore.exceptions import BotoCoreError
         from botocore.exceptions import ClientError as S3Error
 
-        self._s3 = boto3.client("s3")
+        # SigV4: every AWS region takes it (SigV2 presigned URLs are refused by newer ones).
+        self._s3 = boto3.client("s3", config=Config(signature_version="s3v4"))
         try:
             self._s3.upload_file(str(self.path), self.bucket, self.key)
             self.url = self._s3.generate_presigned_url(
