@@ -363,13 +363,7 @@ def _split(
                        samples=samples[a:b])  # fmt: skip
 
     with PieceStore(worker.settings) as store:
-        inputs = []
-        for i, (a, b) in enumerate(bounds):
-            flac = to_flac(samples[a:b])
-            if len(flac) * 4 / 3 <= worker.settings.piece_inline_bytes:
-                inputs.append({**child, "audio_base64": base64.b64encode(flac).decode()})
-            else:
-                inputs.append({**child, "audio_url": store.put(i, flac, len(bounds))})
+        inputs = _piece_inputs(child, samples, bounds, store, worker.settings)
         call.timings["split"] = time.perf_counter() - t
         # With diarize, this worker diarizes the whole recording while the pieces are
         # transcribed: one clustering over every voice, so "A" is one person throughout
@@ -403,6 +397,25 @@ def _split(
     call.timings["transcribe"] = time.perf_counter() - t - call.timings["split"]
     return transcribe.Transcript(segments, main, probability.get(main, 0.0),
                                  time.perf_counter() - t)  # fmt: skip
+
+
+def _piece_inputs(
+    child: dict[str, Any],
+    samples: np.ndarray,
+    bounds: list[tuple[int, int]],
+    store: PieceStore,
+    settings: Settings,
+) -> list[dict[str, Any]]:
+    """Each piece's job input: its audio as FLAC, inline when its base64 fits a request
+    (``piece_inline_bytes``), else an s3:// object of the piece bucket."""
+    inputs = []
+    for i, (a, b) in enumerate(bounds):
+        flac = to_flac(samples[a:b])
+        if len(flac) * 4 / 3 <= settings.piece_inline_bytes:
+            inputs.append({**child, "audio_base64": base64.b64encode(flac).decode()})
+        else:
+            inputs.append({**child, "audio_url": store.put(i, flac, len(bounds))})
+    return inputs
 
 
 def _piece_input(job: JobInput, kwargs: dict[str, Any]) -> dict[str, Any]:
