@@ -9,6 +9,7 @@ handler.output.speakers.
 from __future__ import annotations
 
 import contextlib
+import logging
 import tempfile
 import threading
 import time
@@ -24,6 +25,8 @@ from handler.errors import Code, WorkerError
 from handler.guard import Guard
 from handler.schema import JobInput, KnownSpeaker
 from handler.settings import Settings
+
+log = logging.getLogger(__name__)
 
 if TYPE_CHECKING:
     from handler.inference.diarize import Diarizer
@@ -126,28 +129,26 @@ def beside(
     if not job.diarize or worker.diarizer is None or call.diarization is not None:
         yield
         return
-    from handler.inference.speaker_clusters import SpeakerCount
-
-    count = SpeakerCount(job.num_speakers, job.min_speakers or 1,
-                         job.max_speakers or max(job.min_speakers or 1, 8))  # fmt: skip
+    count = _count(job)
     stop = _Linked(call.cancel)
     deadline = None if budget_s is None else time.monotonic() + budget_s
     guard = Guard(stop, deadline, Code.COMPUTE_BUDGET_EXCEEDED,
                   "diarization used the job's compute budget")  # fmt: skip
     box: dict[str, Any] = {}
     diarizer = worker.diarizer
+
+    def work() -> None:
+        _diarize(box, job, diarizer, samples, count, guard, call.references)
+
     if after or not beside_transcription(worker):
         yield
         t = time.perf_counter()
-        call.diarization = diarizer.run(samples, count, guard, call.references)
+        work()
+        if "error" in box:
+            raise box["error"]
+        _store(call, box)
         call.timings["diarize"] = time.perf_counter() - t
         return
-
-    def work() -> None:
-        try:
-            box["result"] = diarizer.run(samples, count, guard, call.references)
-        except BaseException as exc:  # handed to the job's thread below
-            box["error"] = exc
 
     thread = threading.Thread(target=work, name=f"diarize-{call.job_id}", daemon=True)
     thread.start()
@@ -163,5 +164,72 @@ def beside(
         call.timings["diarize_wait"] = time.perf_counter() - t
     if "error" in box:
         raise box["error"]
-    call.diarization = box["result"]
-    call.timings["diarize"] = box["result"].seconds
+    _store(call, box)
+    done = box.get("result")
+    call.timings["diarize"] = (
+        done.seconds if done is not None else sum(box["windows"].timings.values())
+    )
+
+
+def _diarize(
+    box: dict[str, Any],
+    job: JobInput,
+    diarizer: Diarizer,
+    samples: np.ndarray,
+    count: Any,
+    guard: Guard,
+    references: dict[str, np.ndarray],
+) -> None:
+    """The diarizer's work, its result (or error) in ``box``; a split job's piece embeds
+    its windows only (``speaker_windows``: the whole clusters them)."""
+    try:
+        if job.speaker_windows:
+            box["windows"] = diarizer.windows_of(samples, guard)
+        else:
+            box["result"] = diarizer.run(samples, count, guard, references)
+    except BaseException as exc:  # handed to the job's thread
+        box["error"] = exc
+
+
+def _store(call: Call, box: dict[str, Any]) -> None:
+    if "windows" in box:
+        call.speaker_windows = box["windows"]
+    else:
+        call.diarization = box["result"]
+
+
+def _count(job: JobInput) -> Any:
+    from handler.inference.speaker_clusters import SpeakerCount
+
+    return SpeakerCount(job.num_speakers, job.min_speakers or 1,
+                        job.max_speakers or max(job.min_speakers or 1, 8))  # fmt: skip
+
+
+def from_pieces(
+    job: JobInput,
+    worker: Runtime,
+    call: Call,
+    samples: np.ndarray,
+    pieces: list[tuple[int, Any]],
+    budget_s: float | None,
+) -> None:
+    """A split job's speakers: the pieces' embedded windows (each at its start sample)
+    clustered as one recording's, into ``call.diarization``. A piece that returned none
+    (a worker of an older image) makes this worker embed the whole itself."""
+    from handler.inference.diarize import Windows
+
+    diarizer = worker.diarizer
+    assert diarizer is not None  # refused in _plan otherwise
+    t = time.perf_counter()
+    guard = Guard(call.cancel, None if budget_s is None else time.monotonic() + budget_s,
+                  Code.COMPUTE_BUDGET_EXCEEDED,
+                  "diarization used the job's compute budget")  # fmt: skip
+    try:
+        parts = [Windows.from_json(w, diarizer.embedding_size).shifted(a) for a, w in pieces]
+        whole = Windows.joined(parts, diarizer.embedding_size)
+    except (ValueError, TypeError, KeyError) as exc:
+        log.warning("a piece's speaker windows are unusable (%s): embedding the whole here",
+                    type(exc).__name__)  # fmt: skip
+        whole = diarizer.windows_of(samples, guard, fine=False)
+    call.diarization = diarizer.finish(samples, whole, _count(job), guard, call.references)
+    call.timings["diarize"] = time.perf_counter() - t

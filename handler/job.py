@@ -38,7 +38,7 @@ from handler.schema import MAX_PIECES, JobInput, parse_job_input
 from handler.settings import Settings
 
 if TYPE_CHECKING:
-    from handler.inference.diarize import Diarization, Diarizer
+    from handler.inference.diarize import Diarization, Diarizer, Windows
 
 log = logging.getLogger(__name__)
 
@@ -147,6 +147,8 @@ class Call:
     references: dict[str, np.ndarray] = field(default_factory=dict)
     """Known speakers' voice embeddings (a diarized job's ``known_speakers``)."""
     diarization: Diarization | None = None
+    speaker_windows: Windows | None = None
+    """A split job's piece (``speaker_windows``): its embedded windows, not its speakers."""
     pieces: list[dict[str, Any]] | None = None
     """A split job's pieces: where each is, its job, its tries and seconds."""
 
@@ -302,7 +304,7 @@ def _transcribe(
         "budget_s": _compute_budget(settings, duration),
     }
     multi = kwargs.get("language") == code_switch.MULTI
-    if multi and job.diarize:
+    if multi and job.diarize and not job.speaker_windows:
         options["breaks"] = _speaker_breaks(job, worker, call, audio, options["budget_s"])
     t = time.perf_counter()
     with worker.memory_budget().reserve(job_bytes(duration), call.cancel,
@@ -365,13 +367,14 @@ def _split(
     with PieceStore(worker.settings) as store:
         inputs = _piece_inputs(child, samples, bounds, store, worker.settings)
         call.timings["split"] = time.perf_counter() - t
-        # With diarize, this worker diarizes the whole recording while the pieces are
-        # transcribed: one clustering over every voice, so "A" is one person throughout
-        # and a count holds for the whole (matching each piece's own speakers by their
-        # embeddings lost speakers that a short piece had merged: bench/README.md).
+        results = worker.fan_out(inputs, call.cancel, run_here)
+    if job.diarize:
+        # Each piece embedded its speech windows; the whole clusters them all at once, so
+        # "A" is one person throughout and a count holds for the whole (bench/README.md).
+        windows = [r["output"].get("speaker_windows") for r in results]
+        found = [(a, w) for (a, _), w in zip(bounds, windows, strict=True)]
         budget = _compute_budget(worker.settings, audio.duration)
-        with diarization.beside(job, worker, call, samples, budget):
-            results = worker.fan_out(inputs, call.cancel, run_here)
+        diarization.from_pieces(job, worker, call, samples, found, budget)
     sink = _segment_sink(call, audio.duration, worker.settings.progress_interval_s)
     segments: list[Segment] = []
     spoken: dict[str, float] = {}
@@ -429,10 +432,12 @@ def _piece_input(job: JobInput, kwargs: dict[str, Any]) -> dict[str, Any]:
         child["output"].append("words")
     if job.batch_size:
         child["batch_size"] = job.batch_size
-    # The speakers are found on the whole recording by the job's own worker (_split).
-    for name in ("diarize", "num_speakers", "min_speakers", "max_speakers", "known_speakers",
+    # The pieces embed their speech windows; the speakers are found on the whole (_split).
+    for name in ("num_speakers", "min_speakers", "max_speakers", "known_speakers",
                  "speaker_embeddings"):  # fmt: skip
         child.pop(name, None)
+    if job.diarize:
+        child["speaker_windows"] = True
     return child
 
 
@@ -585,6 +590,8 @@ def _shape(
         out["speakers"] = speakers.summary(turns)
         if job.speaker_embeddings and call.diarization is not None:
             out["speaker_embeddings"] = call.diarization.centroids
+        if job.speaker_windows and call.speaker_windows is not None:
+            out["speaker_windows"] = call.speaker_windows.to_json()
     if call.pieces is not None:
         out["pieces"] = call.pieces
     if warnings:

@@ -158,7 +158,10 @@ class JobInput(BaseModel):
     """Names for speakers, each with a 2-10-s reference clip of the voice."""
     speaker_embeddings: bool | None = None
     """Return each speaker's voice embedding (192 numbers, unit length) under
-    ``speaker_embeddings``: to match speakers across recordings (``split`` uses it)."""
+    ``speaker_embeddings``: to match speakers across recordings."""
+    speaker_windows: bool | None = None
+    """A split job's piece: return the speech windows and their voice embeddings under
+    ``speaker_windows`` instead of speakers, for the whole recording to cluster."""
 
     # --- faster-whisper options (names as in WhisperModel.transcribe) ---------------------
     language: str | None = Field(None, min_length=2, max_length=8, pattern=r"^[a-zA-Z_-]+$")
@@ -308,6 +311,8 @@ class JobInput(BaseModel):
             raise ValueError("known_speakers names must differ")
         if self.speaker_embeddings and not self.diarize:
             raise ValueError("speaker_embeddings need diarize: true")
+        if self.speaker_windows and not self.diarize:
+            raise ValueError("speaker_windows need diarize: true")
 
     @property
     def legacy(self) -> bool:
@@ -403,6 +408,7 @@ DECODING_OPTIONS: frozenset[str] = frozenset(
         "max_speakers",
         "known_speakers",
         "speaker_embeddings",
+        "speaker_windows",
         "split",
     }
 )

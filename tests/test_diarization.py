@@ -171,6 +171,32 @@ def test_three_real_voices_taking_turns(diarizer, sample) -> None:
     assert len(diarizer.run(audio, SpeakerCount(low=1, high=2)).speakers) == 2
 
 
+def test_windows_embedded_in_pieces_cluster_as_the_whole_does(diarizer, sample) -> None:
+    """A split job's pieces embed their speech windows and send them (float16, JSON); the
+    whole clusters them all at once (issue 33). Cut at a pause into three pieces, the turns
+    are the unsplit diarization's, and windows that do not hold together are refused."""
+    import json
+
+    from handler.inference.diarize import Windows
+
+    audio, ref = three_voices(sample)
+    whole = diarizer.run(audio, SpeakerCount(exact=3))
+    starts = [0] + [int((ref[i][1] + ref[i + 1][0]) / 2 * RATE) for i in (2, 5)]
+    ends = [*starts[1:], len(audio)]
+    dim = diarizer.embedding_size
+    sent = [json.loads(json.dumps(diarizer.windows_of(audio[a:b]).to_json()))
+            for a, b in zip(starts, ends, strict=True)]  # fmt: skip
+    parts = [Windows.from_json(w, dim).shifted(a) for a, w in zip(starts, sent, strict=True)]
+    joined = diarizer.finish(audio, Windows.joined(parts, dim), SpeakerCount(exact=3))
+    assert joined.speakers == whole.speakers
+    assert attribution(ref, hyp(joined)) >= attribution(ref, hyp(whole)) - 0.01
+    assert attribution(ref, hyp(joined)) >= 0.9
+    bad = diarizer.windows_of(audio[: 10 * RATE]).to_json()
+    bad["spans"] = bad["spans"][:-1]
+    with pytest.raises(ValueError):
+        Windows.from_json(bad, dim)
+
+
 def test_a_given_count_is_not_spent_on_a_one_window_outlier(diarizer, sample) -> None:
     """1.5 s of a voice unlike the others (eSpeak's German) among the three voices: with
     num_speakers=3 the plain dendrogram cut made it a speaker and merged JFK with the

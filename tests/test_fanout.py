@@ -232,6 +232,14 @@ def test_speakers_are_one_set_across_the_pieces(endpoint) -> None:
         assert late and late[0]["speaker"] != "A"  # the caller or the reader, never JFK
         assert out["rttm"].count("SPEAKER") >= 6
         assert all(w.get("speaker") for s in out["segments"] for w in s.get("words") or [])
+    # The pieces embedded their windows (the costly half of diarizing) and the whole
+    # clustered them: each piece's output carries its windows, not speakers of its own.
+    with em.state.cond:
+        last = max((j for j in em.state.jobs.values() if "split" in (j.input or {})),
+                   key=lambda j: j.submitted_at)  # fmt: skip
+        kids = [em.state.jobs[p["job_id"]] for p in last.output["pieces"]]
+    assert all(k.input.get("speaker_windows") and "num_speakers" not in k.input for k in kids)
+    assert all(k.output["speaker_windows"]["spans"] and not k.output["speakers"] for k in kids)
 
 
 @pytest.fixture(scope="module")

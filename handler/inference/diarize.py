@@ -14,6 +14,7 @@ job's guard (cancel, compute budget) is checked between batches.
 
 from __future__ import annotations
 
+import base64
 import contextlib
 import io
 import json
@@ -79,6 +80,69 @@ class Diarization:
     the speakers of its pieces by them; ``speaker_embeddings`` returns them)."""
 
 
+@dataclass
+class Windows:
+    """A recording's speech regions and windows with their voice embeddings (sample
+    positions): the costly half of diarizing. A split job's pieces compute theirs and the
+    whole clusters them all at once (issue 33). ``fine_emb`` None: not computed yet."""
+
+    regions: list[tuple[int, int]]
+    spans: list[tuple[int, int]]
+    emb: np.ndarray
+    fine: list[tuple[int, int]]
+    fine_emb: np.ndarray | None = None
+    timings: dict[str, float] = field(default_factory=dict)
+
+    def shifted(self, offset: int) -> Windows:
+        def move(xs: list[tuple[int, int]]) -> list[tuple[int, int]]:
+            return [(a + offset, b + offset) for a, b in xs]
+
+        return Windows(move(self.regions), move(self.spans), self.emb, move(self.fine),
+                       self.fine_emb)  # fmt: skip
+
+    @staticmethod
+    def joined(parts: list[Windows], dim: int) -> Windows:
+        """Pieces in time order (already shifted) as one recording's windows."""
+        fine = [p.fine_emb if p.fine_emb is not None else np.zeros((0, dim)) for p in parts]
+        return Windows(
+            [r for p in parts for r in p.regions],
+            [s for p in parts for s in p.spans],
+            np.concatenate([p.emb.reshape(-1, dim) for p in parts]).astype(np.float32),
+            [f for p in parts for f in p.fine],
+            np.concatenate(fine).astype(np.float32),
+        )
+
+    def to_json(self) -> dict[str, Any]:
+        """Compact: embeddings as float16 (a 4-minute piece of speech: about 0.6 MB)."""
+
+        def pack(x: np.ndarray | None) -> str:
+            x = np.zeros((0, 0)) if x is None else x
+            return base64.b64encode(x.astype("<f2").tobytes()).decode()
+
+        return {"regions": self.regions, "spans": self.spans, "fine": self.fine,
+                "emb": pack(self.emb), "fine_emb": pack(self.fine_emb)}  # fmt: skip
+
+    @classmethod
+    def from_json(cls, data: Any, dim: int) -> Windows:
+        """A piece's windows; ValueError when they do not hold together."""
+
+        def spans(key: str) -> list[tuple[int, int]]:
+            out = [(int(a), int(b)) for a, b in data[key]]
+            if any(b < a or a < 0 for a, b in out):
+                raise ValueError(f"bad {key}")
+            return out
+
+        def unpack(key: str, n: int) -> np.ndarray:
+            x = np.frombuffer(base64.b64decode(data[key]), dtype="<f2").astype(np.float32)
+            if x.size != n * dim:
+                raise ValueError(f"{key}: {x.size} numbers for {n} windows")
+            return x.reshape(n, dim)
+
+        win, fine = spans("spans"), spans("fine")
+        return cls(spans("regions"), win, unpack("emb", len(win)), fine,
+                   unpack("fine_emb", len(fine)))  # fmt: skip
+
+
 class Diarizer:
     """The loaded embedding model; thread-safe (onnxruntime sessions are)."""
 
@@ -116,6 +180,25 @@ class Diarizer:
             self._embed_spans(samples, spans, None, noise=noise).mean(axis=0)
         )
 
+    def windows_of(
+        self, samples: np.ndarray, guard: Guard | None = None, *, fine: bool = True
+    ) -> Windows:
+        """The recording's speech windows embedded (the fine ones too unless ``fine`` is
+        False: a recording of one speaker never needs them)."""
+        t0 = time.perf_counter()
+        regions = speech_regions(samples, guard)
+        spans, fine_spans = windows(regions), windows(regions, FINE_WINDOW_S, FINE_STEP_S)
+        t1 = time.perf_counter()
+        empty = np.zeros((0, self.embedding_size), dtype=np.float32)
+        if not spans:
+            return Windows(regions, [], empty, fine_spans, empty, {"vad": t1 - t0})
+        noise = speaker_features.noise_floor(samples)
+        emb = self._embed_spans(samples, spans, guard, noise=noise)
+        fine_emb = (self._embed_spans(samples, fine_spans, guard, FINE_WINDOW_S, noise)
+                    if fine else None)  # fmt: skip
+        timings = {"vad": t1 - t0, "embed": time.perf_counter() - t1}
+        return Windows(regions, spans, emb, fine_spans, fine_emb, timings)
+
     def run(
         self,
         samples: np.ndarray,
@@ -123,15 +206,23 @@ class Diarizer:
         guard: Guard | None = None,
         references: dict[str, np.ndarray] | None = None,
     ) -> Diarization:
-        t0 = time.perf_counter()
-        regions = speech_regions(samples, guard)
-        spans = windows(regions)
-        t1 = time.perf_counter()
-        if not spans:
-            return Diarization([], [], time.perf_counter() - t0, {"vad": t1 - t0})
-        noise = speaker_features.noise_floor(samples)
-        emb = self._embed_spans(samples, spans, guard, noise=noise)
+        return self.finish(samples, self.windows_of(samples, guard, fine=False), count,
+                           guard, references)  # fmt: skip
+
+    def finish(
+        self,
+        samples: np.ndarray,
+        win: Windows,
+        count: SpeakerCount,
+        guard: Guard | None = None,
+        references: dict[str, np.ndarray] | None = None,
+    ) -> Diarization:
+        """Speakers from embedded windows: cluster, relabel the fine windows, name, turns."""
         t2 = time.perf_counter()
+        timings = dict(win.timings)
+        if not win.spans:
+            return Diarization([], [], sum(timings.values()), timings)
+        emb, regions, spans = win.emb, win.regions, win.spans
         energy = frame_energy(samples)
         snr = speech_to_floor_db(energy, regions)
         cut = NOISY_THRESHOLD if snr < NOISY_DB else speaker_clusters.THRESHOLD
@@ -139,39 +230,36 @@ class Diarizer:
         t3 = time.perf_counter()
         final = labels
         if labels.max(initial=0) > 0:
-            spans, final = self._relabel(samples, regions, emb, labels, guard, noise)
+            spans, final = self._relabel(samples, win, labels, guard)
         names = _names(emb, labels, references or {}, order=final)
         turns = snap_changes(to_turns(spans, regions, final, names), samples, energy)
         t4 = time.perf_counter()
         speakers = list(dict.fromkeys(t.speaker for t in turns))
-        timings = {"vad": t1 - t0, "embed": t2 - t1, "cluster": t3 - t2, "relabel": t4 - t3}
+        timings.update({"cluster": t3 - t2, "relabel": t4 - t3})
         centres = speaker_clusters.centroids(speaker_clusters.unit(emb.astype(np.float64)), labels)
         voices = {names[i]: [round(float(v), 5) for v in c] for i, c in enumerate(centres)}
-        return Diarization(turns, speakers, t4 - t0, timings, round(snr, 1),
+        return Diarization(turns, speakers, sum(timings.values()), timings, round(snr, 1),
                            {s: voices[s] for s in speakers if s in voices})  # fmt: skip
 
     def _relabel(
-        self,
-        samples: np.ndarray,
-        regions: list[tuple[int, int]],
-        emb: np.ndarray,
-        labels: np.ndarray,
-        guard: Guard | None,
-        noise: np.ndarray | None = None,
+        self, samples: np.ndarray, win: Windows, labels: np.ndarray, guard: Guard | None
     ) -> tuple[list[tuple[int, int]], np.ndarray]:
         """Shorter windows, each given the speaker whose centroid it is nearest, the
         similarities averaged with the neighbouring windows' (measured: the pyannote
         sample's fast turns 0.91 -> 0.95 of the speech right; the built conversations, whose
         turns are whole phrases, 0.4 points lower: bench/README.md)."""
-        centres = speaker_clusters.centroids(speaker_clusters.unit(emb.astype(np.float64)), labels)
-        fine = windows(regions, FINE_WINDOW_S, FINE_STEP_S)
-        sim = (
-            speaker_clusters.unit(self._embed_spans(samples, fine, guard, FINE_WINDOW_S, noise))
-            @ centres.T
-        )
+        centres = speaker_clusters.centroids(speaker_clusters.unit(win.emb.astype(np.float64)),
+                                             labels)  # fmt: skip
+        fine_emb = win.fine_emb
+        if fine_emb is None:
+            noise = speaker_features.noise_floor(samples)
+            fine_emb = self._embed_spans(samples, win.fine, guard, FINE_WINDOW_S, noise)
+        if not len(fine_emb):
+            return win.spans, labels
+        sim = speaker_clusters.unit(fine_emb) @ centres.T
         smooth = sim.copy()
         smooth[1:-1] = (sim[:-2] + sim[1:-1] + sim[2:]) / 3
-        return fine, smooth.argmax(axis=1)
+        return win.fine, smooth.argmax(axis=1)
 
     def _embed_spans(
         self,
