@@ -351,3 +351,25 @@ def test_the_client_sends_a_local_file_through_the_callers_bucket(
     assert sent["audio_url"].startswith(f"{url}/uploads/calls/") and "audio_base64" not in sent
     assert "X-Amz-Signature=" in sent["audio_url"]
     assert s3.list_objects_v2(Bucket="uploads").get("KeyCount") == 0
+
+
+def test_a_piece_result_over_the_size_limit_is_read_back(one_job_workers) -> None:
+    """A piece whose result was over the platform's size limit answers a summary and a
+    presigned URL (output/offload); the waiting worker reads the whole back from it, and a
+    URL that does not answer counts as a failed piece (submitted again), never a hole."""
+    from handler.faces.fanout import Platform
+
+    em, s3, _ = one_job_workers
+    full = {"text": "ask not", "segments": [{"id": 1, "start": 0.0, "end": 1.0}]}
+    s3.put_object(Bucket="pieces", Key="results/piece.json", Body=json.dumps(full).encode())
+    try:
+        link = s3.generate_presigned_url(
+            "get_object", Params={"Bucket": "pieces", "Key": "results/piece.json"}, ExpiresIn=60
+        )
+        platform = Platform(em.base_url, em.config.endpoint_id, em.api_key)
+        assert platform._whole({"result_url": link, "language": "en"}) == full
+        gone = link.replace("piece.json", "other.json")
+        assert platform._whole({"result_url": gone, "language": "en"}) is None
+        assert platform._whole({"text": "inline"}) == {"text": "inline"}
+    finally:
+        s3.delete_object(Bucket="pieces", Key="results/piece.json")

@@ -20,6 +20,7 @@ objects of the piece bucket that the job deletes when it ends (``job._split``).
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 import threading
@@ -40,6 +41,8 @@ PIECE_TIMEOUT_S = 1800.0
 QUEUE_WAIT_S = 60.0
 TRIES = 2
 REQUEST_TIMEOUT_S = 30.0
+MAX_PIECE_RESULT_BYTES = 512 * 2**20
+"""A piece's uploaded result read back at most this large (a piece of hours, with words)."""
 
 RunHere = Callable[[int], dict[str, Any]]
 """Runs piece i on this worker; its output (an error dict when it failed)."""
@@ -142,7 +145,7 @@ class Platform:
                 if state == "IN_QUEUE" and time.monotonic() - p.submitted > self.queue_wait_s:
                     queued.append(p)
                 elif state == "COMPLETED":
-                    p.output = _final(status.get("output"))
+                    p.output = self._whole(_final(status.get("output")))
                     if p.output is None:
                         self._failed(p, "completed without a result")
                 elif state in TERMINAL:
@@ -169,6 +172,21 @@ class Platform:
             self._failed(p, f"on this worker: {output['error_code']}")
         else:
             p.output = output
+
+    def _whole(self, output: dict[str, Any] | None) -> dict[str, Any] | None:
+        """A piece's result as its worker made it: one over the platform's size limit was
+        uploaded to the result bucket and is read back from its presigned URL."""
+        if output is None or "result_url" not in output:
+            return output
+        try:
+            r = requests.get(str(output["result_url"]), timeout=REQUEST_TIMEOUT_S, stream=True)
+            r.raise_for_status()
+            body = r.raw.read(MAX_PIECE_RESULT_BYTES + 1, decode_content=True)
+            if len(body) > MAX_PIECE_RESULT_BYTES:
+                return None
+            return dict(json.loads(body))
+        except (requests.RequestException, ValueError, TypeError):
+            return None  # failed: submitted again, then PIECE_FAILED
 
     def _failed(self, p: Piece, why: str) -> None:
         p.errors.append(why)
