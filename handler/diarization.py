@@ -131,9 +131,7 @@ def beside(
         return
     count = _count(job)
     stop = _Linked(call.cancel)
-    deadline = None if budget_s is None else time.monotonic() + budget_s
-    guard = Guard(stop, deadline, Code.COMPUTE_BUDGET_EXCEEDED,
-                  "diarization used the job's compute budget")  # fmt: skip
+    guard = _guard(stop, budget_s)
     box: dict[str, Any] = {}
     diarizer = worker.diarizer
 
@@ -198,6 +196,12 @@ def _store(call: Call, box: dict[str, Any]) -> None:
         call.diarization = box["result"]
 
 
+def _guard(stop: threading.Event | None, budget_s: float | None) -> Guard:
+    deadline = None if budget_s is None else time.monotonic() + budget_s
+    return Guard(stop, deadline, Code.COMPUTE_BUDGET_EXCEEDED,
+                 "diarization used the job's compute budget")  # fmt: skip
+
+
 def _count(job: JobInput) -> Any:
     from handler.inference.speaker_clusters import SpeakerCount
 
@@ -221,9 +225,7 @@ def from_pieces(
     diarizer = worker.diarizer
     assert diarizer is not None  # refused in _plan otherwise
     t = time.perf_counter()
-    guard = Guard(call.cancel, None if budget_s is None else time.monotonic() + budget_s,
-                  Code.COMPUTE_BUDGET_EXCEEDED,
-                  "diarization used the job's compute budget")  # fmt: skip
+    guard = _guard(call.cancel, budget_s)
     try:
         parts = [Windows.from_json(w, diarizer.embedding_size).shifted(a) for a, w in pieces]
         whole = Windows.joined(parts, diarizer.embedding_size)

@@ -179,9 +179,10 @@ class Platform:
         if output is None or "result_url" not in output:
             return output
         try:
-            r = requests.get(str(output["result_url"]), timeout=REQUEST_TIMEOUT_S, stream=True)
-            r.raise_for_status()
-            body = r.raw.read(MAX_PIECE_RESULT_BYTES + 1, decode_content=True)
+            with requests.get(str(output["result_url"]), timeout=REQUEST_TIMEOUT_S,
+                              stream=True) as r:  # fmt: skip
+                r.raise_for_status()
+                body = r.raw.read(MAX_PIECE_RESULT_BYTES + 1, decode_content=True)
             if len(body) > MAX_PIECE_RESULT_BYTES:
                 return None
             return dict(json.loads(body))

@@ -76,8 +76,8 @@ class Diarization:
     snr_db: float | None = None
     """Speech over the recording's noise floor (speech_to_floor_db)."""
     centroids: dict[str, list[float]] = field(default_factory=dict)
-    """Each speaker's voice: the unit mean of its windows' embeddings (``split`` matches
-    the speakers of its pieces by them; ``speaker_embeddings`` returns them)."""
+    """Each speaker's voice: the unit mean of its windows' embeddings (what
+    ``speaker_embeddings`` returns)."""
 
 
 @dataclass
@@ -92,6 +92,8 @@ class Windows:
     fine: list[tuple[int, int]]
     fine_emb: np.ndarray | None = None
     timings: dict[str, float] = field(default_factory=dict)
+    noise: np.ndarray | None = None
+    """The recording's noise floor, kept to embed the fine windows later (not sent)."""
 
     def shifted(self, offset: int) -> Windows:
         def move(xs: list[tuple[int, int]]) -> list[tuple[int, int]]:
@@ -197,7 +199,7 @@ class Diarizer:
         fine_emb = (self._embed_spans(samples, fine_spans, guard, FINE_WINDOW_S, noise)
                     if fine else None)  # fmt: skip
         timings = {"vad": t1 - t0, "embed": time.perf_counter() - t1}
-        return Windows(regions, spans, emb, fine_spans, fine_emb, timings)
+        return Windows(regions, spans, emb, fine_spans, fine_emb, timings, noise)
 
     def run(
         self,
@@ -229,30 +231,33 @@ class Diarizer:
         labels = speaker_clusters.cluster(emb, count, cut)
         t3 = time.perf_counter()
         final = labels
+        centres = speaker_clusters.centroids(speaker_clusters.unit(emb.astype(np.float64)), labels)
         if labels.max(initial=0) > 0:
-            spans, final = self._relabel(samples, win, labels, guard)
+            spans, final = self._relabel(samples, win, labels, centres, guard)
         names = _names(emb, labels, references or {}, order=final)
         turns = snap_changes(to_turns(spans, regions, final, names), samples, energy)
         t4 = time.perf_counter()
         speakers = list(dict.fromkeys(t.speaker for t in turns))
         timings.update({"cluster": t3 - t2, "relabel": t4 - t3})
-        centres = speaker_clusters.centroids(speaker_clusters.unit(emb.astype(np.float64)), labels)
         voices = {names[i]: [round(float(v), 5) for v in c] for i, c in enumerate(centres)}
         return Diarization(turns, speakers, sum(timings.values()), timings, round(snr, 1),
                            {s: voices[s] for s in speakers if s in voices})  # fmt: skip
 
     def _relabel(
-        self, samples: np.ndarray, win: Windows, labels: np.ndarray, guard: Guard | None
+        self,
+        samples: np.ndarray,
+        win: Windows,
+        labels: np.ndarray,
+        centres: np.ndarray,
+        guard: Guard | None,
     ) -> tuple[list[tuple[int, int]], np.ndarray]:
         """Shorter windows, each given the speaker whose centroid it is nearest, the
         similarities averaged with the neighbouring windows' (measured: the pyannote
         sample's fast turns 0.91 -> 0.95 of the speech right; the built conversations, whose
         turns are whole phrases, 0.4 points lower: bench/README.md)."""
-        centres = speaker_clusters.centroids(speaker_clusters.unit(win.emb.astype(np.float64)),
-                                             labels)  # fmt: skip
         fine_emb = win.fine_emb
         if fine_emb is None:
-            noise = speaker_features.noise_floor(samples)
+            noise = win.noise if win.noise is not None else speaker_features.noise_floor(samples)
             fine_emb = self._embed_spans(samples, win.fine, guard, FINE_WINDOW_S, noise)
         if not len(fine_emb):
             return win.spans, labels

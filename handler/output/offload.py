@@ -38,13 +38,11 @@ def deliver(output: dict[str, Any], settings: Settings, job_id: str) -> dict[str
             f"the result is {size} bytes, over the {settings.max_result_bytes}-byte limit, and "
             "no result bucket is configured (WHISPER_RESULT_BUCKET); ask for fewer formats",
         )
-    import boto3
     from botocore.exceptions import BotoCoreError, ClientError
 
     key = f"results/{job_id}.json"
     try:
-        no_instance_metadata()
-        s3 = boto3.client("s3", endpoint_url=settings.s3_endpoint_url)
+        s3 = s3_client(settings)
         s3.put_object(
             Bucket=settings.result_bucket,
             Key=key,
@@ -124,8 +122,13 @@ class PieceStore:
 
     def _client(self) -> Any:
         if self._s3 is None:
-            import boto3
-
-            no_instance_metadata()
-            self._s3 = boto3.client("s3", endpoint_url=self.settings.s3_endpoint_url)
+            self._s3 = s3_client(self.settings)
         return self._s3
+
+
+def s3_client(settings: Settings) -> Any:
+    """A client for the deployment's S3 (``s3_endpoint_url``), off the metadata service."""
+    import boto3
+
+    no_instance_metadata()
+    return boto3.client("s3", endpoint_url=settings.s3_endpoint_url)
