@@ -367,7 +367,8 @@ def _split(convs: list[Conversation], model: Path, n: int) -> list[dict[str, Any
     worker = start_worker(load_settings({"WHISPER_DEVICE": "cpu", "WHISPER_DIARIZATION": "true",
                                          "WHISPER_DIARIZATION_MODEL": str(model)}))  # fmt: skip
 
-    def here(inputs: list[dict[str, Any]], cancel: Any, run_here: Any) -> list[dict[str, Any]]:
+    def here(inputs: list[dict[str, Any]], cancel: Any, run_here: Any,
+             on_done: Any = None) -> list[dict[str, Any]]:  # fmt: skip
         outs = [run_job(inp, worker) for inp in inputs]
         if failed := [o for o in outs if "error_code" in o]:
             raise RuntimeError(f"a piece failed: {failed[0]}")

@@ -153,12 +153,20 @@ class Call:
     """A split job's pieces: where each is, its job, its tries and seconds."""
 
 
+PieceDone = Callable[[int, dict[str, Any]], None]
+"""Told once that piece i has ended, with its output, as soon as it has."""
 FanOut = Callable[
-    [list[dict[str, Any]], threading.Event | None, Callable[[int], dict[str, Any]] | None],
+    [
+        list[dict[str, Any]],
+        threading.Event | None,
+        Callable[[int], dict[str, Any]] | None,
+        PieceDone | None,
+    ],
     list[dict[str, Any]],
 ]
 """Each piece's job input run on the platform (or, given a way to, piece i on this worker
-when no other takes it); their outputs, job ids and tries, in order."""
+when no other takes it), each ended piece told to the last argument; their outputs, job
+ids and tries, in order."""
 AUTO_PIECE_S = 240.0
 """``split: "auto"``: one piece per this much audio (4 min: a piece travels inline, FLAC)."""
 
@@ -364,10 +372,14 @@ def _split(
         return run_job(child, worker, job_id=f"{call.job_id}/{i + 1}", cancel=call.cancel,
                        samples=samples[a:b])  # fmt: skip
 
+    stitch = _Stitch(bounds, call, audio.duration)
     with PieceStore(worker.settings) as store:
         inputs = _piece_inputs(child, samples, bounds, store, worker.settings)
         call.timings["split"] = time.perf_counter() - t
-        results = worker.fan_out(inputs, call.cancel, run_here)
+        results = worker.fan_out(inputs, call.cancel, run_here, stitch.done)
+    for i, res in enumerate(results):
+        if i not in stitch.outputs:  # a fan-out that tells only at the end
+            stitch.done(i, res["output"])
     if job.diarize:
         # Each piece embedded its speech windows; the whole clusters them all at once, so
         # "A" is one person throughout and a count holds for the whole (bench/README.md).
@@ -375,17 +387,11 @@ def _split(
         found = [(a, w) for (a, _), w in zip(bounds, windows, strict=True)]
         budget = _compute_budget(worker.settings, audio.duration)
         diarization.from_pieces(job, worker, call, samples, found, budget)
-    sink = _segment_sink(call, audio.duration, worker.settings.progress_interval_s)
-    segments: list[Segment] = []
     spoken: dict[str, float] = {}
     probability: dict[str, float] = {}
     call.pieces = []
     for i, ((a, b), res) in enumerate(zip(bounds, results, strict=True)):
         out = res["output"]
-        for seg in out.get("segments") or []:
-            item = _piece_segment(seg, a / SAMPLE_RATE, len(segments) + 1)
-            segments.append(item)
-            sink(item)
         lang = out.get("language") or ""
         spoken[lang] = spoken.get(lang, 0.0) + (b - a) / SAMPLE_RATE
         probability.setdefault(lang, float(out.get("language_probability") or 0.0))
@@ -398,8 +404,35 @@ def _split(
     main = max(spoken, key=lambda k: spoken[k]) if spoken else ""
     call.timings["queue_model"] = 0.0
     call.timings["transcribe"] = time.perf_counter() - t - call.timings["split"]
-    return transcribe.Transcript(segments, main, probability.get(main, 0.0),
+    return transcribe.Transcript(stitch.segments, main, probability.get(main, 0.0),
                                  time.perf_counter() - t)  # fmt: skip
+
+
+class _Stitch:
+    """A split job's pieces put back on the recording's time line as they end: a piece's
+    segments go to the caller's stream as soon as every piece before it has ended (in
+    time order, numbered once, as unsplit streams them), and the job's progress moves with
+    the audio of the pieces ended, whatever their order."""
+
+    def __init__(self, bounds: list[tuple[int, int]], call: Call, duration: float) -> None:
+        self.bounds, self.call, self.duration = bounds, call, duration
+        self.outputs: dict[int, dict[str, Any]] = {}
+        self.segments: list[Segment] = []
+        self.next = 0
+
+    def done(self, i: int, output: dict[str, Any]) -> None:
+        self.outputs[i] = output
+        while self.next in self.outputs:
+            offset = self.bounds[self.next][0] / SAMPLE_RATE
+            for seg in self.outputs[self.next].get("segments") or []:
+                item = _piece_segment(seg, offset, len(self.segments) + 1)
+                self.segments.append(item)
+                if self.call.on_segment is not None:
+                    self.call.on_segment(item)
+            self.next += 1
+        if self.call.on_progress is not None and self.duration > 0:
+            ended = sum(b - a for k, (a, b) in enumerate(self.bounds) if k in self.outputs)
+            self.call.on_progress(round(min(100.0, 100.0 * ended / SAMPLE_RATE / self.duration), 1))
 
 
 def _piece_inputs(

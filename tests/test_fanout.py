@@ -58,6 +58,35 @@ def test_split_on_a_worker_that_cannot_is_refused_before_the_audio(worker) -> No
     assert bad["error_code"] == Code.INVALID_INPUT and "diarize" in bad["error"]
 
 
+def test_pieces_stream_in_time_order_as_soon_as_those_before_them_have_ended() -> None:
+    """Pieces end in any order; their segments reach the caller's stream on the recording's
+    time line, numbered once, as soon as every earlier piece has ended, and the progress
+    moves with the audio of the pieces ended (issue 33)."""
+    from handler.job import Call, _Stitch
+
+    streamed: list[tuple[int, float, str]] = []
+    progress: list[float] = []
+    call = Call("j", None, lambda seg: streamed.append((seg["id"], seg["start"], seg["text"])),
+                progress.append)  # fmt: skip
+    bounds = [(0, 160000), (160000, 480000), (480000, 640000)]  # 10 s, 20 s, 10 s
+    stitch = _Stitch(bounds, call, 40.0)
+
+    def output(text: str) -> dict[str, Any]:
+        return {"segments": [{"id": k, "start": 2.0 * k - 1, "end": 2.0 * k, "text": f" {text} {k}"}
+                             for k in (1, 2)]}  # fmt: skip
+
+    stitch.done(2, output("third"))
+    assert streamed == [] and progress == [25.0]  # nothing before it has ended
+    stitch.done(0, output("first"))
+    assert [s[2] for s in streamed] == [" first 1", " first 2"] and progress[-1] == 50.0
+    stitch.done(1, output("second"))
+    assert [s[0] for s in streamed] == [1, 2, 3, 4, 5, 6]
+    assert [s[1] for s in streamed] == [1.0, 3.0, 11.0, 13.0, 31.0, 33.0]
+    assert [s[2].split()[0] for s in streamed] == ["first"] * 2 + ["second"] * 2 + ["third"] * 2
+    assert progress == [25.0, 50.0, 100.0]
+    assert [s["id"] for s in stitch.segments] == [1, 2, 3, 4, 5, 6]
+
+
 @pytest.fixture(scope="module")
 def endpoint(tmp_path_factory) -> Any:
     logs = tmp_path_factory.mktemp("fanout")
@@ -111,6 +140,12 @@ def test_a_split_job_is_pieces_on_the_queue_stitched_into_one_result(endpoint) -
     assert [p["piece"] for p in out["pieces"]] == [1, 2, 3]
     assert out["pieces"][0]["start"] == 0 and abs(out["pieces"][-1]["end"] - out["duration"]) < 0.1
     assert all(p["tries"] == 1 for p in out["pieces"])
+    # Each piece lives no longer than the job waits for it (an orphan is dropped, not run
+    # hours later), and the job's progress moved as each piece ended, not once at the end.
+    from handler.faces.fanout import PIECE_TIMEOUT_S
+
+    assert all(c.ttl_s == PIECE_TIMEOUT_S for c in children)
+    wait_for(lambda: em.state.jobs[parent].progress_posts >= 3, 30.0, "a progress post a piece")
 
 
 @pytest.mark.e2e

@@ -46,6 +46,8 @@ MAX_PIECE_RESULT_BYTES = 512 * 2**20
 
 RunHere = Callable[[int], dict[str, Any]]
 """Runs piece i on this worker; its output (an error dict when it failed)."""
+PieceDone = Callable[[int, dict[str, Any]], None]
+"""Told of piece i's output once, as soon as the piece has ended."""
 
 
 @dataclass
@@ -98,14 +100,16 @@ class Platform:
         inputs: list[dict[str, Any]],
         cancel: threading.Event | None,
         run_here: RunHere | None = None,
+        on_done: PieceDone | None = None,
     ) -> list[dict[str, Any]]:
         """Each input run as a job; their outputs (and job ids, tries) in order.
-        ``run_here``: how this worker runs a piece that waited too long in the queue."""
+        ``run_here``: how this worker runs a piece that waited too long in the queue;
+        ``on_done``: told of each piece's output as soon as that piece has ended."""
         pieces = [Piece(i, inp) for i, inp in enumerate(inputs)]
         try:
             for p in pieces:
                 self._submit(p)
-            self._wait(pieces, cancel, run_here)
+            self._wait(pieces, cancel, run_here, on_done)
         except BaseException:
             self._cancel([p for p in pieces if p.output is None and p.job_id and not p.here])
             raise
@@ -115,7 +119,10 @@ class Platform:
     def _submit(self, p: Piece) -> None:
         p.tries += 1
         try:
-            r = self.http.post(f"{self.url}/run", json={"input": p.input},
+            # A piece lives no longer than this job waits for it: one orphaned by a worker
+            # that died is dropped by the platform, not run (and billed) hours later.
+            policy = {"ttl": int(self.piece_timeout_s * 1000)}
+            r = self.http.post(f"{self.url}/run", json={"input": p.input, "policy": policy},
                                timeout=REQUEST_TIMEOUT_S)  # fmt: skip
             r.raise_for_status()
             p.job_id = str(r.json()["id"])
@@ -134,7 +141,7 @@ class Platform:
             return {"status": "UNKNOWN"}  # asked again at the next poll
 
     def _wait(self, pieces: list[Piece], cancel: threading.Event | None,
-              run_here: RunHere | None) -> None:  # fmt: skip
+              run_here: RunHere | None, on_done: PieceDone | None) -> None:  # fmt: skip
         while live := [p for p in pieces if p.output is None]:
             if cancel is not None and cancel.is_set():
                 raise WorkerError(Code.CANCELLED, "the job was cancelled")
@@ -148,13 +155,18 @@ class Platform:
                     p.output = self._whole(_final(status.get("output")))
                     if p.output is None:
                         self._failed(p, "completed without a result")
+                    elif on_done is not None:
+                        on_done(p.index, p.output)
                 elif state in TERMINAL:
                     self._failed(p, _error_of(status))
                 elif time.monotonic() - p.submitted > self.piece_timeout_s:
                     self._cancel([p])
                     self._failed(p, f"still {state} after {self.piece_timeout_s:.0f} s")
             if queued and run_here is not None:
-                self._run_here(min(queued, key=lambda q: q.submitted), run_here)
+                first = min(queued, key=lambda q: q.submitted)
+                self._run_here(first, run_here)
+                if first.output is not None and on_done is not None:
+                    on_done(first.index, first.output)
             elif any(p.output is None for p in pieces):
                 (cancel or threading.Event()).wait(self.poll_s)
 
