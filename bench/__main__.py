@@ -12,6 +12,7 @@
     python -m bench diarization [...]  who spoke when: DER, attribution, speed, memory, WER
     python -m bench fanout [...]       one recording split across workers: time, seams
     python -m bench code-switch [...]  several languages in one recording: WER, coverage
+    python -m bench split-language [...]  does each piece of a split detect the right language?
     python -m bench alloc [...]         ms per window and kernel CPU share per allocator policy
     python -m bench memory [...]                 peak RSS of one job against audio length
     python -m bench threads [...]       queue worker vs in-process transcribe time per audio s
@@ -153,6 +154,11 @@ def build_parser() -> argparse.ArgumentParser:
     sub.add_parser(
         "fanout",
         help="one long recording split across workers: time, worker seconds, seams (--help)",
+        add_help=False,
+    )
+    sub.add_parser(
+        "split-language",
+        help="each piece of a split recording: its language detected right? (--help)",
         add_help=False,
     )
     sub.add_parser(
@@ -415,6 +421,7 @@ SUBCOMMANDS = {
     "http-soak": "bench.http_soak",
     "fanout": "bench.fanout",
     "code-switch": "bench.code_switch",
+    "split-language": "bench.split_language",
     "diarization": "bench.diarization",
     "alloc": "bench.alloc",
     "throughput": "bench.throughput",

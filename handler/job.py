@@ -387,24 +387,26 @@ def _split(
         found = [(a, w) for (a, _), w in zip(bounds, windows, strict=True)]
         budget = _compute_budget(worker.settings, audio.duration)
         diarization.from_pieces(job, worker, call, samples, found, budget)
-    spoken: dict[str, float] = {}
-    probability: dict[str, float] = {}
+    # The language of most of the speech: a piece without any reports "en" (faster-whisper's
+    # answer when the VAD leaves nothing), so the pieces are weighed by what they heard.
+    heard: dict[str, list[tuple[float, float]]] = {}  # language: [(speech s, p)] a piece
     call.pieces = []
     for i, ((a, b), res) in enumerate(zip(bounds, results, strict=True)):
         out = res["output"]
-        lang = out.get("language") or ""
-        spoken[lang] = spoken.get(lang, 0.0) + (b - a) / SAMPLE_RATE
-        probability.setdefault(lang, float(out.get("language_probability") or 0.0))
+        speech = sum(float(s["end"]) - float(s["start"]) for s in out.get("segments") or [])
+        heard.setdefault(out.get("language") or "", []).append(
+            (speech, float(out.get("language_probability") or 0.0)))  # fmt: skip
         call.warnings += [f"piece {i + 1}: {w}" for w in out.get("warnings") or []]
         call.pieces.append({"piece": i + 1, "start": round(a / SAMPLE_RATE, 3),
                             "end": round(b / SAMPLE_RATE, 3),
                             "job_id": None if res.get("here") else res["job_id"],
                             "ran_here": bool(res.get("here")), "tries": res["tries"],
                             "seconds": (out.get("timings") or {}).get("total")})  # fmt: skip
-    main = max(spoken, key=lambda k: spoken[k]) if spoken else ""
+    # Without speech anywhere: the first piece's (max keeps the first of equals).
+    main = max(heard, key=lambda k: sum(speech for speech, _ in heard[k]))
     call.timings["queue_model"] = 0.0
     call.timings["transcribe"] = time.perf_counter() - t - call.timings["split"]
-    return transcribe.Transcript(stitch.segments, main, probability.get(main, 0.0),
+    return transcribe.Transcript(stitch.segments, main, max(heard[main])[1],
                                  time.perf_counter() - t)  # fmt: skip
 
 

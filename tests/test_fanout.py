@@ -44,6 +44,12 @@ def test_cuts_fall_in_silence_near_equal_shares() -> None:
         assert abs(cut - k * len(audio) / 3) < 0.2 * len(audio) / 3
         around = audio[cut - 1600 : cut + 1600]  # 0.1 s each side: silence
         assert float(np.abs(around).max()) < 0.01
+    # A long quiet stretch spanning several shares is cut at each share, not once in its
+    # middle (which made 2 pieces of the 3 asked for).
+    quiet = np.concatenate([long_clip(10).samples, np.zeros(50 * 16000, np.float32)])
+    cuts = pieces.cut_points(quiet, 3)
+    share = len(quiet) / 3
+    assert len(cuts) == 2 and all(abs(c - k * share) < 0.2 * share for k, c in enumerate(cuts, 1))
     assert pieces.count("auto", 3600, 240, 32) == 15
     assert pieces.count(8, 30, 240, 32) == 3  # no piece under 10 s
     assert pieces.count(64, 7200, 240, 32) == 32

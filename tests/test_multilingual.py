@@ -154,3 +154,43 @@ def test_a_single_language_file_gets_no_dropped_speech_warning(base_worker):
     for name in ("jfk.wav", CLIPS["es"][0], CLIPS["de"][0]):
         result = run_job({"audio_base64": b64(DATA / name)}, base_worker)
         assert not any("got no segment" in w for w in result.get("warnings", [])), name
+
+
+def test_a_split_recordings_language_is_that_of_most_of_its_speech(base_worker):
+    """A piece without speech reports English with probability 1.0 (faster-whisper's answer
+    when the VAD leaves nothing): a Spanish recording followed by a long quiet stretch, split
+    in three, was "en" when the pieces' languages were weighed by their lengths. Weighed by
+    the speech each piece transcribed, it is "es" (issue 33). The pieces run in this process
+    (each piece's job input through the same job path): the platform's queue, tested in
+    test_fanout, changes nothing of what is checked here."""
+    import base64
+
+    import numpy as np
+
+    from handler.audio.decode import decode_audio
+    from speech_assets.clips import wav_bytes
+
+    es = decode_audio(DATA / "es_espeak.flac", base_worker.settings).samples
+    rng = np.random.default_rng(0)
+    quiet = (0.001 * rng.standard_normal(40 * 16000)).astype(np.float32)
+    gap = np.zeros(8000, np.float32)
+    audio = np.concatenate([es, gap, es, quiet])
+    ran: list[dict] = []
+
+    def here(inputs, cancel, run_here, on_done=None):
+        outs = [run_job(inp, base_worker) for inp in inputs]
+        ran.extend(outs)
+        return [{"output": o, "job_id": f"here-{i}", "tries": 1} for i, o in enumerate(outs)]
+
+    base_worker.fan_out = here
+    try:
+        job = {"audio_base64": base64.b64encode(wav_bytes(audio)).decode(), "split": 3,
+               "output": ["text", "segments"]}  # fmt: skip
+        result = run_job(job, base_worker)
+    finally:
+        base_worker.fan_out = None
+    assert "error" not in result, result
+    assert [o["language"] for o in ran] == ["es", "en", "en"]  # the quiet pieces say "en"
+    assert not ran[1]["segments"] and not ran[2]["segments"]
+    assert result["language"] == "es" and result["language_probability"] > 0.5
+    assert words(result["text"])[:3] == ["buenos", "días", "hoy"]

@@ -1,9 +1,10 @@
 """Where to cut a long recording into pieces for other workers (``split``, issue 33).
 
 Cuts go in silences the VAD finds, each as near as it can be to an equal share of the
-recording: the middle of the longest pause within ``SEARCH`` of the share's end, else the
-pause nearest it. A cut is never inside speech, so no word is split between two pieces
-and none is transcribed twice; with no pause at all near a share, the share's end is used.
+recording: the middle of the longest pause within ``SEARCH`` of the share's end (of the
+part of it within that reach), else the pause nearest it. A cut is never inside speech,
+so no word is split between two pieces and none is transcribed twice; with no pause at all
+near a share, the share's end is used.
 """
 
 from __future__ import annotations
@@ -43,7 +44,11 @@ def cut_points(audio: np.ndarray, n: int, kwargs: dict[str, Any] | None = None) 
         low, high = target - SEARCH * share, target + SEARCH * share
         near = [g for g in gaps if g[1] > low and g[0] < high and g[1] > g[0]]
         if near:
+            # The part of the pause inside the window: a long pause (a break, a quiet
+            # stretch) spanning several shares is cut at each of them, not at its middle
+            # once (which merged two pieces into one).
             best = max(near, key=lambda g: min(g[1], high) - max(g[0], low))
+            best = (max(best[0], int(low)), min(best[1], int(high)))
         elif gaps:
             best = min(gaps, key=lambda g: abs((g[0] + g[1]) / 2 - target))
         else:
