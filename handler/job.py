@@ -16,6 +16,7 @@ import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from itertools import pairwise
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -217,7 +218,7 @@ def _run(raw_input: Any, worker: Runtime, call: Call) -> dict[str, Any]:
     if duration < MIN_AUDIO_SECONDS:
         tr = _nothing_to_transcribe(job, call)
     elif (n := _pieces_wanted(job, duration)) > 1:
-        tr = _split(job, kwargs, audio, n, worker, call)
+        tr = _split(job, model, kwargs, languages, audio, n, worker, call)
     else:
         tr = _transcribe(job, model, kwargs, languages, audio, worker, call)
     del audio  # its samples may be gigabytes: not kept while the result is shaped
@@ -352,7 +353,9 @@ def _pieces_wanted(job: JobInput, duration: float) -> int:
 
 def _split(
     job: JobInput,
+    model: LoadedModel,
     kwargs: dict[str, Any],
+    languages: list[str] | None,
     audio: DecodedAudio,
     n: int,
     worker: Runtime,
@@ -360,26 +363,19 @@ def _split(
 ) -> transcribe.Transcript:
     """The recording cut at silences into n pieces, run as jobs of the endpoint by
     ``worker.fan_out``, stitched back on the recording's time line."""
-    assert worker.fan_out is not None  # refused in _plan otherwise
     t = time.perf_counter()
     samples = audio.samples
-    cuts = pieces.cut_points(samples, n, kwargs)
-    bounds = list(zip([0, *cuts], [*cuts, len(samples)], strict=True))
     child = _piece_input(job, kwargs)
-
-    def run_here(i: int) -> dict[str, Any]:
-        a, b = bounds[i]
-        return run_job(child, worker, job_id=f"{call.job_id}/{i + 1}", cancel=call.cancel,
-                       samples=samples[a:b])  # fmt: skip
-
+    detected = _one_language(model, kwargs, languages, samples, worker, call)
+    if detected is not None:
+        child["language"] = detected[0]
+    spans = pieces.speech(samples, kwargs)
+    bounds = list(pairwise([0, *pieces.cut_points(samples, n, kwargs, spans), len(samples)]))
+    # A piece in which the VAD hears no speech would transcribe nothing: it is no job.
+    quiet = [bool(kwargs.get("vad_filter", True)) and not pieces.heard(spans, a, b)
+             for a, b in bounds]  # fmt: skip
     stitch = _Stitch(bounds, call, audio.duration)
-    with PieceStore(worker.settings) as store:
-        inputs = _piece_inputs(child, samples, bounds, store, worker.settings)
-        call.timings["split"] = time.perf_counter() - t
-        results = worker.fan_out(inputs, call.cancel, run_here, stitch.done)
-    for i, res in enumerate(results):
-        if i not in stitch.outputs:  # a fan-out that tells only at the end
-            stitch.done(i, res["output"])
+    results = _run_pieces(child, samples, bounds, quiet, worker, call, stitch, t)
     if job.diarize:
         # Each piece embedded its speech windows; the whole clusters them all at once, so
         # "A" is one person throughout and a count holds for the whole (bench/README.md).
@@ -398,16 +394,87 @@ def _split(
             (speech, float(out.get("language_probability") or 0.0)))  # fmt: skip
         call.warnings += [f"piece {i + 1}: {w}" for w in out.get("warnings") or []]
         call.pieces.append({"piece": i + 1, "start": round(a / SAMPLE_RATE, 3),
-                            "end": round(b / SAMPLE_RATE, 3),
+                            "end": round(b / SAMPLE_RATE, 3), "speech": not quiet[i],
                             "job_id": None if res.get("here") else res["job_id"],
                             "ran_here": bool(res.get("here")), "tries": res["tries"],
                             "seconds": (out.get("timings") or {}).get("total")})  # fmt: skip
     # Without speech anywhere: the first piece's (max keeps the first of equals).
     main = max(heard, key=lambda k: sum(speech for speech, _ in heard[k]))
-    call.timings["queue_model"] = 0.0
+    p = max(heard[main])[1] if detected is None else detected[1]
     call.timings["transcribe"] = time.perf_counter() - t - call.timings["split"]
-    return transcribe.Transcript(stitch.segments, main, max(heard[main])[1],
-                                 time.perf_counter() - t)  # fmt: skip
+    return transcribe.Transcript(stitch.segments, main, p, time.perf_counter() - t)
+
+
+def _one_language(
+    model: LoadedModel,
+    kwargs: dict[str, Any],
+    languages: list[str] | None,
+    samples: np.ndarray,
+    worker: Runtime,
+    call: Call,
+) -> tuple[str, float] | None:
+    """The language unsplit would detect, for every piece, when the job set none: a piece
+    left to detect its own was wrong where it was mostly music (1 of 118 pieces of the
+    split-language bench; the whole recordings 0 of 30). None: the job set one, asked
+    for one per part (``multi``), the model is English-only, or no speech was heard."""
+    if "language" in kwargs or not model.multilingual:
+        call.timings["queue_model"] = 0.0
+        return None
+    with worker.pool.acquire(model, call.cancel) as (instance, waited):
+        call.timings["queue_model"] = waited
+        if languages:
+            lang = language.detect_among(instance, samples, languages, kwargs)
+            return lang, 1.0
+        return language.as_sequential(instance, samples, kwargs)
+
+
+def _run_pieces(
+    child: dict[str, Any],
+    samples: np.ndarray,
+    bounds: list[tuple[int, int]],
+    quiet: list[bool],
+    worker: Runtime,
+    call: Call,
+    stitch: _Stitch,
+    t: float,
+) -> list[dict[str, Any]]:
+    """Each piece's output, job id and tries, in order: those with speech as jobs of the
+    endpoint (``worker.fan_out``), each told to ``stitch`` as it ends; one without any
+    ends here at once, empty (no worker started and billed for silence or music)."""
+    assert worker.fan_out is not None  # refused in _plan otherwise
+    sent = [i for i, q in enumerate(quiet) if not q]
+    results: dict[int, dict[str, Any]] = {
+        i: {"output": _quiet_output(child), "job_id": None, "tries": 0}
+        for i, q in enumerate(quiet) if q
+    }  # fmt: skip
+    for i, res in results.items():
+        stitch.done(i, res["output"])
+
+    def run_here(j: int) -> dict[str, Any]:
+        a, b = bounds[sent[j]]
+        return run_job(child, worker, job_id=f"{call.job_id}/{sent[j] + 1}", cancel=call.cancel,
+                       samples=samples[a:b])  # fmt: skip
+
+    with PieceStore(worker.settings) as store:
+        inputs = _piece_inputs(child, samples, [bounds[i] for i in sent], store, worker.settings)
+        call.timings["split"] = time.perf_counter() - t
+        ended = lambda j, output: stitch.done(sent[j], output)  # noqa: E731
+        ran = worker.fan_out(inputs, call.cancel, run_here, ended) if inputs else []
+    for i, res in zip(sent, ran, strict=True):
+        results[i] = res
+        if i not in stitch.outputs:  # a fan-out that tells only at the end
+            stitch.done(i, res["output"])
+    return [results[i] for i in range(len(bounds))]
+
+
+def _quiet_output(child: dict[str, Any]) -> dict[str, Any]:
+    """What a piece without speech would have answered: nothing heard, no speaker windows."""
+    out: dict[str, Any] = {"segments": [], "language": "", "language_probability": 0.0,
+                           "timings": {"total": 0.0}}  # fmt: skip
+    if child.get("speaker_windows"):
+        out["speaker_windows"] = {"regions": [], "spans": [], "fine": [], "emb": "",
+                                  "fine_emb": ""}  # fmt: skip
+    return out
 
 
 class _Stitch:

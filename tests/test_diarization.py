@@ -191,6 +191,16 @@ def test_windows_embedded_in_pieces_cluster_as_the_whole_does(diarizer, sample) 
     assert joined.speakers == whole.speakers
     assert attribution(ref, hyp(joined)) >= attribution(ref, hyp(whole)) - 0.01
     assert attribution(ref, hyp(joined)) >= 0.9
+    # A piece in which the VAD heard no speech is no job: its windows are empty and
+    # change nothing of the whole's speakers.
+    from handler.job import _quiet_output
+
+    empty = json.loads(json.dumps(_quiet_output({"speaker_windows": True})["speaker_windows"]))
+    quiet = [*parts, Windows.from_json(empty, dim).shifted(len(audio))]
+    padded = np.concatenate([audio, np.zeros(5 * RATE, np.float32)])
+    again = diarizer.finish(padded, Windows.joined(quiet, dim), SpeakerCount(exact=3))
+    assert again.speakers == joined.speakers
+    assert attribution(ref, hyp(again)) == pytest.approx(attribution(ref, hyp(joined)))
     bad = diarizer.windows_of(audio[: 10 * RATE]).to_json()
     bad["spans"] = bad["spans"][:-1]
     with pytest.raises(ValueError):

@@ -156,12 +156,17 @@ def test_a_single_language_file_gets_no_dropped_speech_warning(base_worker):
         assert not any("got no segment" in w for w in result.get("warnings", [])), name
 
 
-def test_a_split_recordings_language_is_that_of_most_of_its_speech(base_worker):
-    """A piece without speech reports English with probability 1.0 (faster-whisper's answer
-    when the VAD leaves nothing): a Spanish recording followed by a long quiet stretch, split
-    in three, was "en" when the pieces' languages were weighed by their lengths. Weighed by
-    the speech each piece transcribed, it is "es" (issue 33). The pieces run in this process
-    (each piece's job input through the same job path): the platform's queue, tested in
+def test_a_split_recordings_quiet_pieces_are_no_jobs_and_its_language_is_its_speechs(
+    base_worker,
+):
+    """A Spanish recording followed by a long quiet stretch, split in three. Before: two
+    pieces were made of the three asked (the stretch cut once, in its middle), the quiet one
+    ran as a job and answered "en" with probability 1.0 (faster-whisper's answer when the
+    VAD leaves nothing), and the pieces' languages weighed by their lengths made the job
+    "en". Now the stretch is cut at each share, a piece in which the VAD hears no speech is
+    no job (no worker billed for silence), and the language is detected once on the whole,
+    as unsplit, and given to every piece (issue 33). The pieces run in this process (each
+    piece's job input through the same job path): the platform's queue, tested in
     test_fanout, changes nothing of what is checked here."""
     import base64
 
@@ -173,11 +178,13 @@ def test_a_split_recordings_language_is_that_of_most_of_its_speech(base_worker):
     es = decode_audio(DATA / "es_espeak.flac", base_worker.settings).samples
     rng = np.random.default_rng(0)
     quiet = (0.001 * rng.standard_normal(40 * 16000)).astype(np.float32)
-    gap = np.zeros(8000, np.float32)
-    audio = np.concatenate([es, gap, es, quiet])
+    audio = np.concatenate([es, np.zeros(8000, np.float32), es, quiet])
     ran: list[dict] = []
 
+    sent: list[dict] = []
+
     def here(inputs, cancel, run_here, on_done=None):
+        sent.extend(inputs)
         outs = [run_job(inp, base_worker) for inp in inputs]
         ran.extend(outs)
         return [{"output": o, "job_id": f"here-{i}", "tries": 1} for i, o in enumerate(outs)]
@@ -190,7 +197,11 @@ def test_a_split_recordings_language_is_that_of_most_of_its_speech(base_worker):
     finally:
         base_worker.fan_out = None
     assert "error" not in result, result
-    assert [o["language"] for o in ran] == ["es", "en", "en"]  # the quiet pieces say "en"
-    assert not ran[1]["segments"] and not ran[2]["segments"]
+    assert [p["speech"] for p in result["pieces"]] == [True, False, False]
+    assert [o["language"] for o in ran] == ["es"]  # the quiet pieces were no jobs
+    # Detected once on the whole, as unsplit detects it, and given to every piece.
+    assert [inp["language"] for inp in sent] == ["es"]
+    assert [p["tries"] for p in result["pieces"]] == [1, 0, 0]
     assert result["language"] == "es" and result["language_probability"] > 0.5
     assert words(result["text"])[:3] == ["buenos", "días", "hoy"]
+    assert result["segments"][-1]["end"] < 16.0

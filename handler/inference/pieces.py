@@ -29,11 +29,28 @@ def count(split: int | str, seconds: float, auto_piece_s: float, most: int) -> i
     return max(1, min(n, most, int(seconds // MIN_PIECE_S) or 1))
 
 
-def cut_points(audio: np.ndarray, n: int, kwargs: dict[str, Any] | None = None) -> list[int]:
-    """n-1 sample positions in silence, increasing, splitting ``audio`` in near-equal shares."""
+Spans = list[dict[str, int]]
+
+
+def speech(audio: np.ndarray, kwargs: dict[str, Any] | None = None) -> Spans:
+    """The VAD's speech spans (the job's options, pauses from 300 ms), in samples."""
+    options = vad_options(kwargs or {}, min_silence_duration_ms=300)
+    return list(get_speech_timestamps(audio, options))
+
+
+def heard(spans: Spans, a: int, b: int) -> bool:
+    """Whether any speech span reaches into ``[a, b)``."""
+    return any(s["start"] < b and s["end"] > a for s in spans)
+
+
+def cut_points(
+    audio: np.ndarray, n: int, kwargs: dict[str, Any] | None = None, spans: Spans | None = None
+) -> list[int]:
+    """n-1 sample positions in silence, increasing, splitting ``audio`` in near-equal shares
+    (``spans``: the VAD's, when already found)."""
     if n <= 1:
         return []
-    spans = get_speech_timestamps(audio, vad_options(kwargs or {}, min_silence_duration_ms=300))
+    spans = speech(audio, kwargs) if spans is None else spans
     gaps = [(a["end"], b["start"]) for a, b in zip(spans, spans[1:], strict=False)]
     if spans:
         gaps = [(0, spans[0]["start"]), *gaps, (spans[-1]["end"], len(audio))]
