@@ -205,3 +205,34 @@ def test_a_split_recordings_quiet_pieces_are_no_jobs_and_its_language_is_its_spe
     assert result["language"] == "es" and result["language_probability"] > 0.5
     assert words(result["text"])[:3] == ["buenos", "días", "hoy"]
     assert result["segments"][-1]["end"] < 16.0
+
+
+def test_the_head_of_speech_for_detection_is_the_whole_recordings_vad_read_in_part() -> None:
+    """Detection reads the first 60 s of a job's speech (language.as_sequential); the VAD
+    that finds it ran over the whole recording, ~1 s per 10 min here, twice on a split
+    job's worker before its pieces start. It now reads a prefix that doubles until it
+    holds enough settled speech, and finds the very samples the whole recording's VAD
+    finds: after a long quiet start (the prefix doubled), and within an ordinary one."""
+    import numpy as np
+    from faster_whisper.vad import get_speech_timestamps
+
+    from handler.inference.language import speech_head
+    from handler.inference.options import vad_options
+    from speech_assets.clips import long_clip
+
+    rng = np.random.default_rng(1)
+    speech = long_clip(100).samples
+    quiet = (0.001 * rng.standard_normal(320 * 16000)).astype(np.float32)
+    for kwargs in ({}, {"vad_parameters": {"min_silence_duration_ms": 500}}):
+        for audio in (np.concatenate([quiet, speech]), np.concatenate([speech, quiet, speech])):
+            limit = 60 * 16000
+            want, got = [], 0
+            for span in get_speech_timestamps(audio, vad_options(kwargs)):
+                take = min(span["end"] - span["start"], limit - got)
+                want.append(audio[span["start"] : span["start"] + take])
+                got += take
+                if got >= limit:
+                    break
+            head = speech_head(audio, kwargs, limit)
+            assert len(head) == len(want) and sum(len(h) for h in head) == limit
+            assert all(np.array_equal(h, w) for h, w in zip(head, want, strict=True))
