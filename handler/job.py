@@ -15,6 +15,7 @@ import tempfile
 import threading
 import time
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from itertools import pairwise
 from pathlib import Path
@@ -28,7 +29,15 @@ from handler.audio.encode import to_flac
 from handler.audio.sources import JOB_DIR_PREFIX, decode_base64, fetch_to_file
 from handler.contract import SEGMENT_FIELDS, Segment
 from handler.errors import Code, WorkerError
-from handler.inference import allocator, checks, code_switch, language, pieces, transcribe
+from handler.inference import (
+    allocator,
+    checks,
+    code_switch,
+    language,
+    pieces,
+    threads,
+    transcribe,
+)
 from handler.inference.engine import Engine
 from handler.inference.memory import MIB, MemoryBudget, auto_budget_bytes, job_bytes
 from handler.inference.models import LoadedModel, ModelPool
@@ -512,15 +521,19 @@ def _piece_inputs(
     settings: Settings,
 ) -> list[dict[str, Any]]:
     """Each piece's job input: its audio as FLAC, inline when its base64 fits a request
-    (``piece_inline_bytes``), else an s3:// object of the piece bucket."""
-    inputs = []
-    for i, (a, b) in enumerate(bounds):
+    (``piece_inline_bytes``), else an s3:// object of the piece bucket. The pieces are
+    encoded (and uploaded) side by side: nothing starts before the last is ready."""
+
+    def one(i: int) -> dict[str, Any]:
+        a, b = bounds[i]
         flac = to_flac(samples[a:b])
         if len(flac) * 4 / 3 <= settings.piece_inline_bytes:
-            inputs.append({**child, "audio_base64": base64.b64encode(flac).decode()})
-        else:
-            inputs.append({**child, "audio_url": store.put(i, flac, len(bounds))})
-    return inputs
+            return {**child, "audio_base64": base64.b64encode(flac).decode()}
+        return {**child, "audio_url": store.put(i, flac, len(bounds))}
+
+    cores = min(len(bounds), threads.usable_cpus())
+    with ThreadPoolExecutor(max(1, cores), thread_name_prefix="piece") as pool:
+        return list(pool.map(one, range(len(bounds))))
 
 
 def _piece_input(job: JobInput, kwargs: dict[str, Any]) -> dict[str, Any]:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import logging
+import threading
 import uuid
 from types import TracebackType
 from typing import Any
@@ -69,13 +70,15 @@ def deliver(output: dict[str, Any], settings: Settings, job_id: str) -> dict[str
 class PieceStore:
     """A split job's pieces too large to travel inline, as objects of the piece bucket
     (``WHISPER_PIECE_BUCKET``) under ``pieces/<random>/``; every one is deleted on leaving
-    the ``with`` block, whether the job completed, failed or was cancelled."""
+    the ``with`` block, whether the job completed, failed or was cancelled. ``put`` may be
+    called from several threads at once."""
 
     def __init__(self, settings: Settings) -> None:
         self.settings = settings
         self.prefix = f"pieces/{uuid.uuid4().hex}/"
         self.keys: list[str] = []
         self._s3: Any = None
+        self._lock = threading.Lock()
 
     def __enter__(self) -> PieceStore:
         return self
@@ -121,9 +124,10 @@ class PieceStore:
                         self.prefix, type(err).__name__)  # fmt: skip
 
     def _client(self) -> Any:
-        if self._s3 is None:
-            self._s3 = s3_client(self.settings)
-        return self._s3
+        with self._lock:  # the pieces are put from several threads; one client serves all
+            if self._s3 is None:
+                self._s3 = s3_client(self.settings)
+            return self._s3
 
 
 def s3_client(settings: Settings) -> Any:
