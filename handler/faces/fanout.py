@@ -32,6 +32,7 @@ from typing import Any
 import requests
 
 from handler.errors import Code, WorkerError
+from handler.job import PieceDone
 
 log = logging.getLogger(__name__)
 
@@ -46,8 +47,6 @@ MAX_PIECE_RESULT_BYTES = 512 * 2**20
 
 RunHere = Callable[[int], dict[str, Any]]
 """Runs piece i on this worker; its output (an error dict when it failed)."""
-PieceDone = Callable[[int, dict[str, Any]], None]
-"""Told of piece i's output once, as soon as the piece has ended."""
 
 
 @dataclass
