@@ -1,24 +1,10 @@
 """``python -m bench``: run a benchmark and report it (not in the worker's image).
 
-    python -m bench local  [scenario options] [scaling options] [rates]   emulator + real workers
-    python -m bench remote --endpoint ID [scenario options] [rates]       a deployed endpoint
-    python -m bench report RUN.json [RUN.json ...] [rates]                 re-price saved runs
-    python -m bench single [...]                                           the model alone
-    python -m bench http [...]                            HTTP mode against queue mode
-    python -m bench accuracy [...]          WER beside plain faster-whisper on a real corpus
-    python -m bench throughput [...]        a burst of short clips: one job at a time vs engine
-    python -m bench realtime [...]     live sessions on /v1/realtime: latency, WER, CPU per session
-    python -m bench http-soak [...]    HTTP mode: 1000 requests, bad inputs, disconnects, bursts
-    python -m bench diarization [...]  who spoke when: DER, attribution, speed, memory, WER
-    python -m bench fanout [...]       one recording split across workers: time, seams
-    python -m bench code-switch [...]  several languages in one recording: WER, coverage
-    python -m bench split-language [...]  does each piece of a split detect the right language?
-    python -m bench alloc [...]         ms per window and kernel CPU share per allocator policy
-    python -m bench memory [...]                 peak RSS of one job against audio length
-    python -m bench threads [...]       queue worker vs in-process transcribe time per audio s
-    python -m bench soak [...]          1000 jobs, every bad input, injected faults; nothing lost
-    python -m bench english-only [...]   the English-only model's warning on other languages
-    python -m bench packing [...]        short clips packed in one window: is each still right?
+Every subcommand is a row of ``COMMANDS`` below: the parser, ``--help`` and the dispatch
+are built from that one table. ``local``, ``remote`` and ``report`` (the platform runs and
+their cost) are parsed here; every other row is a module of a folder named for what it
+measures (``common``, ``cost``, ``accuracy``, ``speed``, ``soak``, ``image``), whose own
+``main`` parses the rest of the command line (``python -m bench NAME --help``).
 
 Rates are per-second prices you pay (``--flex-rate``, ``--active-rate`` or ``--rates FILE``
 with ``{"flex_per_s": .., "active_per_s": .., "currency": ..}``); none is built in.
@@ -33,14 +19,76 @@ import os
 import shlex
 import sys
 import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from bench.cost import Rates
+from bench.cost.cost import Rates
 
 ROOT = Path(__file__).resolve().parent.parent
 DEFAULT_OUT = ROOT / "bench" / "out"
 DEFAULT_BASE_URL = "https://api.runpod.ai/v2"
+
+
+@dataclass(frozen=True)
+class Command:
+    name: str
+    module: str | None
+    """The module whose ``main(argv)`` runs it; None: parsed and run here."""
+    help: str
+
+
+COMMANDS: tuple[Command, ...] = (
+    # The platform: a run through the queue, its billed seconds and cost.
+    Command("local", None, "emulator + autoscaler + real worker processes"),
+    Command("remote", None, "a deployed RunPod endpoint (RUNPOD_API_KEY)"),
+    Command("report", None, "re-price saved runs; plot cost against load"),
+    Command("fanout", "bench.cost.fanout",
+            "one long recording split across workers: time, worker seconds, seams"),
+    # Accuracy.
+    Command("accuracy", "bench.accuracy.accuracy", "WER beside plain faster-whisper"),
+    Command("code-switch", "bench.accuracy.code_switch",
+            "conversations in several languages: WER per language, speech covered"),
+    Command("split-language", "bench.accuracy.split_language",
+            "each piece of a split recording: its language detected right?"),
+    Command("english-only", "bench.accuracy.english_only",
+            "the English-only model's doubt warning on other languages"),
+    Command("packing", "bench.accuracy.packing",
+            "short clips packed into one window against alone"),
+    Command("diarization", "bench.accuracy.diarization",
+            "who spoke when: DER, attribution, speed, memory, WER"),
+    Command("corpus", "bench.common.eval_corpus",
+            "fetch and check the evaluation corpus (real speech, five languages)"),
+    # Speed and memory.
+    Command("single", "bench.speed.single", "the model alone: start-up phases, speed"),
+    Command("throughput", "bench.speed.throughput",
+            "burst throughput, engine vs one job at a time"),
+    Command("memory", "bench.speed.memory", "peak RSS against audio length"),
+    Command("alloc", "bench.speed.alloc",
+            "ms per window and kernel CPU share per allocator policy"),
+    Command("threads", "bench.speed.threads_check", "queue worker vs in-process speed"),
+    Command("overhead", "bench.speed.overhead",
+            "per-job overhead of the platform loop, 1 vs 2 concurrent jobs"),
+    Command("http", "bench.speed.http_vs_queue", "HTTP mode against queue mode"),
+    Command("realtime", "bench.speed.realtime",
+            "live sessions on /v1/realtime: latency, WER, CPU per session"),
+    Command("gpu-check", "bench.speed.gpu_check",
+            "the GPU check: one run, one JSON, one table (bench/gpu_check.sh runs it)"),
+    # Faults.
+    Command("soak", "bench.soak.soak", "fault soak: 1000 jobs, bad inputs, injected faults"),
+    Command("http-soak", "bench.soak.http_soak",
+            "HTTP mode: 1000 requests, bad inputs, disconnects, bursts"),
+    # The image.
+    Command("image-sizes", "bench.image.image_sizes",
+            "a built image's sizes layer by layer (bench/image.sh measure runs it)"),
+    Command("diarizer-gpu-libs", "bench.image.diarizer_gpu_libs",
+            "the GPU diarizer's packages, checked without a GPU"),
+)  # fmt: skip
+"""Every subcommand, in the order ``--help`` lists them."""
+
+
+def _help(name: str) -> str:
+    return next(c.help for c in COMMANDS if c.name == name)
 
 
 def _scenario_args(p: argparse.ArgumentParser) -> None:
@@ -93,7 +141,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="python -m bench", description=__doc__.split("\n")[0])
     sub = parser.add_subparsers(dest="command", required=True)
 
-    local = sub.add_parser("local", help="emulator + autoscaler + real worker processes")
+    local = sub.add_parser("local", help=_help("local"))
     _scenario_args(local)
     g = local.add_argument_group("scaling (a RunPod flex endpoint's settings)")
     g.add_argument("--active-workers", type=int, default=0, help="always running (default 0)")
@@ -121,7 +169,7 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--worker-command", help="worker command line (default: python -m handler)")
     _output_args(local)
 
-    remote = sub.add_parser("remote", help="a deployed RunPod endpoint (RUNPOD_API_KEY)")
+    remote = sub.add_parser("remote", help=_help("remote"))
     remote.add_argument("--endpoint", required=True, help="endpoint id")
     remote.add_argument("--base-url", default=DEFAULT_BASE_URL)
     remote.add_argument(
@@ -134,68 +182,13 @@ def build_parser() -> argparse.ArgumentParser:
     _scenario_args(remote)
     _output_args(remote)
 
-    report = sub.add_parser("report", help="re-price saved runs; plot cost against load")
+    report = sub.add_parser("report", help=_help("report"))
     report.add_argument("runs", nargs="+", help="JSON files written by local/remote")
     _output_args(report)
 
-    sub.add_parser(
-        "single", help="the model alone (see python -m bench single --help)", add_help=False
-    )
-    sub.add_parser(
-        "memory",
-        help="peak RSS against audio length (see python -m bench memory --help)",
-        add_help=False,
-    )
-    sub.add_parser(
-        "throughput",
-        help="burst throughput, engine vs one job at a time (see --help)",
-        add_help=False,
-    )
-    sub.add_parser(
-        "fanout",
-        help="one long recording split across workers: time, worker seconds, seams (--help)",
-        add_help=False,
-    )
-    sub.add_parser(
-        "split-language",
-        help="each piece of a split recording: its language detected right? (--help)",
-        add_help=False,
-    )
-    sub.add_parser(
-        "code-switch",
-        help="conversations in several languages: WER per language, speech covered (--help)",
-        add_help=False,
-    )
-    sub.add_parser(
-        "accuracy",
-        help="WER beside plain faster-whisper (see python -m bench accuracy --help)",
-        add_help=False,
-    )
-    sub.add_parser(
-        "threads",
-        help="queue worker vs in-process speed (see python -m bench threads --help)",
-        add_help=False,
-    )
-    sub.add_parser(
-        "soak",
-        help="fault soak: 1000 jobs, bad inputs, injected faults (see --help)",
-        add_help=False,
-    )
-    sub.add_parser(
-        "english-only",
-        help="the English-only model's doubt warning on other languages (see --help)",
-        add_help=False,
-    )
-    sub.add_parser(
-        "packing",
-        help="short clips packed into one window against alone (see --help)",
-        add_help=False,
-    )
-    sub.add_parser(
-        "http",
-        help="HTTP mode against queue mode (see python -m bench http --help)",
-        add_help=False,
-    )
+    for command in COMMANDS:
+        if command.module is not None:
+            sub.add_parser(command.name, help=command.help, add_help=False)
     return parser
 
 
@@ -229,7 +222,7 @@ def _pairs(items: list[str], what: str, parse_json: bool = False) -> dict[str, A
 
 
 def _arrivals(args: argparse.Namespace):
-    from bench.scenarios import build
+    from bench.common.scenarios import build
 
     return build(
         args.scenario,
@@ -285,9 +278,9 @@ def _finish(written, args: argparse.Namespace, started: float) -> int:
 
 
 def cmd_local(args: argparse.Namespace) -> int:
-    from bench.autoscaler import ScalerConfig
-    from bench.harness import Progress, run_local
-    from bench.results import write_outputs
+    from bench.common.harness import Progress, run_local
+    from bench.common.results import write_outputs
+    from bench.cost.autoscaler import ScalerConfig
     from runpod_emulator import Emulator
 
     started = time.time()
@@ -338,8 +331,8 @@ def cmd_local(args: argparse.Namespace) -> int:
 
 
 def cmd_remote(args: argparse.Namespace) -> int:
-    from bench.harness import EndpointTarget, Progress, run_remote
-    from bench.results import write_outputs
+    from bench.common.harness import EndpointTarget, Progress, run_remote
+    from bench.common.results import write_outputs
     from whisper_client.client import ClientError
 
     started = time.time()
@@ -375,8 +368,8 @@ def cmd_remote(args: argparse.Namespace) -> int:
 
 
 def cmd_report(args: argparse.Namespace) -> int:
-    from bench.plots import plot_cost_vs_load
-    from bench.results import draw, price, table_text
+    from bench.common.plots import plot_cost_vs_load
+    from bench.common.results import draw, price, table_text
 
     rates = rates_from(args)
     records = [json.loads(Path(p).read_text()) for p in args.runs]
@@ -415,32 +408,13 @@ def _scenario_meta(args: argparse.Namespace, arrivals) -> dict[str, Any]:
 
 
 # Benches with a parser of their own: the subcommand -> the module whose main() runs it.
-SUBCOMMANDS = {
-    "memory": "bench.memory",
-    "realtime": "bench.realtime",
-    "http-soak": "bench.http_soak",
-    "fanout": "bench.fanout",
-    "code-switch": "bench.code_switch",
-    "split-language": "bench.split_language",
-    "diarization": "bench.diarization",
-    "alloc": "bench.alloc",
-    "throughput": "bench.throughput",
-    "accuracy": "bench.accuracy",
-    "threads": "bench.threads_check",
-    "soak": "bench.soak",
-    "english-only": "bench.english_only",
-    "packing": "bench.packing",
-    "http": "bench.http_vs_queue",
-    "single": "bench.single",
-}
-
-
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
-    if argv[:1] and argv[0] in SUBCOMMANDS:
+    command = next((c for c in COMMANDS if argv[:1] == [c.name]), None)
+    if command is not None and command.module is not None:
         import importlib
 
-        module = importlib.import_module(SUBCOMMANDS[argv[0]])
+        module = importlib.import_module(command.module)
         return int(module.main(argv[1:]) or 0)
     args = build_parser().parse_args(argv)
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")

@@ -8,4 +8,4 @@
 #                         --long-seconds 60 --burst 12
 set -euo pipefail
 cd "$(dirname "$0")/.."
-exec timeout 480 python -m bench.gpu_check "$@"
+exec timeout 480 python -m bench gpu-check "$@"

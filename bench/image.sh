@@ -174,13 +174,13 @@ test_image() {
 }
 
 measure() {
-    # Sizes layer by layer (bench/image_sizes.py), then `podman run` of the default command
+    # Sizes layer by layer (bench/image/image_sizes.py), then `podman run` of the default command
     # (test_input.json, offline) with the page cache dropped (a host that has the image but
     # has not run it lately) and warm: seconds to the worker ready (its start-up log's
     # "ready" mark) and to the job's result (the container has exited).
     local image="whisper-worker:$1" t0 t1 log ready
     .venv/bin/python -c 'from bench import machine; print(machine.line(machine.describe()))'
-    .venv/bin/python -m bench.image_sizes "$image"
+    .venv/bin/python -m bench image-sizes "$image"
     echo "| start ($image) | podman run -> worker ready, s | -> job done, container gone, s |"
     echo "|---|---|---|"
     for cache in dropped dropped dropped warm warm warm; do

@@ -20,7 +20,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from handler.job import Runtime
+from handler.pipeline.runtime import Runtime
 from handler.startup import STARTUP_ERRORS, Loader
 
 
@@ -33,7 +33,7 @@ def _load(args: argparse.Namespace) -> Runtime:
 
 
 def _run(worker: Runtime, job_input: Any, **callbacks: Any) -> dict:
-    from handler.job import run_job
+    from handler.pipeline.job import run_job
 
     return run_job(job_input, worker, job_id="cli", **callbacks)
 

@@ -13,6 +13,9 @@ from typing import Final, Literal, TypedDict, get_args
 
 from typing_extensions import NotRequired
 
+SAMPLE_RATE: Final = 16000
+"""Samples per second of the audio every model here reads (Whisper, the VADs, CAM++)."""
+
 TERMINAL_JOB_STATES: Final = frozenset({"COMPLETED", "FAILED", "CANCELLED", "TIMED_OUT"})
 """RunPod job states after which a job never changes again (``/status``)."""
 

@@ -17,7 +17,7 @@ from typing import Any
 from fastapi import FastAPI
 
 from handler.faces.http_server import ServerState, add_health_route, build_asgi
-from handler.job import Runtime
+from handler.pipeline.runtime import Runtime
 from handler.settings import Settings
 from handler.startup import STARTUP_ERRORS, Loader
 

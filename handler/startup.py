@@ -24,7 +24,7 @@ from handler.inference.models import (
     load_one,
     resolve,
 )
-from handler.job import Runtime, sweep_stale_job_dirs
+from handler.pipeline.runtime import Runtime, sweep_stale_job_dirs
 from handler.settings import Settings, SettingsError, load_settings
 
 log = logging.getLogger("handler.startup")
@@ -139,7 +139,7 @@ def prepare(times: StartupTimes, settings: Settings | None = None) -> Plan:
     import onnxruntime  # noqa: F401
 
     if settings.diarization:
-        import handler.inference.diarize  # noqa: F401
+        import handler.inference.speakers.diarizer  # noqa: F401
     times.imports = time.perf_counter() - t
     times.mark("imports_done")
     device, compute = device_and_compute(settings)
@@ -186,7 +186,7 @@ def load_all(plan: Plan, times: StartupTimes) -> tuple[ModelPool, Any]:
     the same time (the diarizer in a second thread). Raises ModelLoadError."""
     if not plan.settings.diarization:
         return load_models(plan, times), None
-    from handler.inference import diarize
+    from handler.inference.speakers import diarizer as diarize
 
     box: dict[str, Any] = {}
 

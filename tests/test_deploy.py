@@ -26,7 +26,7 @@ import pytest
 from builder import fetch_model
 from builder.fetch_model import FetchError, resolve
 from handler.settings import Settings, load_settings, setting_names
-from tests.conftest import DATA
+from tests.helpers import DATA
 
 ROOT = Path(__file__).resolve().parent.parent
 DOCKERFILE = ROOT / "Dockerfile"
@@ -167,7 +167,7 @@ def _fake_hf_cache(root: Path, repo_id: str, files_from: Path, commit: str) -> N
 @pytest.mark.model
 @pytest.mark.parametrize("name", ["tiny.en", "Systran/faster-whisper-tiny.en"])
 def test_a_model_in_runpods_cache_loads_from_there_offline(tiny_dir, tmp_path, name):
-    from handler.job import run_job
+    from handler.pipeline.job import run_job
     from handler.startup import start_worker
 
     cache = tmp_path / "huggingface-cache" / "hub"

@@ -21,10 +21,12 @@ import pytest
 
 from handler.errors import Code, WorkerError
 from handler.guard import Guard
-from handler.inference import speaker_clusters, speaker_features
-from handler.inference.speaker_clusters import SpeakerCount
-from handler.job import Runtime, run_job
+from handler.inference.speakers import clusters as speaker_clusters
+from handler.inference.speakers import features as speaker_features
+from handler.inference.speakers.clusters import SpeakerCount
 from handler.output import speakers
+from handler.pipeline.job import run_job
+from handler.pipeline.runtime import Runtime
 from speech_assets.clips import read_wav, wav_bytes
 from speech_assets.diarization import (
     attribution,
@@ -33,7 +35,7 @@ from speech_assets.diarization import (
     pyannote_sample,
     rttm_turns,
 )
-from tests.conftest import DATA, JFK_TEXT, make_settings, wer
+from tests.helpers import DATA, JFK_TEXT, make_settings, wer
 
 ROOT = Path(__file__).resolve().parent.parent
 RATE = 16000
@@ -46,7 +48,7 @@ def model_dir() -> Path:
 
 @pytest.fixture(scope="session")
 def diarizer(model_dir):
-    from handler.inference import diarize
+    from handler.inference.speakers import diarizer as diarize
 
     return diarize.load(str(model_dir), threads=2)
 
@@ -108,7 +110,7 @@ def test_filterbanks_match_kaldi_native_fbank_on_real_speech() -> None:
 def test_average_linkage_matches_scipy(diarizer, sample) -> None:
     from scipy.cluster.hierarchy import fcluster, linkage
 
-    from handler.inference import diarize
+    from handler.inference.speakers import diarizer as diarize
 
     spans = diarize.windows(diarize.speech_regions(sample[0]))
     real = speaker_clusters.unit(diarizer._embed_spans(sample[0], spans, None).astype(float))
@@ -142,13 +144,13 @@ def test_a_cuda_workers_diarizer_says_it_runs_on_the_cpu_without_onnxruntime_gpu
     """The onnxruntime here is the CPU build, as in an image built without DIARIZER_GPU:
     a CUDA worker's diarizer says so once in the log and runs on the CPU, with the same
     embeddings. (The CUDA provider itself needs a GPU: bench/gpu_check.sh reports the
-    provider it ran on; bench/diarizer_gpu_libs.py checks its libraries resolve.)"""
+    provider it ran on; bench/image/diarizer_gpu_libs.py checks its libraries resolve.)"""
     import onnxruntime
 
-    from handler.inference import diarize
+    from handler.inference.speakers import diarizer as diarize
 
     assert diarize.CUDA not in onnxruntime.get_available_providers()
-    with caplog.at_level(logging.INFO, logger="handler.inference.diarize"):
+    with caplog.at_level(logging.INFO, logger="handler.inference.speakers.diarizer"):
         on_cuda = diarize.load(str(model_dir), threads=1, device="cuda")
     assert on_cuda.provider == diarize.CPU
     assert on_cuda.session.get_providers() == [diarize.CPU]
@@ -177,7 +179,7 @@ def test_windows_embedded_in_pieces_cluster_as_the_whole_does(diarizer, sample) 
     are the unsplit diarization's, and windows that do not hold together are refused."""
     import json
 
-    from handler.inference.diarize import Windows
+    from handler.inference.speakers.windows import Windows
 
     audio, ref = three_voices(sample)
     whole = diarizer.run(audio, SpeakerCount(exact=3))
@@ -193,9 +195,9 @@ def test_windows_embedded_in_pieces_cluster_as_the_whole_does(diarizer, sample) 
     assert attribution(ref, hyp(joined)) >= 0.9
     # A piece in which the VAD heard no speech is no job: its windows are empty and
     # change nothing of the whole's speakers.
-    from handler.job import _quiet_output
+    from handler.pipeline.split import quiet_output
 
-    empty = json.loads(json.dumps(_quiet_output({"speaker_windows": True})["speaker_windows"]))
+    empty = json.loads(json.dumps(quiet_output({"speaker_windows": True})["speaker_windows"]))
     quiet = [*parts, Windows.from_json(empty, dim).shifted(len(audio))]
     padded = np.concatenate([audio, np.zeros(5 * RATE, np.float32)])
     again = diarizer.finish(padded, Windows.joined(quiet, dim), SpeakerCount(exact=3))
@@ -291,7 +293,7 @@ def test_a_noisy_recording_is_cut_looser_and_not_split_into_phrases(diarizer, sa
     recording apart; under noise the clusters are cut at NOISY_THRESHOLD (without it the
     three voices at 15 dB were found as 5 speakers, attribution 0.79) and the embeddings
     see the speech with the noise floor subtracted (without it: 4 speakers, 0.92)."""
-    from handler.inference import diarize
+    from handler.inference.speakers import diarizer as diarize
 
     audio, ref = three_voices(sample)
     clean = diarizer.run(audio, SpeakerCount())
@@ -478,9 +480,7 @@ def test_the_engine_batches_diarized_and_plain_jobs_together(dworker, sample) ->
 def test_diarizing_after_or_beside_the_transcription(dworker, sample, monkeypatch, beside) -> None:
     """Both ways the diarizer can run: in a thread beside the transcription (what the
     worker does) and after it (what the bench compares it with)."""
-    import handler.diarization
-
-    monkeypatch.setattr(handler.diarization, "beside_transcription", lambda _w: beside)
+    monkeypatch.setattr(dworker, "diarize_beside", beside)
     out = run_job(sample_job(sample, output=["rttm"]), dworker)
     assert attribution(sample[1], rttm_turns(out["rttm"])) >= 0.85
     assert ("diarize_wait" in out["timings"]) is beside
@@ -512,7 +512,7 @@ def test_a_worker_without_diarization_imports_none_of_it(model_dir) -> None:
         assert proc.returncode == 0, proc.stderr[-2000:]
         seen.append(json.loads(proc.stdout.strip().splitlines()[-1]))
     assert seen[0] == [False, []]
-    assert seen[1][0] is True and "handler.inference.diarize" in seen[1][1]
+    assert seen[1][0] is True and "handler.inference.speakers.diarizer" in seen[1][1]
 
 
 def test_a_missing_model_folder_fails_start_up_in_one_line(tmp_path) -> None:
@@ -584,7 +584,7 @@ def test_a_change_of_speaker_moves_to_the_pause_next_to_it() -> None:
     """Two real voices with a 0.12-s pause between them (shorter than the VAD's split):
     a change the windows put 0.1 s either side of the pause moves into it; one with no
     pause near it, or between turns of one speaker, stays."""
-    from handler.inference.diarize import Turn, snap_changes
+    from handler.inference.speakers.turns import Turn, snap_changes
 
     reader = read_wav(sorted((DATA / "librivox").glob("*.wav"))[0])[: 4 * RATE]
     jfk = read_wav(DATA / "jfk.wav")[int(0.4 * RATE) : 4 * RATE]
@@ -613,7 +613,7 @@ def test_moving_changes_to_pauses_holds_no_copy_of_a_long_recording(sample) -> N
     100 MiB added to 993)."""
     import tracemalloc
 
-    from handler.inference.diarize import Turn, snap_changes
+    from handler.inference.speakers.turns import Turn, snap_changes
 
     audio = np.tile(sample[0], 40)  # the telephone conversation, 20 minutes
     turns = [Turn(t, t + 15.0, "AB"[int(t / 15) % 2]) for t in np.arange(0, 1200, 15.0)]

@@ -24,7 +24,7 @@ from typing import Any
 import pytest
 
 from runpod_emulator import Emulator, EmulatorConfig, EndpointState
-from tests.conftest import wait_for
+from tests.helpers import wait_for
 
 pytestmark = pytest.mark.e2e
 

@@ -16,7 +16,7 @@ import pytest
 import requests
 
 from speech_assets.clips import long_clip
-from tests.conftest import wait_for
+from tests.helpers import wait_for
 
 ROOT = Path(__file__).resolve().parent.parent
 

@@ -20,10 +20,10 @@ from handler.audio.decode import decode_audio
 from handler.errors import Code, WorkerError
 from handler.inference import fw_batch
 from handler.inference.engine import EngineJob, Scheduler
-from handler.job import run_job
+from handler.pipeline.job import run_job
 from handler.settings import Settings
 from speech_assets.clips import long_clip
-from tests.conftest import DATA, JFK_TEXT, b64, make_settings, wer, words
+from tests.helpers import DATA, JFK_TEXT, b64, make_settings, wer, words
 from tests.test_multilingual import CLIPS
 
 pytestmark = pytest.mark.model

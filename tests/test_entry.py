@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from handler.contract import parse_startup_line
-from tests.conftest import DATA, JFK_TEXT, b64, wer
+from tests.helpers import DATA, JFK_TEXT, b64, wer
 
 pytestmark = pytest.mark.model
 ROOT = Path(__file__).resolve().parent.parent
@@ -174,11 +174,11 @@ def test_every_cli_option_has_help():
 
 
 @pytest.mark.parametrize(
-    "entry", ["import handler.job", "import handler.cli", "import handler.__main__"]
+    "entry", ["import handler.pipeline.job", "import handler.cli", "import handler.__main__"]
 )  # noqa: E501
 def test_openmp_waits_passively_however_the_worker_is_entered(entry):
     """Issue 9: the worker set OMP_WAIT_POLICY=PASSIVE in startup.prepare, but libgomp
-    reads it once, when CTranslate2 is first imported, and `import handler.job` already
+    reads it once, when CTranslate2 is first imported, and importing the pipeline already
     imported CTranslate2, so the setting never took effect: idle OpenMP threads spun
     (GOMP_SPINCOUNT 300000), and beside another process's load the queue worker took 24 s
     for 73 s of audio against 7.6 s with the variable set in the environment. libgomp
@@ -194,6 +194,6 @@ def test_openmp_waits_passively_however_the_worker_is_entered(entry):
 def test_a_deployment_that_chose_a_wait_policy_keeps_it():
     env = {k: v for k, v in os.environ.items() if not k.startswith(("OMP_", "GOMP_"))}
     env.update(OMP_DISPLAY_ENV="VERBOSE", OMP_WAIT_POLICY="ACTIVE")
-    proc = subprocess.run([sys.executable, "-c", "import handler.job"], env=env,
+    proc = subprocess.run([sys.executable, "-c", "import handler.pipeline.job"], env=env,
                           capture_output=True, text=True, timeout=120, cwd=ROOT)  # fmt: skip
     assert "OMP_WAIT_POLICY = 'ACTIVE'" in proc.stderr, proc.stderr[-2000:]

@@ -22,10 +22,10 @@ import pytest
 import srt
 
 from handler.errors import Code
-from handler.job import run_job
+from handler.pipeline.job import run_job
 from runpod_emulator import Emulator
 from speech_assets.clips import long_clip
-from tests.conftest import wait_for, wer
+from tests.helpers import wait_for, wer
 from tests.test_platform import long_job
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -84,14 +84,15 @@ def test_pieces_stream_in_time_order_as_soon_as_those_before_them_have_ended() -
     """Pieces end in any order; their segments reach the caller's stream on the recording's
     time line, numbered once, as soon as every earlier piece has ended, and the progress
     moves with the audio of the pieces ended (issue 33)."""
-    from handler.job import Call, _Stitch
+    from handler.pipeline.runtime import Call
+    from handler.pipeline.split import Stitch
 
     streamed: list[tuple[int, float, str]] = []
     progress: list[float] = []
     call = Call("j", None, lambda seg: streamed.append((seg["id"], seg["start"], seg["text"])),
                 progress.append)  # fmt: skip
     bounds = [(0, 160000), (160000, 480000), (480000, 640000)]  # 10 s, 20 s, 10 s
-    stitch = _Stitch(bounds, call, 40.0)
+    stitch = Stitch(bounds, call, 40.0)
 
     def output(text: str) -> dict[str, Any]:
         return {"segments": [{"id": k, "start": 2.0 * k - 1, "end": 2.0 * k, "text": f" {text} {k}"}

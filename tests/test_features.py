@@ -1,5 +1,5 @@
 """Bounded-memory features, VAD and speech gathering (handler/inference/features.py and
-transcribe._transcribe_sequential) give faster-whisper's own numbers and text, on real
+transcribe.sequential_segments) give faster-whisper's own numbers and text, on real
 speech, in a small fraction of the memory (issue 12: 3.8 GB of peak RSS per hour of audio).
 
 Memory is measured with tracemalloc, which sees numpy's allocations: a peak in bytes, not
@@ -97,7 +97,7 @@ def test_sequential_transcript_equals_faster_whisper(speech) -> None:
     from faster_whisper import WhisperModel
 
     from handler.inference.models import packaged_model_path
-    from handler.inference.transcribe import _transcribe_sequential
+    from handler.inference.transcribe import sequential_segments
 
     model = WhisperModel(packaged_model_path(), device="cpu", compute_type="int8", cpu_threads=2)
     # 3-s pauses between the clips: the VAD drops them, so the speech really is gathered.
@@ -110,13 +110,13 @@ def test_sequential_transcript_equals_faster_whisper(speech) -> None:
 
     before = audio.copy()
     want, _ = model.transcribe(audio, **opts)
-    got, _, spans = _transcribe_sequential(model, audio, opts)
+    got, _, spans = sequential_segments(model, audio, opts)
     assert spans  # the VAD spans it used: the dropped-speech check reads them
     want, got = shape(want), shape(got)
     assert want and got == want
     assert np.array_equal(audio, before)  # not consumed unless asked
     # Consumed: the speech is gathered inside the caller's buffer, the same transcript.
     mine = audio.copy()
-    consumed, _, _ = _transcribe_sequential(model, mine, opts, consume=True)
+    consumed, _, _ = sequential_segments(model, mine, opts, consume=True)
     assert shape(consumed) == want
     assert not np.array_equal(mine, before)  # it really was used as the gathering buffer

@@ -409,7 +409,7 @@ def test_subtitle_cues_keep_the_layout_limits_on_real_speech(worker, batch) -> N
     import srt as srt_lib
     import webvtt
 
-    from handler.job import run_job
+    from handler.pipeline.job import run_job
     from speech_assets.clips import long_clip
 
     clip = long_clip(60)

@@ -14,10 +14,10 @@ import pytest
 
 from handler.faces.runpod_handlers import make_handlers
 from handler.inference.models import cuda_device_count
-from handler.job import run_job
+from handler.pipeline.job import run_job
 from handler.startup import start_worker
 from speech_assets.clips import long_clip
-from tests.conftest import DATA, JFK_TEXT, b64, make_settings, wer
+from tests.helpers import DATA, JFK_TEXT, b64, make_settings, wer
 
 pytestmark = [
     pytest.mark.gpu,

@@ -8,9 +8,9 @@ import base64
 import pytest
 
 from handler.faces.runpod_handlers import make_handlers
-from handler.job import Runtime
+from handler.pipeline.runtime import Runtime
 from speech_assets.clips import long_clip
-from tests.conftest import DATA, JFK_TEXT, b64, make_settings, wer
+from tests.helpers import DATA, JFK_TEXT, b64, make_settings, wer
 
 pytestmark = pytest.mark.model
 

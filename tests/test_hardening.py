@@ -20,10 +20,10 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from handler.errors import RETRYABLE, Code, WorkerError
-from handler.job import run_job
+from handler.pipeline.job import run_job
 from handler.schema import parse_job_input
 from speech_assets.clips import long_clip, wav_bytes
-from tests.conftest import DATA, JFK_TEXT, b64, make_settings, wer
+from tests.helpers import DATA, JFK_TEXT, b64, make_settings, wer
 from tests.httpserver import LocalServer, respond
 
 JFK_B64 = b64(DATA / "jfk.wav")
@@ -249,8 +249,8 @@ def test_cancel_takes_effect_within_one_model_call_at_the_worst_settings(worker)
 
 @pytest.mark.model
 def test_a_job_past_its_compute_budget_fails_and_frees_the_slot(worker) -> None:
-    from handler.job import Runtime
-    from tests.conftest import make_settings
+    from handler.pipeline.runtime import Runtime
+    from tests.helpers import make_settings
 
     tight = Runtime(settings=make_settings(device="cpu", compute_budget_floor_s=2,
                                           compute_budget_factor=0), pool=worker.pool)  # fmt: skip
@@ -329,7 +329,7 @@ def test_memory_budget_waits_refuses_and_frees() -> None:
 
 @pytest.mark.model
 def test_a_job_over_the_memory_budget_fails_before_the_model(tiny_pool) -> None:
-    from handler.job import Runtime
+    from handler.pipeline.runtime import Runtime
 
     settings = make_settings(device="cpu", memory_budget_mb=70)  # jfk needs ~68 MiB; 60 s more
     worker = Runtime(settings=settings, pool=tiny_pool)

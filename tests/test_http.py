@@ -25,7 +25,7 @@ from openai.types.audio import Transcription, TranscriptionVerbose
 from handler.errors import Code, WorkerError
 from handler.faces import openai_api
 from tests import media
-from tests.conftest import DATA, JFK_TEXT, b64, wait_for, wer, words
+from tests.helpers import DATA, JFK_TEXT, b64, wait_for, wer, words
 from tests.httpserver import LocalServer
 
 pytestmark = pytest.mark.e2e

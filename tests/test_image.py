@@ -26,7 +26,7 @@ import pytest
 import requests
 
 from runpod_emulator import Emulator
-from tests.conftest import DATA, JFK_TEXT, b64, wait_for, wer
+from tests.helpers import DATA, JFK_TEXT, b64, wait_for, wer
 
 IMAGE = os.environ.get("WHISPER_TEST_IMAGE", "")
 PODMAN = ["podman", "--runtime", "runc"]

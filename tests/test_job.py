@@ -13,11 +13,12 @@ import srt
 import webvtt
 
 from handler.errors import Code
-from handler.job import Runtime, run_job
+from handler.pipeline.job import run_job
+from handler.pipeline.runtime import Runtime
 from handler.schema import DECODING_OPTIONS
 from speech_assets.clips import long_clip as bench_long_clip
 from speech_assets.clips import wav_bytes
-from tests.conftest import DATA, JFK_TEXT, b64, make_settings, wer, words
+from tests.helpers import DATA, JFK_TEXT, b64, make_settings, wer, words
 
 pytestmark = pytest.mark.model
 
@@ -235,12 +236,12 @@ def test_logs_hold_no_transcript_or_payload(worker, caplog):
 
 
 def test_unexpected_exception_is_internal_without_traceback(worker, monkeypatch, caplog):
-    import handler.job as job_module
+    import handler.audio.read as read_module
 
     def boom(*_a, **_k):
         raise ZeroDivisionError("secret detail")
 
-    monkeypatch.setattr(job_module, "decode_audio", boom)
+    monkeypatch.setattr(read_module, "decode_audio", boom)
     result = run_job({"audio_base64": b64(DATA / "jfk.wav")}, worker)
     assert result == {
         "error": "internal error while processing the job",
@@ -312,7 +313,7 @@ def test_batched_without_vad_cuts_long_audio_into_windows(worker):
 
 
 def test_memory_stays_flat_over_many_jobs(worker):
-    from handler.job import rss_mb
+    from handler.pipeline.runtime import rss_mb
 
     jobs = [
         {"audio_base64": b64(DATA / "jfk.mp3")},

@@ -36,7 +36,7 @@ RUNPOD_OK = {
     "handler/faces/runpod_handlers.py",
     "handler/faces/result_posts.py",
 }
-ROOMS = ("faces", "audio", "inference", "output")
+ROOMS = ("faces", "pipeline", "audio", "inference", "output")
 TOP = {"handler/__main__.py", "handler/cli.py", "handler/startup.py", "handler/serve.py"}
 """The entry points: the only modules that may import a face."""
 GROUND = {"handler/settings.py", "handler/schema.py", "handler/errors.py",
@@ -76,7 +76,7 @@ def test_imports_of_resolves_relative_and_function_level_imports() -> None:
     # A negative control for the checker itself: it must see what the rules forbid.
     pkg = ROOT / "runpod_emulator" / "core.py"
     assert "runpod_emulator.config" in imports_of(pkg)
-    assert "handler.job" in imports_of(ROOT / "handler" / "cli.py")
+    assert "handler.pipeline.job" in imports_of(ROOT / "handler" / "cli.py")
 
 
 def test_the_worker_imports_no_other_product() -> None:
@@ -97,18 +97,12 @@ def test_the_worker_imports_no_other_product() -> None:
     assert not bad, sorted(bad)
 
 
-BENCH_TESTS = {
-    "test_accuracy_bench.py", "test_autoscaler.py", "test_cost.py", "test_harness.py",
-    "test_report.py", "test_soak.py", "test_emulator_cli.py", "test_http_soak.py",
-}  # fmt: skip
-"""Tests of the bench itself; every other test needs no bench (issue 19)."""
-
-
 def test_tests_of_the_worker_need_no_bench_and_assets_need_neither() -> None:
+    """Tests of the bench itself live in tests/bench/; every other test needs no bench."""
     bad = [
         f"{p.name}: {m}"
-        for p in sorted((ROOT / "tests").glob("*.py"))
-        if p.name not in BENCH_TESTS
+        for p in sorted((ROOT / "tests").rglob("*.py"))
+        if "bench" not in p.relative_to(ROOT / "tests").parts[:-1]
         for m in imports_of(p)
         if top(m) == "bench"
     ]
@@ -185,6 +179,8 @@ def test_the_rooms_import_rules() -> None:
             bad.append(f"{rel}: inference imports audio")
         if here == "output" and "inference" in rooms:
             bad.append(f"{rel}: output imports inference")
+        if here in ("audio", "inference", "output") and "pipeline" in rooms:
+            bad.append(f"{rel}: {here} imports the pipeline")
         if "faces" in rooms and rel not in TOP:
             bad.append(f"{rel}: imports a face")
         if rel in GROUND and rooms - ({"output"} if rel == "handler/schema.py" else set()):
@@ -199,7 +195,8 @@ def test_the_rooms_import_rules() -> None:
 def test_the_rules_checker_sees_a_violation() -> None:
     # Negative control: the pipeline importing a face (the passthrough's old import).
     assert room_of("handler.faces.openai_api") == "faces"
-    assert room_of("handler.job") is None
+    assert room_of("handler.pipeline.job") == "pipeline"
+    assert room_of("handler.contract") is None
     assert room_of("handler.inference") is None  # the package itself: its policies
 
 
@@ -286,3 +283,117 @@ def test_no_function_in_the_worker_is_over_60_lines() -> None:
                 if n > 60:
                     long.append(f"{p.relative_to(ROOT)}:{node.name} ({n} lines)")
     assert not long, long
+
+
+def module_graph() -> dict[str, set[str]]:
+    """Every module of the products and the modules it imports, at any depth
+    (``TYPE_CHECKING`` and function-level imports too: a circle there is still a knot).
+    ``from package import name`` counts as importing the module ``package.name`` where one
+    exists, else the package."""
+    modules: dict[str, Path] = {}
+    for product in (*PRODUCTS, "builder", "speech_assets"):
+        for p in files_of(product):
+            parts = p.relative_to(ROOT).with_suffix("").parts
+            modules[".".join(parts[:-1] if parts[-1] == "__init__" else parts)] = p
+    graph: dict[str, set[str]] = {}
+    for name, p in modules.items():
+        tree = ast.parse(p.read_text(), filename=str(p))
+        package = name if p.name == "__init__.py" else name.rpartition(".")[0]
+        edges: set[str] = set()
+        for node in ast.walk(tree):
+            if isinstance(node, ast.Import):
+                edges.update(a.name for a in node.names if a.name in modules)
+            elif isinstance(node, ast.ImportFrom):
+                base = node.module or ""
+                if node.level:
+                    up = package.split(".")[: len(package.split(".")) - node.level + 1]
+                    base = ".".join(up + ([node.module] if node.module else []))
+                for alias in node.names:
+                    full = f"{base}.{alias.name}"
+                    edges.add(full if full in modules else base)
+        graph[name] = {e for e in edges if e in modules and e != name}
+    return graph
+
+
+def circles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """The strongly connected parts of more than one module (Tarjan's algorithm)."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    found: list[list[str]] = []
+
+    def visit(v: str) -> None:
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        for w in graph.get(v, ()):
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in stack:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            part = []
+            while True:
+                w = stack.pop()
+                part.append(w)
+                if w == v:
+                    break
+            if len(part) > 1:
+                found.append(sorted(part))
+
+    sys.setrecursionlimit(10000)
+    for v in graph:
+        if v not in index:
+            visit(v)
+    return found
+
+
+def test_no_import_circle_anywhere() -> None:
+    assert circles(module_graph()) == []
+
+
+def test_the_circle_finder_sees_a_circle() -> None:
+    # Negative control: the knot the pipeline once had (job <-> diarization).
+    graph = {"a.job": {"a.diarization"}, "a.diarization": {"a.job"}, "a.x": {"a.job"}}
+    assert circles(graph) == [["a.diarization", "a.job"]]
+
+
+def test_no_worker_module_is_over_520_lines() -> None:
+    long = {str(p.relative_to(ROOT)): n for p in files_of("handler")
+            if (n := len(p.read_text().splitlines())) > 520}  # fmt: skip
+    assert not long, long
+
+
+def test_each_shared_fact_is_defined_once() -> None:
+    """The sample rate and the terminal job states live in handler/contract.py alone."""
+    bad = []
+    for product in PRODUCTS:
+        for p in files_of(product):
+            if p == ROOT / "handler" / "contract.py":
+                continue
+            for node in ast.walk(ast.parse(p.read_text())):
+                if isinstance(node, (ast.Assign, ast.AnnAssign)) and isinstance(
+                    node.value, ast.Constant
+                ):
+                    targets = node.targets if isinstance(node, ast.Assign) else [node.target]
+                    names = {t.id for t in targets if isinstance(t, ast.Name)}
+                    if "SAMPLE_RATE" in names:
+                        bad.append(f"{p.relative_to(ROOT)}:{node.lineno}: SAMPLE_RATE")
+                if isinstance(node, ast.Set) and {
+                    e.value for e in node.elts if isinstance(e, ast.Constant)
+                } >= {"COMPLETED", "FAILED", "CANCELLED", "TIMED_OUT"}:
+                    bad.append(f"{p.relative_to(ROOT)}:{node.lineno}: the terminal states")
+    assert not bad, bad
+
+
+def test_no_private_name_crosses_a_module_boundary() -> None:
+    """A name starting with _ is its module's own: no other module of the bench, the tests
+    or the products imports it."""
+    bad = []
+    for product in (*PRODUCTS, "tests"):
+        for p in files_of(product):
+            for node in ast.walk(ast.parse(p.read_text())):
+                if isinstance(node, ast.ImportFrom) and top(node.module or "") in PRODUCTS:
+                    bad += [f"{p.relative_to(ROOT)}: {node.module}.{a.name}"
+                            for a in node.names if a.name.startswith("_")]  # fmt: skip
+    assert not bad, bad

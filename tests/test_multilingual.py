@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 
 from handler.errors import Code
-from handler.job import run_job
-from tests.conftest import DATA, b64, make_settings, words
+from handler.pipeline.job import run_job
+from tests.helpers import DATA, b64, make_settings, words
 
 pytestmark = pytest.mark.model
 

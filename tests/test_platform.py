@@ -22,7 +22,7 @@ import requests
 
 from runpod_emulator import Emulator
 from speech_assets.clips import long_clip
-from tests.conftest import DATA, JFK_TEXT, b64, wait_for, wer
+from tests.helpers import DATA, JFK_TEXT, b64, wait_for, wer
 
 pytestmark = pytest.mark.e2e
 

@@ -23,7 +23,7 @@ import pytest
 
 from handler.audio.live import LiveDecoder, chunk_bytes
 from handler.errors import Code, WorkerError
-from handler.faces.realtime import Turn
+from handler.faces.realtime.session import LiveItem
 from handler.inference.live_vad import WINDOW_MS, TurnDetector, TurnRules
 from speech_assets.clips import JFK_TEXT, clips, wer
 from tests.test_http import Server
@@ -77,7 +77,7 @@ def test_turn_rules_start_and_stop_as_server_vad_says() -> None:
 
 
 def test_deltas_carry_only_words_two_decodes_agree_on_and_never_take_text_back() -> None:
-    turn = Turn("item_1", 0)
+    turn = LiveItem("item_1", 0)
     assert turn.agreed_delta("and so my fellow".split()) == "and"  # the last 3 words wait
     assert turn.agreed_delta("and so my fellow Americans".split()) == " so my fellow"
     assert turn.agreed_delta("and so am I fellow".split()) == ""  # disagreement: wait

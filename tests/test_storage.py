@@ -10,8 +10,9 @@ import pytest
 from moto import mock_aws
 
 from handler.errors import Code
-from handler.job import Runtime, run_job
-from tests.conftest import DATA, b64, make_settings
+from handler.pipeline.job import run_job
+from handler.pipeline.runtime import Runtime
+from tests.helpers import DATA, b64, make_settings
 
 pytestmark = pytest.mark.model
 

@@ -33,6 +33,7 @@ from typing import Any
 import av
 import numpy as np
 
+from handler.contract import SAMPLE_RATE
 from handler.errors import Code, WorkerError
 from handler.guard import Guard
 from handler.settings import Settings
@@ -48,7 +49,6 @@ _METADATA_ERRORS: dict[str, Any] = (
 
 log = logging.getLogger(__name__)
 
-SAMPLE_RATE = 16000
 
 # Decoded audio shorter than its declared length by more than this (seconds, or fraction of
 # the declared length, whichever is larger) gets a warning: a truncated or damaged file must

@@ -17,9 +17,9 @@ from typing import Any
 import av
 import numpy as np
 
+from handler.contract import SAMPLE_RATE
 from handler.errors import Code, WorkerError
 
-SAMPLE_RATE = 16000
 FORMATS = {"audio/pcm": ("pcm_s16le", 24000), "audio/pcmu": ("pcm_mulaw", 8000),
            "audio/pcma": ("pcm_alaw", 8000)}  # fmt: skip
 """Format type -> (FFmpeg decoder, default rate)."""

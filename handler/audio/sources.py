@@ -36,7 +36,7 @@ log = logging.getLogger(__name__)
 
 JOB_DIR_PREFIX = "whisper-job-"
 """A job's temporary folder (its fetched audio, a reference clip): swept at start-up when a
-killed worker left one behind (handler.job.sweep_stale_job_dirs)."""
+killed worker left one behind (handler.pipeline.runtime.sweep_stale_job_dirs)."""
 
 
 # --------------------------------------------------------------------------- base64

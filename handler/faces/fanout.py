@@ -15,7 +15,7 @@ cancelled there and run by this worker itself, one at a time, so a split job alw
 at worst as slowly as unsplit on one worker.
 
 The pieces travel inline (FLAC, base64) or, when larger than a request takes, as s3://
-objects of the piece bucket that the job deletes when it ends (``job._split``).
+objects of the piece bucket that the job deletes when it ends (``handler.pipeline.split``).
 """
 
 from __future__ import annotations
@@ -31,13 +31,14 @@ from typing import Any
 
 import requests
 
+from handler.contract import TERMINAL_JOB_STATES
 from handler.errors import Code, WorkerError
-from handler.job import PieceDone
+from handler.pipeline.runtime import PieceDone
 
 log = logging.getLogger(__name__)
 
 DEFAULT_BASE_URL = "https://api.runpod.ai/v2"
-TERMINAL = {"COMPLETED", "FAILED", "CANCELLED", "TIMED_OUT"}
+TERMINAL = TERMINAL_JOB_STATES
 PIECE_TIMEOUT_S = 1800.0
 QUEUE_WAIT_S = 60.0
 TRIES = 2

@@ -41,7 +41,8 @@ from handler.errors import Code, WorkerError
 from handler.faces import openai_api, realtime
 from handler.faces.auth import ApiKey
 from handler.faces.metrics import Metrics, RequestMetrics
-from handler.job import Runtime, run_job
+from handler.pipeline.job import run_job
+from handler.pipeline.runtime import Runtime
 from handler.settings import Settings
 
 log = logging.getLogger(__name__)

@@ -35,7 +35,8 @@ from collections.abc import Iterable, Mapping
 from typing import Any
 
 from handler.errors import Code, WorkerError
-from handler.job import Runtime, run_job
+from handler.pipeline.job import run_job
+from handler.pipeline.runtime import Runtime
 
 ROUTES = {"/v1/audio/transcriptions": "transcribe", "/v1/audio/translations": "translate"}
 RESPONSE_FORMATS = ("json", "text", "srt", "vtt", "verbose_json", "diarized_json")

@@ -22,7 +22,7 @@ from typing import Any
 
 from handler.contract import Segment
 from handler.faces.openai_api import run_any_job
-from handler.job import Runtime
+from handler.pipeline.runtime import Runtime
 
 log = logging.getLogger(__name__)
 

@@ -34,9 +34,9 @@ from faster_whisper.transcribe import (
 )
 from faster_whisper.vad import collect_chunks, get_speech_timestamps
 
+from handler.contract import SAMPLE_RATE
 from handler.inference.options import BATCHED_DEFAULTS, opt, temperatures, vad_options
 
-SAMPLE_RATE = 16000
 WINDOW_S = 30
 
 # Options one batched generate() call must share; everything else may differ per window.

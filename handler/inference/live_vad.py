@@ -18,9 +18,10 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from handler.contract import SAMPLE_RATE
+
 WINDOW = 512
 CONTEXT = 64
-SAMPLE_RATE = 16000
 WINDOW_MS = WINDOW * 1000 // SAMPLE_RATE  # 32
 
 

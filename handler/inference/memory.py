@@ -27,11 +27,11 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
+from handler.contract import SAMPLE_RATE
 from handler.errors import Code, WorkerError
 from handler.guard import raise_if_cancelled
 
 MIB = 2**20
-SAMPLE_RATE = 16000
 PCM_FACTOR = 2.5
 """Peak bytes per byte of float32 PCM during transcription (measured: about 2.4)."""
 FIXED_BYTES = 64 * MIB

@@ -15,10 +15,10 @@ from typing import Any
 import numpy as np
 from faster_whisper.vad import get_speech_timestamps
 
+from handler.contract import SAMPLE_RATE
 from handler.inference.options import vad_options
 from handler.inference.threads import usable_cpus
 
-SAMPLE_RATE = 16000
 SEARCH = 0.15
 """How far (a share of the piece length) from the equal cut a pause is looked for."""
 MIN_PIECE_S = 10.0

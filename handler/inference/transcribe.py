@@ -129,7 +129,7 @@ def _run_sequential(
     start = time.perf_counter()
     kwargs = language.among(instance, audio, kwargs, languages)
     try:
-        generator, info, spans = _transcribe_sequential(instance, audio, kwargs, consume_audio)
+        generator, info, spans = sequential_segments(instance, audio, kwargs, consume_audio)
         segments = []
         for seg in generator:
             item = segment_dict(seg)
@@ -161,7 +161,7 @@ def _seconds(spans: list[dict[str, int]]) -> list[tuple[float, float]]:
     return [(s["start"] / rate, s["end"] / rate) for s in spans]
 
 
-def _transcribe_sequential(
+def sequential_segments(
     instance: Any, audio: np.ndarray, kwargs: dict[str, Any], consume: bool = False
 ):
     """``WhisperModel.transcribe``, with its VAD step done here in bounded memory.

@@ -2,7 +2,7 @@
 changes, the per-speaker summary, OpenAI's ``diarized_json`` and NIST's RTTM.
 
 Pure functions over plain dicts and ``(start, end, speaker)`` turns: nothing here knows how
-the turns were found (handler.inference.diarize), so every rule is testable without a
+the turns were found (handler.inference.speakers), so every rule is testable without a
 model.
 """
 

@@ -1,0 +1,1 @@
+"""What the worker gets right: WER beside plain faster-whisper, languages, speakers."""

@@ -1,0 +1,1 @@
+"""The built image: its sizes layer by layer, the GPU diarizer's packages."""

@@ -1,0 +1,1 @@
+"""What survives: many jobs or requests with every bad input and injected faults."""

@@ -1,0 +1,1 @@
+"""Speed: start-up, per-job overhead, throughput, memory, threads, live latency, the GPU check."""

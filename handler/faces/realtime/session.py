@@ -1,0 +1,468 @@
+"""One live WebSocket: its loop over client events, its turns (server VAD or the client's
+commits), the interim and final decodes of each turn through the job pipeline."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import threading
+import time
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+from starlette.websockets import WebSocket, WebSocketDisconnect
+
+from handler.audio.live import LiveDecoder, chunk_bytes
+from handler.contract import SAMPLE_RATE
+from handler.errors import WorkerError
+from handler.faces.realtime.buffer import LiveBuffer
+from handler.faces.realtime.protocol import (
+    MIN_COMMIT_S,
+    Config,
+    SessionError,
+    error_event,
+    new_id,
+)
+from handler.inference.live_vad import StreamVad, TurnDetector, TurnRules
+from handler.pipeline.job import run_job
+from handler.pipeline.runtime import Runtime
+from handler.settings import Settings
+
+log = logging.getLogger(__name__)
+
+INTERIM_EVERY_S = 2.0
+"""Seconds of new speech between two interim decodes of a turn still being spoken, with
+one or two sessions open; with more, this times half the sessions (4 s with 4, 8 s with 8)."""
+HOLD_BACK = 3
+"""Words at the end of a turn's first interim decode that wait for a second one."""
+MAX_PENDING_TURNS = 4
+"""Committed turns of one session awaiting their transcript before it is read again."""
+IDLE_PREFIX_S = 1.0
+"""Audio kept before speech starts, beyond the prefix padding (server VAD)."""
+
+
+@dataclass
+class LiveState:
+    """What the sessions of one server share (all on its event loop: no lock needed)."""
+
+    executor: ThreadPoolExecutor
+    sessions: int = 0
+    finals: int = 0
+    """Final decodes of committed turns in flight: while any waits, interim decodes wait,
+    so a completed transcript never queues behind another session's interim text."""
+
+
+class LiveItem:
+    """One conversation item: a turn's interim decodes, the words sent of it, its transcript."""
+
+    def __init__(self, item_id: str, start_ms: int) -> None:
+        self.item_id = item_id
+        self.start_ms = start_ms
+        self.emitted: list[str] = []
+        """Words already sent as deltas (never taken back)."""
+        self.previous: list[str] | None = None
+        """The last interim decode's words: a word is sent once two decodes agree on it."""
+        self.interim_at = 0
+        """Samples of the turn when its last interim decode started."""
+        self.interim: asyncio.Future | None = None
+
+    def agreed_delta(self, words: list[str]) -> str:
+        """The words this decode and the previous one agree on beyond those already sent;
+        from a turn's first decode, all but its last ``HOLD_BACK`` words (the end of what
+        was heard is the part a longer context changes)."""
+        prev, self.previous = self.previous, words
+        if prev is None:
+            return self._advance(words[: max(0, len(words) - HOLD_BACK)])
+        agreed = 0
+        while agreed < min(len(prev), len(words)) and prev[agreed] == words[agreed]:
+            agreed += 1
+        return self._advance(words[:agreed])
+
+    def final_delta(self, words: list[str]) -> str:
+        return self._advance(words)
+
+    def _advance(self, words: list[str]) -> str:
+        n = len(self.emitted)
+        if len(words) <= n or words[:n] != self.emitted:
+            return ""
+        new = words[n:]
+        self.emitted = list(words)
+        return (" " if n else "") + " ".join(new)
+
+
+class Session:
+    """One live WebSocket: its config, decoder, VAD, audio and turns."""
+
+    def __init__(
+        self,
+        ws: WebSocket,
+        worker: Runtime,
+        settings: Settings,
+        live: LiveState,
+        on_result: Callable[[Any], None],
+    ) -> None:
+        self.ws, self.worker, self.settings = ws, worker, settings
+        self.live, self.on_result = live, on_result
+        self.id = new_id("sess")
+        self.started = time.monotonic()
+        self.config = Config(worker.pool.names)
+        self.decoder = LiveDecoder()
+        self.vad: StreamVad | None = None
+        self.detector = TurnDetector()
+        self.audio = LiveBuffer()
+        self.turn: LiveItem | None = None
+        self.previous_item: str | None = None
+        self.cancel = threading.Event()
+        self.tasks: set[asyncio.Task] = set()
+        self.finals: set[asyncio.Task] = set()
+        """Committed turns of this session still being transcribed."""
+        self._send_lock = asyncio.Lock()
+
+    # --- the loop ---------------------------------------------------------------------
+
+    async def run(self) -> None:
+        await self.send({"type": "session.created", "session": self._session()})
+        try:
+            while True:
+                left = self.settings.realtime_max_session_s - (time.monotonic() - self.started)
+                if left <= 0:
+                    await self.send(
+                        error_event("the session reached its longest length", "session_expired")
+                    )
+                    await self.ws.close(code=1000)
+                    return
+                try:
+                    message = await asyncio.wait_for(
+                        self.ws.receive(), timeout=min(left, self.settings.realtime_idle_s)
+                    )
+                except asyncio.TimeoutError:
+                    if time.monotonic() - self.started < self.settings.realtime_max_session_s:
+                        await self.send(error_event("no event for too long", "idle_timeout"))
+                        await self.ws.close(code=1000)
+                        return
+                    continue
+                if message["type"] == "websocket.disconnect":
+                    return
+                await self.receive(message)
+        except (WebSocketDisconnect, RuntimeError):
+            return  # the client vanished
+        finally:
+            self.cancel.set()  # turns in flight stop at their next cancel check
+            for task in list(self.tasks):
+                task.cancel()
+
+    async def receive(self, message: Any) -> None:
+        if message.get("text") is None:
+            await self.send(error_event("send JSON text events, not binary", "binary_unsupported"))
+            return
+        try:
+            event = json.loads(message["text"])
+        except ValueError:
+            await self.send(error_event("the message is not JSON", "invalid_json"))
+            return
+        if not isinstance(event, dict) or not isinstance(event.get("type"), str):
+            await self.send(error_event("an event is a JSON object with a type", "invalid_event"))
+            return
+        try:
+            await self.dispatch(event)
+        except SessionError as exc:
+            await self.send(error_event(str(exc), exc.code, event_id=event.get("event_id")))
+        except WorkerError as exc:
+            await self.send(
+                error_event(exc.message, exc.code.value.lower(), event_id=event.get("event_id"))
+            )
+        except (WebSocketDisconnect, asyncio.CancelledError):
+            raise
+        except Exception:  # a bug of ours: the log has the traceback, the client a sentence
+            log.exception("live session %s: an event failed", self.id)
+            message = "internal error while handling the event"
+            await self.send(error_event(message, "internal", "server_error", event.get("event_id")))
+
+    async def dispatch(self, event: dict[str, Any]) -> None:
+        kind = event["type"]
+        if kind == "session.update":
+            self._reconfigure(self.config.update, event.get("session"))
+            await self.send({"type": "session.updated", "session": self._session()})
+        elif kind == "transcription_session.update":
+            self._reconfigure(self.config.update_legacy, event.get("session"))
+            await self.send({"type": "transcription_session.updated", "session": self._session()})
+        elif kind == "input_audio_buffer.append":
+            await self.append(
+                chunk_bytes(event.get("audio"), self.settings.realtime_max_message_bytes)
+            )
+        elif kind == "input_audio_buffer.commit":
+            if len(self.audio) < MIN_COMMIT_S * SAMPLE_RATE:
+                raise SessionError(
+                    "the buffer holds less than 100 ms of audio", "input_audio_buffer_commit_empty"
+                )
+            await self.commit(self.audio.received_ms)
+        elif kind == "input_audio_buffer.clear":
+            self._clear()
+            await self.send({"type": "input_audio_buffer.cleared"})
+        else:
+            raise SessionError(f"unknown event type {kind[:80]!r}", "unknown_event")
+
+    def _reconfigure(self, update: Callable[[Any], None], session: Any) -> None:
+        before = (self.config.format, self.config.rate)
+        update(session)
+        if (self.config.format, self.config.rate) != before:
+            self.decoder = LiveDecoder(self.config.format, self.config.rate)
+        self.detector = TurnDetector(self.config.turns or TurnRules(), self.audio.received_ms)
+        self.vad = None
+        self._clear()
+
+    def _session(self) -> dict[str, Any]:
+        expires = int(
+            time.time() + self.settings.realtime_max_session_s - (time.monotonic() - self.started)
+        )
+        return self.config.session(self.id, expires)
+
+    # --- audio, turns -----------------------------------------------------------------
+
+    async def append(self, data: bytes) -> None:
+        samples = self.decoder.decode(data)
+        cap = int(self.settings.realtime_max_turn_s * SAMPLE_RATE)
+        if self.config.turns is None and len(self.audio) + len(samples) > cap:
+            raise SessionError(
+                f"the buffer holds {self.settings.realtime_max_turn_s:g} s: "
+                "commit or clear it first",
+                "input_audio_buffer_full",
+            )
+        self.audio.add(samples)
+        if self.config.turns is None:
+            await self._maybe_interim(self.audio.start_ms)
+            return
+        if self.vad is None:
+            self.vad = StreamVad()
+            self.detector = TurnDetector(
+                self.config.turns, self.audio.received_ms - len(samples) * 1000 // SAMPLE_RATE
+            )
+        for kind, ms in self.detector.feed(self.vad.push(samples)):
+            if kind == "started":
+                await self.speech_started(ms)
+            else:
+                await self.send(
+                    {
+                        "type": "input_audio_buffer.speech_stopped",
+                        "audio_end_ms": ms,
+                        "item_id": self._item().item_id,
+                    }
+                )
+                # The turn keeps the silence that ended it (OpenAI commits the buffer once
+                # the silence has lasted): Whisper hears the sentence finish.
+                await self.commit(self.audio.received_ms)
+        if self.turn is not None and self.detector.speaking:
+            turn_ms = self.audio.received_ms - self.turn.start_ms
+            if turn_ms >= self.settings.realtime_max_turn_s * 1000:
+                # A turn this long is committed as it stands; speech goes on in a new one.
+                await self.commit(self.audio.received_ms)
+                self.detector.speaking = False
+            else:
+                await self._maybe_interim(self._turn_start_ms())
+        elif not self.detector.speaking:
+            self._trim_idle()
+
+    async def speech_started(self, ms: int) -> None:
+        self.turn = LiveItem(new_id("item"), ms)
+        await self.send(
+            {
+                "type": "input_audio_buffer.speech_started",
+                "audio_start_ms": ms,
+                "item_id": self.turn.item_id,
+            }
+        )
+
+    def _item(self) -> LiveItem:
+        if self.turn is None:
+            self.turn = LiveItem(new_id("item"), self.audio.start_ms)
+        return self.turn
+
+    def _turn_start_ms(self) -> int:
+        pad = self.config.turns.prefix_padding_ms if self.config.turns else 0
+        return max(self.audio.start_ms, self._item().start_ms - pad)
+
+    def _trim_idle(self) -> None:
+        """Before speech, keep only what a turn's prefix padding can reach back to."""
+        keep_ms = self.config.turns.prefix_padding_ms if self.config.turns else 0
+        self.audio.keep_last(keep_ms / 1000 + IDLE_PREFIX_S)
+
+    def _clear(self) -> None:
+        self.audio.clear()
+        self.turn = None
+
+    async def commit(self, end_ms: int) -> None:
+        turn = self._item()
+        start_ms = self._turn_start_ms() if self.config.turns else self.audio.start_ms
+        samples = self.audio.take(start_ms, end_ms)
+        self.turn = None
+        await self.send(
+            {
+                "type": "input_audio_buffer.committed",
+                "item_id": turn.item_id,
+                "previous_item_id": self.previous_item,
+            }
+        )
+        await self.send(
+            {
+                "type": "conversation.item.added",
+                "previous_item_id": self.previous_item,
+                "item": {
+                    "id": turn.item_id,
+                    "object": "realtime.item",
+                    "type": "message",
+                    "role": "user",
+                    "status": "completed",
+                    "content": [{"type": "input_audio", "transcript": None}],
+                },
+            }
+        )
+        self.previous_item = turn.item_id
+        self.finals.add(self._spawn(self._final(turn, samples)))
+        self.finals = {t for t in self.finals if not t.done()}
+        while len(self.finals) >= MAX_PENDING_TURNS:
+            # Backpressure: a client that commits faster than its turns are transcribed
+            # is not read from until one is done, so it cannot queue turns without bound.
+            _done, pending = await asyncio.wait(self.finals, return_when=asyncio.FIRST_COMPLETED)
+            self.finals = set(pending)
+
+    # --- transcription ----------------------------------------------------------------
+
+    def _spawn(self, coroutine: Any) -> asyncio.Task:
+        task = asyncio.ensure_future(coroutine)
+        self.tasks.add(task)
+        task.add_done_callback(self.tasks.discard)
+        return task
+
+    async def _transcribe(self, samples: np.ndarray, item_id: str) -> dict[str, Any]:
+        job = self.config.job_input()
+        loop = asyncio.get_running_loop()
+        result = await loop.run_in_executor(
+            self.live.executor,
+            lambda: run_job(
+                job, self.worker, job_id=f"live-{item_id}", cancel=self.cancel, samples=samples
+            ),
+        )
+        self.on_result(result)
+        return result
+
+    async def _maybe_interim(self, start_ms: int) -> None:
+        turn = self._item()
+        samples_now = len(self.audio.between(start_ms, self.audio.received_ms))
+        if turn.interim is not None and not turn.interim.done():
+            return  # one interim decode per turn at a time: it throttles itself
+        if self.live.finals:
+            return  # a committed turn waits for its transcript: interim text can wait
+        # More sessions, fewer interim decodes each: they share the same cores as the finals.
+        every = INTERIM_EVERY_S * max(1.0, self.live.sessions / 2)
+        if samples_now - turn.interim_at < every * SAMPLE_RATE:
+            return
+        turn.interim_at = samples_now
+        turn.interim = self._spawn(
+            self._interim(turn, self.audio.between(start_ms, self.audio.received_ms).copy())
+        )
+
+    async def _interim(self, turn: LiveItem, samples: np.ndarray) -> None:
+        result = await self._transcribe(samples, turn.item_id)
+        if "error" in result or self.turn is not turn:
+            return  # a failed interim decode is not reported; the final one is
+        delta = turn.agreed_delta(result["text"].split())
+        if delta:
+            await self._delta(turn, delta)
+
+    async def _delta(self, turn: LiveItem, delta: str) -> None:
+        await self.send(
+            {
+                "type": "conversation.item.input_audio_transcription.delta",
+                "item_id": turn.item_id,
+                "content_index": 0,
+                "delta": delta,
+            }
+        )
+
+    async def _final(self, turn: LiveItem, samples: np.ndarray) -> None:
+        self.live.finals += 1
+        try:
+            if turn.interim is not None and not turn.interim.done():
+                await asyncio.wait({turn.interim})  # its deltas come before the final text
+            result = await self._transcribe(samples, turn.item_id)
+        finally:
+            self.live.finals -= 1
+        if "error" in result:
+            await self.send(
+                {
+                    "type": "conversation.item.input_audio_transcription.failed",
+                    "item_id": turn.item_id,
+                    "content_index": 0,
+                    "error": {
+                        "type": "transcription_error",
+                        "code": result["error_code"],
+                        "message": result["error"],
+                        "param": None,
+                    },
+                }
+            )
+            return
+        text = result["text"]
+        delta = turn.final_delta(text.split())
+        if delta:
+            await self._delta(turn, delta)
+        await self.send(
+            {
+                "type": "conversation.item.input_audio_transcription.completed",
+                "item_id": turn.item_id,
+                "content_index": 0,
+                "transcript": text,
+                "usage": {"type": "duration", "seconds": round(len(samples) / SAMPLE_RATE, 3)},
+            }
+        )
+
+    async def send(self, event: dict[str, Any]) -> None:
+        event.setdefault("event_id", new_id("event"))
+        async with self._send_lock:
+            try:
+                await self.ws.send_text(json.dumps(event))
+            except (WebSocketDisconnect, RuntimeError):
+                self.cancel.set()  # the client is gone: nothing more to send
+
+
+async def serve(
+    ws: WebSocket,
+    worker: Runtime | None,
+    settings: Settings,
+    live: LiveState,
+    on_result: Callable[[Any], None],
+) -> None:
+    """One connection to ``/v1/realtime``: refused with an error event, or a session."""
+    await ws.accept()
+
+    async def refuse(message: str, code: str, close: int) -> None:
+        await ws.send_text(json.dumps(error_event(message, code)))
+        await ws.close(code=close)
+
+    if ws.query_params.get("intent", "transcription") != "transcription":
+        return await refuse(
+            "only intent=transcription is served here: live transcription, not conversations",
+            "unsupported",
+            1008,
+        )
+    if settings.realtime_max_sessions == 0:
+        return await refuse(
+            "live sessions are off here (WHISPER_REALTIME_MAX_SESSIONS=0)", "unsupported", 1008
+        )
+    if worker is None:
+        return await refuse("the model is still loading; retry shortly", "not_ready", 1013)
+    if live.sessions >= settings.realtime_max_sessions:
+        return await refuse(
+            f"the server holds {settings.realtime_max_sessions} live sessions; retry later",
+            "session_limit",
+            1013,
+        )
+    live.sessions += 1
+    try:
+        await Session(ws, worker, settings, live, on_result).run()
+    finally:
+        live.sessions -= 1

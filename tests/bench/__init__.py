@@ -1,0 +1,1 @@
+"""Tests of the bench itself (python -m bench): every other test needs no bench."""
