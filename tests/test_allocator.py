@@ -1,6 +1,6 @@
 """The allocator policy in effect (pure tier: no model): read from what the kernel counts.
 
-Issue 23: glibc gave every large CTranslate2 buffer back with munmap and faulted it in
+Glibc gave every large CTranslate2 buffer back with munmap and faulted it in
 again on the next call, a third of the CPU in the kernel. The policy is applied when the
 ``handler`` package is first imported (handler/inference/allocator.py); these tests read its effect
 in a fresh process the way it matters: the page faults of a large block allocated, touched
@@ -45,11 +45,15 @@ PAGES = 64 * 2**20 // 4096
 
 
 def _probe(**env_extra: str) -> dict:
-    env = {k: v for k, v in os.environ.items()
-           if k not in allocator.DEPLOYMENT_VARS and k != allocator.SETTING}  # fmt: skip
+    env = {
+        k: v
+        for k, v in os.environ.items()
+        if k not in allocator.DEPLOYMENT_VARS and k != allocator.SETTING
+    }
     env.update(env_extra)
-    proc = subprocess.run([sys.executable, "-c", PROBE], env=env, capture_output=True,
-                          text=True, timeout=120)  # fmt: skip
+    proc = subprocess.run(
+        [sys.executable, "-c", PROBE], env=env, capture_output=True, text=True, timeout=120
+    )
     assert proc.returncode == 0, proc.stderr[-2000:]
     return json.loads(proc.stdout.strip().splitlines()[-1])
 

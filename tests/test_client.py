@@ -521,8 +521,9 @@ class HandWorker:
         """The last segment, then the whole result, back to back."""
         self.post("job-stream", job_id, {"output": {"segment": segments[-1]}}, True)
         result = {"text": "".join(s["text"] for s in segments).strip(), "segments": segments}
-        self.post("job-done", job_id, {"output": [*({"segment": s} for s in segments), result]},
-                  True)  # fmt: skip
+        self.post(
+            "job-done", job_id, {"output": [*({"segment": s} for s in segments), result]}, True
+        )
 
 
 SEGMENTS = [
@@ -532,7 +533,7 @@ SEGMENTS = [
 
 
 def test_the_clients_stream_never_misses_the_last_segment(tmp_path: Path) -> None:
-    """Issue 32: on a busy machine `transcribe(stream=True, on_partial=...)` delivered one
+    """On a busy machine `transcribe(stream=True, on_partial=...)` delivered one
     partial while the result held two. The race, made certain: the last segment and the
     result land right after the client's read of the stream, before its read of the status."""
     em = Emulator(api_key=SECRET_KEY, log_dir=str(tmp_path)).start()

@@ -359,7 +359,7 @@ def test_tiny_audio_decodes(tmp_path: pathlib.Path, seconds: float, expected: in
 
 @pytest.mark.parametrize("seed", range(10))
 def test_a_truncated_wav_always_warns(tmp_path: pathlib.Path, seed: int) -> None:
-    """Issue 12: 10 of 10 random cuts of a WAV used to decode silently short."""
+    """10 of 10 random cuts of a WAV used to decode silently short."""
     data = JFK_WAV.read_bytes()
     cut = int(np.random.default_rng(seed).uniform(0.1, 0.9) * len(data))
     path = media.write_bytes(tmp_path / "cut.wav", data[:cut])

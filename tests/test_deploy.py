@@ -174,14 +174,19 @@ def test_a_model_in_runpods_cache_loads_from_there_offline(tiny_dir, tmp_path, n
     _fake_hf_cache(cache, "Systran/faster-whisper-tiny.en", tiny_dir, "c" * 40)
     # An older snapshot without weights beside it must not be picked.
     (cache / "models--Systran--faster-whisper-tiny.en" / "snapshots" / "old").mkdir()
-    env = {"WHISPER_MODEL": name, "WHISPER_RUNPOD_CACHE_DIR": str(cache),
-           "WHISPER_DEVICE": "cpu", "WHISPER_WARMUP": "false"}  # fmt: skip
+    env = {
+        "WHISPER_MODEL": name,
+        "WHISPER_RUNPOD_CACHE_DIR": str(cache),
+        "WHISPER_DEVICE": "cpu",
+        "WHISPER_WARMUP": "false",
+    }
     worker = start_worker(load_settings(env))
     spec = worker.pool.get(None).spec
     assert spec.name == name and spec.source.endswith("c" * 40), spec
     assert "RunPod model cache" in spec.tried
-    out = run_job({"audio_base64": base64.b64encode((DATA / "jfk.wav").read_bytes()).decode()},
-                  worker)  # fmt: skip
+    out = run_job(
+        {"audio_base64": base64.b64encode((DATA / "jfk.wav").read_bytes()).decode()}, worker
+    )
     assert "country" in out["text"]
 
 
@@ -433,8 +438,11 @@ def test_environment_is_offline_and_quiet(docker):
 
 def test_every_whisper_env_is_a_real_setting(docker):
     args = dict(rest.split("=", 1) for kw, rest in docker if kw == "ARG" and "=" in rest)
-    env = {k: re.sub(r"\$\{(\w+)\}", lambda m: args[m.group(1)], v)
-           for k, v in _env(docker).items() if k.startswith("WHISPER_")}  # fmt: skip
+    env = {
+        k: re.sub(r"\$\{(\w+)\}", lambda m: args[m.group(1)], v)
+        for k, v in _env(docker).items()
+        if k.startswith("WHISPER_")
+    }
     assert env, "the image sets no WHISPER_* variable"
     assert set(env) <= set(setting_names())
     load_settings(env)  # and their values are valid
@@ -601,8 +609,9 @@ def test_ctranslate2_needs_cublas_of_the_base_image_and_no_cudnn(docker):
     # finds it where the wheel puts it and lets the container toolkit inject the driver;
     # the CPU base installs none. bench/image.sh checks the libraries resolve in the image.
     assert set(_cuda_wheels()) == {f"nvidia-cublas-cu{major}"}
-    deps = next(rest for kw, rest in final_stage(docker)
-                if kw == "RUN" and "-r requirements.txt" in rest)  # fmt: skip
+    deps = next(
+        rest for kw, rest in final_stage(docker) if kw == "RUN" and "-r requirements.txt" in rest
+    )
     assert "$IMAGE_CUDA_REQUIREMENTS" in deps
     cuda, cpu = _stage_env(docker, "base-cuda"), _stage_env(docker, "base-cpu")
     assert cuda["IMAGE_CUDA_REQUIREMENTS"] == "cuda.txt" and cpu["IMAGE_CUDA_REQUIREMENTS"] == ""
@@ -651,8 +660,12 @@ def test_diarization_is_a_build_argument_and_the_default_image_gets_nothing(dock
     # Every step of the stage is a no-op but `mkdir /out` unless DIARIZATION=true: run them.
     for rest in runs:
         script = 'pip() { echo "pip $*"; exit 9; }\napt-get() { exit 9; }\nmkdir() { :; }\n'
-        done = subprocess.run(["bash", "-c", script + rest], capture_output=True, text=True,
-                              env={"PATH": os.environ["PATH"], "DIARIZATION": "false"})  # fmt: skip
+        done = subprocess.run(
+            ["bash", "-c", script + rest],
+            capture_output=True,
+            text=True,
+            env={"PATH": os.environ["PATH"], "DIARIZATION": "false"},
+        )
         assert done.returncode == 0 and done.stdout == "", (rest, done.stdout)
     final = docker[max(stages.values()) :]
     assert ("COPY", "--from=diarizer /out/ /models/") in final
@@ -678,14 +691,19 @@ def test_the_gpu_diarizer_is_opt_in_and_pinned_to_the_base_images_cuda(docker):
     pins = [Requirement(ln) for ln in lines if ln.strip() and not ln.startswith("#")]
     assert all(str(p.specifier).startswith("==") for p in pins)
     cuda_major = _base_cuda(docker)[0]
-    assert {p.name for p in pins} == {"onnxruntime-gpu", *(f"nvidia-{lib}-cu{cuda_major}"
-                                       for lib in ("cudnn", "cufft", "curand",
-                                                   "cuda-runtime"))}  # fmt: skip
+    assert {p.name for p in pins} == {
+        "onnxruntime-gpu",
+        *(f"nvidia-{lib}-cu{cuda_major}" for lib in ("cudnn", "cufft", "curand", "cuda-runtime")),
+    }
 
     def build(**args: str) -> tuple[int, str]:
         script = 'pip() { echo "pip $*"; }\n' + run
-        proc = subprocess.run(["bash", "-c", script], capture_output=True, text=True,
-                              env={"PATH": os.environ["PATH"], **args})  # fmt: skip
+        proc = subprocess.run(
+            ["bash", "-c", script],
+            capture_output=True,
+            text=True,
+            env={"PATH": os.environ["PATH"], **args},
+        )
         return proc.returncode, proc.stdout + proc.stderr
 
     assert build(DIARIZER_GPU="false", DIARIZATION="true", WHISPER_IMAGE="cuda") == (0, "")
@@ -694,8 +712,10 @@ def test_the_gpu_diarizer_is_opt_in_and_pinned_to_the_base_images_cuda(docker):
         "pip uninstall -y onnxruntime",
         "pip install --no-cache-dir -r diarizer-gpu.txt -c constraints.txt",
     ]
-    for wrong in ({"DIARIZATION": "false", "WHISPER_IMAGE": "cuda"},
-                  {"DIARIZATION": "true", "WHISPER_IMAGE": "cpu"}):  # fmt: skip
+    for wrong in (
+        {"DIARIZATION": "false", "WHISPER_IMAGE": "cuda"},
+        {"DIARIZATION": "true", "WHISPER_IMAGE": "cpu"},
+    ):
         rc, out = build(DIARIZER_GPU="true", **wrong)
         assert rc == 1 and "needs DIARIZATION=true and WHISPER_IMAGE=cuda" in out
 

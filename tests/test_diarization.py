@@ -63,8 +63,13 @@ def sample() -> tuple[np.ndarray, list[tuple[float, float, str]], bytes]:
 
 @pytest.fixture
 def dworker(tiny_pool, diarizer, model_dir) -> Runtime:
-    settings = make_settings(device="cpu", diarization="true", diarization_model=model_dir,
-                             allow_private_urls="true", batch_size=1)  # fmt: skip
+    settings = make_settings(
+        device="cpu",
+        diarization="true",
+        diarization_model=model_dir,
+        allow_private_urls="true",
+        batch_size=1,
+    )
     return Runtime(settings=settings, pool=tiny_pool, diarizer=diarizer)
 
 
@@ -82,9 +87,17 @@ def three_voices(sample) -> tuple[np.ndarray, list[tuple[float, float, str]]]:  
     libri = [read_wav(p) for p in sorted((DATA / "librivox").glob("*.wav"))]
     jfk = read_wav(DATA / "jfk.wav")
     phone = [cut(audio, 10.6, 14.45), cut(audio, 18.1, 21.4)]
-    order = [("reader", libri[0]), ("jfk", jfk[: 5 * RATE]), ("phone", phone[0]),
-             ("reader", libri[1]), ("jfk", jfk[5 * RATE :]), ("phone", phone[1]),
-             ("reader", libri[2]), ("jfk", jfk[: 4 * RATE]), ("reader", libri[3])]  # fmt: skip
+    order = [
+        ("reader", libri[0]),
+        ("jfk", jfk[: 5 * RATE]),
+        ("phone", phone[0]),
+        ("reader", libri[1]),
+        ("jfk", jfk[5 * RATE :]),
+        ("phone", phone[1]),
+        ("reader", libri[2]),
+        ("jfk", jfk[: 4 * RATE]),
+        ("reader", libri[3]),
+    ]
     return join_turns(order)
 
 
@@ -175,7 +188,7 @@ def test_three_real_voices_taking_turns(diarizer, sample) -> None:
 
 def test_windows_embedded_in_pieces_cluster_as_the_whole_does(diarizer, sample) -> None:
     """A split job's pieces embed their speech windows and send them (float16, JSON); the
-    whole clusters them all at once (issue 33). Cut at a pause into three pieces, the turns
+    whole clusters them all at once. Cut at a pause into three pieces, the turns
     are the unsplit diarization's, and windows that do not hold together are refused."""
     import json
 
@@ -186,8 +199,10 @@ def test_windows_embedded_in_pieces_cluster_as_the_whole_does(diarizer, sample) 
     starts = [0] + [int((ref[i][1] + ref[i + 1][0]) / 2 * RATE) for i in (2, 5)]
     ends = [*starts[1:], len(audio)]
     dim = diarizer.embedding_size
-    sent = [json.loads(json.dumps(diarizer.windows_of(audio[a:b]).to_json()))
-            for a, b in zip(starts, ends, strict=True)]  # fmt: skip
+    sent = [
+        json.loads(json.dumps(diarizer.windows_of(audio[a:b]).to_json()))
+        for a, b in zip(starts, ends, strict=True)
+    ]
     parts = [Windows.from_json(w, dim).shifted(a) for a, w in zip(starts, sent, strict=True)]
     joined = diarizer.finish(audio, Windows.joined(parts, dim), SpeakerCount(exact=3))
     assert joined.speakers == whole.speakers
@@ -220,11 +235,19 @@ def test_a_given_count_is_not_spent_on_a_one_window_outlier(diarizer, sample) ->
     jfk = read_wav(DATA / "jfk.wav")
     german = decode_audio(str(DATA / "de_espeak.flac"))[RATE : int(2.5 * RATE)]
     mixed, ref = join_turns(
-        [("reader", libri[0]), ("jfk", jfk[: 5 * RATE]), ("phone", cut(audio, 10.6, 14.45)),
-         ("reader", libri[1]), ("other", german), ("jfk", jfk[5 * RATE :]),
-         ("phone", cut(audio, 18.1, 21.4)), ("reader", libri[2]), ("jfk", jfk[: 4 * RATE]),
-         ("reader", libri[3])]
-    )  # fmt: skip
+        [
+            ("reader", libri[0]),
+            ("jfk", jfk[: 5 * RATE]),
+            ("phone", cut(audio, 10.6, 14.45)),
+            ("reader", libri[1]),
+            ("other", german),
+            ("jfk", jfk[5 * RATE :]),
+            ("phone", cut(audio, 18.1, 21.4)),
+            ("reader", libri[2]),
+            ("jfk", jfk[: 4 * RATE]),
+            ("reader", libri[3]),
+        ]
+    )
     three = [t for t in ref if t[2] != "other"]
     given = diarizer.run(mixed, SpeakerCount(exact=3))
     assert len(given.speakers) == 3
@@ -233,7 +256,7 @@ def test_a_given_count_is_not_spent_on_a_one_window_outlier(diarizer, sample) ->
 
 @pytest.mark.parametrize("interjection_s", [2.0, 3.0])
 def test_a_given_count_never_loses_to_no_count(diarizer, sample, interjection_s) -> None:
-    """Issue 31: with num_speakers set to the true count, attribution fell where the
+    """With num_speakers set to the true count, attribution fell where the
     threshold's cut had it right (0.982 -> 0.487 on a held-out conversation). Here three
     real voices take short turns and a fourth (eSpeak's German) says one thing, 2 or 3 s:
     without the count 1.0 of the three voices' speech was right; with num_speakers=3 the
@@ -246,11 +269,19 @@ def test_a_given_count_never_loses_to_no_count(diarizer, sample, interjection_s)
     jfk = read_wav(DATA / "jfk.wav")
     german = decode_audio(str(DATA / "de_espeak.flac"))[RATE : int((1 + interjection_s) * RATE)]
     mixed, ref = join_turns(
-        [("reader", libri[0]), ("jfk", jfk[: 5 * RATE]), ("phone", cut(audio, 10.6, 14.45)),
-         ("reader", libri[1]), ("other", german), ("jfk", jfk[5 * RATE :]),
-         ("phone", cut(audio, 18.1, 21.4)), ("reader", libri[2]), ("jfk", jfk[: 4 * RATE]),
-         ("reader", libri[3])]
-    )  # fmt: skip
+        [
+            ("reader", libri[0]),
+            ("jfk", jfk[: 5 * RATE]),
+            ("phone", cut(audio, 10.6, 14.45)),
+            ("reader", libri[1]),
+            ("other", german),
+            ("jfk", jfk[5 * RATE :]),
+            ("phone", cut(audio, 18.1, 21.4)),
+            ("reader", libri[2]),
+            ("jfk", jfk[: 4 * RATE]),
+            ("reader", libri[3]),
+        ]
+    )
     three = [t for t in ref if t[2] != "other"]
     plain = attribution(three, hyp(diarizer.run(mixed, SpeakerCount())))
     given = diarizer.run(mixed, SpeakerCount(exact=3))
@@ -265,9 +296,13 @@ def test_cut_at_count_keeps_a_small_real_speaker() -> None:
     outliers (a short reply has two)."""
     rng = np.random.default_rng(1)
     axes = np.eye(8)
-    x = np.concatenate([axes[0] + 0.15 * rng.normal(size=(30, 8)),
-                        axes[1] + 0.15 * rng.normal(size=(30, 8)),
-                        axes[2] + 0.05 * rng.normal(size=(2, 8))])  # fmt: skip
+    x = np.concatenate(
+        [
+            axes[0] + 0.15 * rng.normal(size=(30, 8)),
+            axes[1] + 0.15 * rng.normal(size=(30, 8)),
+            axes[2] + 0.05 * rng.normal(size=(2, 8)),
+        ]
+    )
     labels = speaker_clusters.cluster(x, SpeakerCount(exact=3))
     assert [len(set(labels[i : i + n])) for i, n in ((0, 30), (30, 30), (60, 2))] == [1, 1, 1]
     assert len(set(labels)) == 3
@@ -360,8 +395,12 @@ def sample_job(sample, **extra):  # type: ignore[no-untyped-def]
 def test_a_diarized_job_labels_segments_words_cues_and_formats(dworker, sample) -> None:
     from openai.types.audio import TranscriptionDiarized
 
-    out = run_job(sample_job(sample, output=["text", "segments", "words", "srt", "vtt",
-                                             "diarized_json", "rttm"]), dworker)  # fmt: skip
+    out = run_job(
+        sample_job(
+            sample, output=["text", "segments", "words", "srt", "vtt", "diarized_json", "rttm"]
+        ),
+        dworker,
+    )
     assert "error" not in out, out
     segs = out["segments"]
     assert {s["speaker"] for s in segs} == {"A", "B"}
@@ -388,8 +427,10 @@ def test_a_diarized_job_labels_segments_words_cues_and_formats(dworker, sample) 
 def test_known_speakers_name_the_voices(dworker, sample) -> None:
     audio = sample[0]
     refs = {"Diane": cut(audio, 10.6, 14.45), "Sheila": cut(audio, 14.75, 17.9)}
-    known = [{"name": n, "audio_base64": base64.b64encode(wav_bytes(x)).decode()}
-             for n, x in refs.items()]  # fmt: skip
+    known = [
+        {"name": n, "audio_base64": base64.b64encode(wav_bytes(x)).decode()}
+        for n, x in refs.items()
+    ]
     out = run_job(sample_job(sample, known_speakers=known, output=["segments"]), dworker)
     assert "error" not in out, out
     assert {s["speaker"] for s in out["speakers"]} == {"Diane", "Sheila"}
@@ -411,8 +452,11 @@ def test_hostile_reference_clips_get_the_audio_codes(dworker, sample, no_leaks) 
         out = run_job(sample_job(sample, known_speakers=[{"name": "X", **ref}]), dworker)
         assert out.get("error_code") == code, out
         assert out["retryable"] is False and "known_speakers[0]" in out["error"]
-    strict = Runtime(settings=make_settings(device="cpu", diarization="true"), pool=dworker.pool,
-                     diarizer=dworker.diarizer)  # fmt: skip
+    strict = Runtime(
+        settings=make_settings(device="cpu", diarization="true"),
+        pool=dworker.pool,
+        diarizer=dworker.diarizer,
+    )
     private = [{"name": "X", "audio_url": "http://127.0.0.1:9/clip.wav"}]
     out = run_job(sample_job(sample, known_speakers=private), strict)
     assert out.get("error_code") == Code.URL_NOT_ALLOWED, out
@@ -440,8 +484,13 @@ def test_speaker_options_are_bounded(dworker, extra) -> None:
 
 
 def test_diarize_on_a_worker_without_it_names_the_setting(worker) -> None:
-    out = run_job({"audio_base64": base64.b64encode((DATA / "jfk.wav").read_bytes()).decode(),
-                   "diarize": True}, worker)  # fmt: skip
+    out = run_job(
+        {
+            "audio_base64": base64.b64encode((DATA / "jfk.wav").read_bytes()).decode(),
+            "diarize": True,
+        },
+        worker,
+    )
     assert out["error_code"] == Code.DIARIZATION_UNAVAILABLE
     assert out["retryable"] is False and "WHISPER_DIARIZATION" in out["error"]
 
@@ -460,12 +509,17 @@ def test_a_job_without_diarize_is_unchanged_byte_for_byte(dworker, worker) -> No
 
 
 def test_the_engine_batches_diarized_and_plain_jobs_together(dworker, sample) -> None:
-    engine = Runtime(settings=dworker.settings.model_copy(update={"batch_size": 8}),
-                     pool=dworker.pool, diarizer=dworker.diarizer)  # fmt: skip
+    engine = Runtime(
+        settings=dworker.settings.model_copy(update={"batch_size": 8}),
+        pool=dworker.pool,
+        diarizer=dworker.diarizer,
+    )
     jfk = {"audio_base64": base64.b64encode((DATA / "jfk.wav").read_bytes()).decode()}
     results: dict[str, dict] = {}
-    threads = [threading.Thread(target=lambda k=k, j=j: results.__setitem__(k, run_job(j, engine)))
-               for k, j in (("diarized", sample_job(sample)), ("plain", jfk))]  # fmt: skip
+    threads = [
+        threading.Thread(target=lambda k=k, j=j: results.__setitem__(k, run_job(j, engine)))
+        for k, j in (("diarized", sample_job(sample)), ("plain", jfk))
+    ]
     for t in threads:
         t.start()
     for t in threads:
@@ -507,8 +561,14 @@ def test_a_worker_without_diarization_imports_none_of_it(model_dir) -> None:
     seen = []
     for env in (env_off, env_on):
         clean = {"PATH": "/usr/bin:/bin", **env}
-        proc = subprocess.run([sys.executable, "-c", probe], cwd=ROOT, capture_output=True,
-                              text=True, timeout=300, env=clean)  # fmt: skip
+        proc = subprocess.run(
+            [sys.executable, "-c", probe],
+            cwd=ROOT,
+            capture_output=True,
+            text=True,
+            timeout=300,
+            env=clean,
+        )
         assert proc.returncode == 0, proc.stderr[-2000:]
         seen.append(json.loads(proc.stdout.strip().splitlines()[-1]))
     assert seen[0] == [False, []]
@@ -520,18 +580,22 @@ def test_a_missing_model_folder_fails_start_up_in_one_line(tmp_path) -> None:
     from handler.startup import start_worker
 
     with pytest.raises(ModelLoadError, match="diarizer load failed"):
-        start_worker(make_settings(device="cpu", diarization="true",
-                                   diarization_model=tmp_path / "none"))  # fmt: skip
+        start_worker(
+            make_settings(device="cpu", diarization="true", diarization_model=tmp_path / "none")
+        )
 
 
 def test_diarization_from_a_clone_without_the_model_names_the_command(tmp_path) -> None:
-    """Issue 32: `WHISPER_DIARIZATION=true whisper-worker job ...` on a fresh clone failed with
+    """`WHISPER_DIARIZATION=true whisper-worker job ...` on a fresh clone failed with
     `FileNotFoundError: /models/diarizer/manifest.json` and no word of how to get the model."""
-    env = {**os.environ, "WHISPER_DIARIZATION": "true", "WHISPER_DEVICE": "cpu",
-           "WHISPER_DIARIZATION_MODEL": str(tmp_path / "diarizer")}  # fmt: skip
+    env = {
+        **os.environ,
+        "WHISPER_DIARIZATION": "true",
+        "WHISPER_DEVICE": "cpu",
+        "WHISPER_DIARIZATION_MODEL": str(tmp_path / "diarizer"),
+    }
     command = [sys.executable, "-m", "handler.cli", "job", str(ROOT / "test_input.json")]
-    done = subprocess.run(command, cwd=ROOT, env=env, capture_output=True, text=True,
-                          timeout=300)  # fmt: skip
+    done = subprocess.run(command, cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
     out = done.stdout + done.stderr
     assert done.returncode != 0
     assert "python -m builder.diarizer --dest" in out and "WHISPER_DIARIZATION_MODEL" in out, out
@@ -546,10 +610,20 @@ def test_the_documented_export_serves_diarized_jobs_from_a_clone(model_dir, tmp_
     job["input"]["diarize"] = True
     path = tmp_path / "job.json"
     path.write_text(json.dumps(job))
-    env = {**os.environ, "WHISPER_DIARIZATION": "true", "WHISPER_DEVICE": "cpu",
-           "WHISPER_DIARIZATION_MODEL": str(model_dir)}  # fmt: skip
-    done = subprocess.run([sys.executable, "-m", "handler.cli", "job", str(path)], cwd=ROOT,
-                          env=env, capture_output=True, text=True, timeout=300)  # fmt: skip
+    env = {
+        **os.environ,
+        "WHISPER_DIARIZATION": "true",
+        "WHISPER_DEVICE": "cpu",
+        "WHISPER_DIARIZATION_MODEL": str(model_dir),
+    }
+    done = subprocess.run(
+        [sys.executable, "-m", "handler.cli", "job", str(path)],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert done.returncode == 0, done.stderr[-2000:]
     result = json.loads(done.stdout)
     assert result["segments"] and all(s.get("speaker") == "A" for s in result["segments"])
@@ -565,9 +639,19 @@ class T:
 
 def seg(words: list[tuple[str, float, float]], **kw):  # type: ignore[no-untyped-def]
     ws = [{"word": w, "start": s, "end": e, "probability": 0.9} for w, s, e in words]
-    base = {"id": 0, "seek": 0, "start": ws[0]["start"], "end": ws[-1]["end"], "tokens": [1, 2],
-            "text": "".join(w for w, _, _ in words), "temperature": 0.0, "avg_logprob": -0.1,
-            "compression_ratio": 1.0, "no_speech_prob": 0.0, "words": ws}  # fmt: skip
+    base = {
+        "id": 0,
+        "seek": 0,
+        "start": ws[0]["start"],
+        "end": ws[-1]["end"],
+        "tokens": [1, 2],
+        "text": "".join(w for w, _, _ in words),
+        "temperature": 0.0,
+        "avg_logprob": -0.1,
+        "compression_ratio": 1.0,
+        "no_speech_prob": 0.0,
+        "words": ws,
+    }
     return {**base, **kw}
 
 
@@ -576,7 +660,9 @@ def test_segments_split_at_the_word_where_the_speaker_changes() -> None:
     s = seg([(" Hello", 0.1, 0.5), (" there.", 0.6, 1.5), (" Hi", 2.2, 2.6), (" you.", 2.7, 3.5)])
     out = speakers.attribute([s], turns)
     assert [(x["speaker"], x["text"], x["start"], x["end"]) for x in out] == [
-        ("A", " Hello there.", 0.1, 1.5), ("B", " Hi you.", 2.2, 3.5)]  # fmt: skip
+        ("A", " Hello there.", 0.1, 1.5),
+        ("B", " Hi you.", 2.2, 3.5),
+    ]
     assert [x["id"] for x in out] == [0, 1] and out[1]["tokens"] == []
 
 
@@ -637,10 +723,19 @@ def test_rttm_and_diarized_json_shapes() -> None:
     turns = [T(0.5, 1.25, "A"), T(1.5, 3.0, "Mary Ann")]
     assert speakers.to_rttm(turns).splitlines() == [
         "SPEAKER audio 1 0.500 0.750 <NA> <NA> A <NA> <NA>",
-        "SPEAKER audio 1 1.500 1.500 <NA> <NA> Mary_Ann <NA> <NA>"]  # fmt: skip
+        "SPEAKER audio 1 1.500 1.500 <NA> <NA> Mary_Ann <NA> <NA>",
+    ]
     body = speakers.diarized_json([seg([(" Hi.", 0.5, 1.0)], speaker="A")], duration=3, text="Hi.")
-    assert body["segments"] == [{"type": "transcript.text.segment", "id": "seg_0", "start": 0.5,
-                                 "end": 1.0, "text": "Hi.", "speaker": "A"}]  # fmt: skip
+    assert body["segments"] == [
+        {
+            "type": "transcript.text.segment",
+            "id": "seg_0",
+            "start": 0.5,
+            "end": 1.0,
+            "text": "Hi.",
+            "speaker": "A",
+        }
+    ]
 
 
 # --- through the faces: HTTP (the openai SDK) and the queue (the runpod SDK loop) --------
@@ -650,8 +745,13 @@ def test_rttm_and_diarized_json_shapes() -> None:
 def dserver(model_dir):  # type: ignore[no-untyped-def]
     from tests.test_http import Server
 
-    srv = Server({"WHISPER_DIARIZATION": "true", "WHISPER_DIARIZATION_MODEL": str(model_dir),
-                  "WHISPER_WARMUP": "false"})  # fmt: skip
+    srv = Server(
+        {
+            "WHISPER_DIARIZATION": "true",
+            "WHISPER_DIARIZATION_MODEL": str(model_dir),
+            "WHISPER_WARMUP": "false",
+        }
+    )
     yield srv
     srv.stop()
 
@@ -673,11 +773,15 @@ def test_http_diarized_json_and_known_speakers_through_the_openai_sdk(dserver, s
     assert {s.speaker for s in body.segments} == {"A", "B"}
     assert body.usage is not None and body.usage.seconds == pytest.approx(30, abs=0.1)
     named = client.audio.transcriptions.create(
-        model="gpt-4o-transcribe-diarize", file=wav.open("rb"), response_format="diarized_json",
+        model="gpt-4o-transcribe-diarize",
+        file=wav.open("rb"),
+        response_format="diarized_json",
         known_speaker_names=["Diane", "Sheila"],
-        known_speaker_references=[data_url(cut(sample[0], 10.6, 14.45)),
-                                  data_url(cut(sample[0], 14.75, 17.9))],
-    )  # fmt: skip
+        known_speaker_references=[
+            data_url(cut(sample[0], 10.6, 14.45)),
+            data_url(cut(sample[0], 14.75, 17.9)),
+        ],
+    )
     assert {s.speaker for s in named.segments} == {"Diane", "Sheila"}
     from tests.test_http import metric
 
@@ -690,9 +794,14 @@ def test_http_diarized_json_and_known_speakers_through_the_openai_sdk(dserver, s
 def test_http_streams_openais_segment_events(dserver) -> None:
     wav, _ = pyannote_sample()
     client = dserver.client(timeout=300)
-    events = list(client.audio.transcriptions.create(
-        model="gpt-4o-transcribe-diarize", file=wav.open("rb"), response_format="diarized_json",
-        stream=True))  # fmt: skip
+    events = list(
+        client.audio.transcriptions.create(
+            model="gpt-4o-transcribe-diarize",
+            file=wav.open("rb"),
+            response_format="diarized_json",
+            stream=True,
+        )
+    )
     kinds = [e.type for e in events]
     assert kinds[-1] == "transcript.text.done" and "transcript.text.segment" in kinds
     segments = [e for e in events if e.type == "transcript.text.segment"]
@@ -717,7 +826,7 @@ def test_queue_job_with_diarize_through_the_runpod_sdk_loop(tmp_path, model_dir,
 
 
 def test_language_multi_cuts_parts_at_speaker_turns(model_dir, base_model_dir) -> None:
-    """Issue 31: with diarize, a part per speaker turn. JFK's "And so my fellow Americans,
+    """With diarize, a part per speaker turn. JFK's "And so my fellow Americans,
     ask not", then eSpeak's Spanish voice 50 ms after him (no pause the VAD cuts at): by
     the pauses alone "ask not" fell into the Spanish part (" Es, no, buenos días"); cut at
     the speaker turn, it stays in JFK's English part and each part has its speaker."""
@@ -728,15 +837,21 @@ def test_language_multi_cuts_parts_at_speaker_turns(model_dir, base_model_dir) -
     jfk = read_wav(DATA / "jfk.wav")[: int(4.2 * RATE)]
     es = decode_audio(str(DATA / "es_espeak.flac"))
     audio = np.concatenate([jfk, np.zeros(int(0.05 * RATE), np.float32), es])
-    settings = make_settings(device="cpu", model=str(base_model_dir), diarization="true",
-                             diarization_model=model_dir)  # fmt: skip
+    settings = make_settings(
+        device="cpu", model=str(base_model_dir), diarization="true", diarization_model=model_dir
+    )
     worker = start_worker(settings)
     data = base64.b64encode(wav_bytes(audio)).decode()
     paused = run_job({"audio_base64": data, "language": "multi"}, worker)
     english = " ".join(s["text"] for s in paused["segments"] if s["language"] == "en").lower()
     assert "americans" in english and "ask" not in english  # the failure: "ask not" lost
-    job = {"audio_base64": data, "diarize": True, "num_speakers": 2, "language": "multi",
-           "output": ["segments", "diarized_json"]}  # fmt: skip
+    job = {
+        "audio_base64": data,
+        "diarize": True,
+        "num_speakers": 2,
+        "language": "multi",
+        "output": ["segments", "diarized_json"],
+    }
     result = run_job(job, worker)
     assert "error" not in result, result
     segs = result["segments"]

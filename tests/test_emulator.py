@@ -441,7 +441,7 @@ def test_worker_protocol_raw(tmp_path: Path) -> None:
 
 def test_cli_prints_urls_and_stops_on_sigterm() -> None:
     proc = subprocess.Popen(
-        # No worker: stopping one mid-start-up is the flaky part (issue 13, item 7).
+        # No worker: stopping one mid-start-up is the flaky part.
         [sys.executable, "-m", "runpod_emulator", "--port", "0", "--workers", "0"],
         cwd=Path(__file__).parent.parent,
         stdout=subprocess.PIPE,

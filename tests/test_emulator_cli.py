@@ -1,4 +1,4 @@
-"""The emulator's start-up lines give a client command that works as printed (issue 13)."""
+"""The emulator's start-up lines give a client command that works as printed."""
 
 from __future__ import annotations
 
@@ -23,10 +23,22 @@ ROOT = Path(__file__).resolve().parent.parent
 
 def test_printed_client_command_reaches_the_endpoint(tmp_path: Path) -> None:
     proc = subprocess.Popen(
-        [sys.executable, "-m", "runpod_emulator", "--workers", "0", "--port", "0",
-         "--log-dir", str(tmp_path)],
-        cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True,
-    )  # fmt: skip
+        [
+            sys.executable,
+            "-m",
+            "runpod_emulator",
+            "--workers",
+            "0",
+            "--port",
+            "0",
+            "--log-dir",
+            str(tmp_path),
+        ],
+        cwd=ROOT,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.DEVNULL,
+        text=True,
+    )
     try:
         lines = []
         deadline = time.time() + 60
@@ -41,8 +53,9 @@ def test_printed_client_command_reaches_the_endpoint(tmp_path: Path) -> None:
         base = args[args.index("--base-url") + 1]
         endpoint = args[args.index("--endpoint") + 1]
         assert re.match(r"http://127\.0\.0\.1:\d+/v2$", base), base
-        r = requests.get(f"{base}/{endpoint}/health", headers={"Authorization": f"Bearer {key}"},
-                         timeout=10)  # fmt: skip
+        r = requests.get(
+            f"{base}/{endpoint}/health", headers={"Authorization": f"Bearer {key}"}, timeout=10
+        )
         assert r.status_code == 200, r.text
     finally:
         proc.terminate()
@@ -52,16 +65,33 @@ def test_printed_client_command_reaches_the_endpoint(tmp_path: Path) -> None:
 @pytest.mark.e2e
 @pytest.mark.model
 def test_ctrl_c_cancels_the_running_job_and_stops_promptly(tmp_path: Path) -> None:
-    """Issue 13 item 7: stopping the emulator while a real worker was mid-job waited for the
+    """Stopping the emulator while a real worker was mid-job waited for the
     whole job (then SIGKILL after 30 s, logged three times). Now the running job is
     cancelled first and the worker drains in about a second; the job ends CANCELLED."""
     records = tmp_path / "records.json"
     proc = subprocess.Popen(
-        [sys.executable, "-m", "runpod_emulator", "--workers", "1", "--port", "0",
-         "--log-dir", str(tmp_path), "--records", str(records),
-         "--env", "WHISPER_DEVICE=cpu", "--env", "WHISPER_CPU_THREADS=1"],
-        cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-    )  # fmt: skip
+        [
+            sys.executable,
+            "-m",
+            "runpod_emulator",
+            "--workers",
+            "1",
+            "--port",
+            "0",
+            "--log-dir",
+            str(tmp_path),
+            "--records",
+            str(records),
+            "--env",
+            "WHISPER_DEVICE=cpu",
+            "--env",
+            "WHISPER_CPU_THREADS=1",
+        ],
+        cwd=ROOT,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     try:
         first = proc.stdout.readline() if proc.stdout else ""
         url, key = re.match(r"endpoint: (\S+)\s+\(Authorization: Bearer (\S+)\)", first).groups()

@@ -57,8 +57,13 @@ def test_the_faster_whisper_pieces_still_exist() -> None:
     from faster_whisper import transcribe as fwt
     from faster_whisper import vad
 
-    for name in ("encode", "get_prompt", "_split_segments_by_timestamps", "add_word_timestamps",
-                 "detect_language"):  # fmt: skip
+    for name in (
+        "encode",
+        "get_prompt",
+        "_split_segments_by_timestamps",
+        "add_word_timestamps",
+        "detect_language",
+    ):
         assert callable(getattr(fwt.WhisperModel, name)), name
     params = inspect.signature(fwt.WhisperModel._split_segments_by_timestamps).parameters
     assert {
@@ -78,8 +83,12 @@ def test_a_lone_job_equals_faster_whispers_batched_pipeline(worker) -> None:
     from faster_whisper import BatchedInferencePipeline
 
     clip = long_clip(70)
-    job = {"audio_base64": b64_samples(clip.samples), "batch_size": 8, "without_timestamps": True,
-           "output": ["segments"]}  # fmt: skip
+    job = {
+        "audio_base64": b64_samples(clip.samples),
+        "batch_size": 8,
+        "without_timestamps": True,
+        "output": ["segments"],
+    }
     out = run_job(job, worker)
     inst = worker.pool.get(None).instances[0]
     segments, _ = BatchedInferencePipeline(inst).transcribe(
@@ -89,7 +98,7 @@ def test_a_lone_job_equals_faster_whispers_batched_pipeline(worker) -> None:
     # Deterministic: the windows (the VAD's spans, hence every segment's times without
     # timestamps) and the batch. Not bit for bit: the text. The int8 GEMMs (MKL/oneDNN) may
     # sum in another order with another buffer alignment or thread split, and a near-tie
-    # token flips ("selfish is" against "selfish, is" on a fresh clone, issue 19), so the
+    # token flips ("selfish is" against "selfish, is" on a fresh clone), so the
     # words must agree within one flip and the punctuation may differ.
     assert [(s.start, s.end) for s in ref] == [(s["start"], s["end"]) for s in out["segments"]]
     ours, theirs = [" ".join(s["text"] for s in out["segments"]), " ".join(s.text for s in ref)]
@@ -126,8 +135,11 @@ def test_jobs_in_different_languages_share_a_batch_and_keep_their_own(base_model
 def test_segments_stream_in_order_and_progress_counts_windows(worker) -> None:
     clip = long_clip(70)
     seen: list[dict[str, Any]] = []
-    out = run_job({"audio_base64": b64_samples(clip.samples), "batch_size": 2,
-                   "output": ["segments"]}, worker, on_segment=seen.append)  # fmt: skip
+    out = run_job(
+        {"audio_base64": b64_samples(clip.samples), "batch_size": 2, "output": ["segments"]},
+        worker,
+        on_segment=seen.append,
+    )
     assert [s["id"] for s in seen] == [s["id"] for s in out["segments"]]
     starts = [s["start"] for s in out["segments"]]
     assert starts == sorted(starts) and len(out["batch_sizes"]) == 3
@@ -215,18 +227,36 @@ def test_the_gpu_check_runs_on_the_cpu(tmp_path) -> None:
 
     out = tmp_path / "gpu.json"
     proc = subprocess.run(
-        ["bash", "bench/gpu_check.sh", "--device", "cpu", "--models", "tiny.en,no-such-model",
-         "--batches", "1,4", "--long-seconds", "35", "--burst", "6", "--out", str(out),
-         "--fanout-minutes", "0.75"],
-        cwd=Path(__file__).resolve().parent.parent, capture_output=True, text=True, timeout=480,
-    )  # fmt: skip
+        [
+            "bash",
+            "bench/gpu_check.sh",
+            "--device",
+            "cpu",
+            "--models",
+            "tiny.en,no-such-model",
+            "--batches",
+            "1,4",
+            "--long-seconds",
+            "35",
+            "--burst",
+            "6",
+            "--out",
+            str(out),
+            "--fanout-minutes",
+            "0.75",
+        ],
+        cwd=Path(__file__).resolve().parent.parent,
+        capture_output=True,
+        text=True,
+        timeout=480,
+    )
     report = json.loads(out.read_text())
     tiny, missing = report["models"]
     assert proc.returncode == 1  # one model was not on this machine, and it says so
     assert "skipped" in missing and "| no-such-model | skipped" in proc.stdout
     assert set(tiny["rtf_by_batch"]) == {"1", "4"} and tiny["rtf_by_batch"]["4"]["wer"] < 0.2
     assert tiny["burst_engine"]["clips"] == 6 and tiny["cold_start"]["ready"] > 0
-    # bench fanout's line: unsplit and 4 pieces on 4 warm worker processes (issue 33).
+    # bench fanout's line: unsplit and 4 pieces on 4 warm worker processes.
     fanout = report["fanout"]["rows"]
     assert [(r["pieces"], r["start"]) for r in fanout] == [(1, "warm"), (4, "warm")]
     assert fanout[1]["pieces_s"] > 0 and fanout[1]["wer_vs_reference"] < 0.2
@@ -237,7 +267,7 @@ def test_the_gpu_check_runs_on_the_cpu(tmp_path) -> None:
 
 
 def test_a_window_that_fails_its_decode_climbs_the_temperature_ladder(worker, monkeypatch):
-    """Issue 9: the batched decode had no temperature fallback, so a window that came out
+    """The batched decode had no temperature fallback, so a window that came out
     repetitive or unsure stayed so (the engine's WER gap). Now such a window alone is
     decoded again as WhisperModel.generate_with_fallback does. A spy (the real method,
     counted) sees one call per failing window; log_prob_threshold 0 fails every window."""
@@ -265,7 +295,7 @@ def test_a_window_that_fails_its_decode_climbs_the_temperature_ladder(worker, mo
 
 
 def test_a_window_that_ends_mid_segment_is_decoded_on_from_its_last_timestamp(worker, monkeypatch):
-    """Issue 9, the engine's WER gap: when a window's tokens end in text after the last
+    """The engine's WER gap: when a window's tokens end in text after the last
     timestamp pair with no closing timestamp, faster-whisper's _split_segments_by_timestamps
     drops that text and the sequential decoder seeks back to decode it again; a batched
     window was decoded once, so its last words were lost ("himself", "but just this once"
@@ -344,7 +374,7 @@ def test_closing_the_engine_waits_for_its_batch_and_skips_cancelled_windows(work
 
 
 def test_the_engine_detects_the_language_as_sequential_decoding_does(base_model_dir) -> None:
-    """Issue 9/11: the engine detected a job's language on its own windows (the batched
+    """The engine detected a job's language on its own windows (the batched
     pipeline's 160-ms-pause VAD, each window padded alone), sequential decoding on the
     speech gathered with the job's VAD options; on one-word clips that flipped the
     language (the accuracy bench's short group: 34.8 % WER batched against 32.6 %
@@ -358,8 +388,10 @@ def test_the_engine_detects_the_language_as_sequential_decoding_does(base_model_
     clips += [c[: int(1.5 * 16000)] for c in clips]
     for samples in clips:
         b64_audio = b64_samples(samples)
-        seq, eng = (run_job({"audio_base64": b64_audio, "batch_size": n, "output": ["text"]}, w)
-                    for n in (1, 8))  # fmt: skip
+        seq, eng = (
+            run_job({"audio_base64": b64_audio, "batch_size": n, "output": ["text"]}, w)
+            for n in (1, 8)
+        )
         assert eng["batch_sizes"] and "batch_sizes" not in seq
         assert eng["language"] == seq["language"]
         assert eng["language_probability"] == pytest.approx(seq["language_probability"], abs=2e-4)

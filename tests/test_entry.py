@@ -110,12 +110,14 @@ def test_the_loader_thread_imports_nothing():
     assert proc.stdout.strip() == "[]", proc.stdout
 
 
-# --- what a new user hits (issue 13) -------------------------------------------------------
+# --- what a new user hits -------------------------------------------------------
 
 
 def test_offline_model_error_says_how_to_fetch_it(tmp_path):
-    proc = run(["-m", "handler.cli", "transcribe", str(DATA / "jfk.wav")],
-               env={"WHISPER_MODEL": "large-v3", "HF_HOME": str(tmp_path)})  # fmt: skip
+    proc = run(
+        ["-m", "handler.cli", "transcribe", str(DATA / "jfk.wav")],
+        env={"WHISPER_MODEL": "large-v3", "HF_HOME": str(tmp_path)},
+    )
     assert proc.returncode == 1
     line = proc.stderr.strip().splitlines()[-1]
     assert "python -m builder.fetch_model --model large-v3" in line
@@ -127,8 +129,9 @@ def test_cuda_asked_on_a_machine_without_one_says_so():
 
     if cuda_device_count():
         pytest.skip("this machine has a GPU")
-    proc = run(["-m", "handler.cli", "transcribe", str(DATA / "jfk.wav")],
-               env={"WHISPER_DEVICE": "cuda"})  # fmt: skip
+    proc = run(
+        ["-m", "handler.cli", "transcribe", str(DATA / "jfk.wav")], env={"WHISPER_DEVICE": "cuda"}
+    )
     assert proc.returncode == 1
     assert "no CUDA device" in proc.stderr and "WHISPER_DEVICE=auto" in proc.stderr
     assert "snapshot" not in proc.stderr
@@ -177,7 +180,7 @@ def test_every_cli_option_has_help():
     "entry", ["import handler.pipeline.job", "import handler.cli", "import handler.__main__"]
 )  # noqa: E501
 def test_openmp_waits_passively_however_the_worker_is_entered(entry):
-    """Issue 9: the worker set OMP_WAIT_POLICY=PASSIVE in startup.prepare, but libgomp
+    """The worker set OMP_WAIT_POLICY=PASSIVE in startup.prepare, but libgomp
     reads it once, when CTranslate2 is first imported, and importing the pipeline already
     imported CTranslate2, so the setting never took effect: idle OpenMP threads spun
     (GOMP_SPINCOUNT 300000), and beside another process's load the queue worker took 24 s
@@ -185,8 +188,14 @@ def test_openmp_waits_passively_however_the_worker_is_entered(entry):
     prints what it read with OMP_DISPLAY_ENV=VERBOSE; the spin count must be 0."""
     env = {k: v for k, v in os.environ.items() if not k.startswith(("OMP_", "GOMP_"))}
     env["OMP_DISPLAY_ENV"] = "VERBOSE"
-    proc = subprocess.run([sys.executable, "-c", entry], env=env, capture_output=True,
-                          text=True, timeout=120, cwd=ROOT)  # fmt: skip
+    proc = subprocess.run(
+        [sys.executable, "-c", entry],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        cwd=ROOT,
+    )
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert "GOMP_SPINCOUNT = '0'" in proc.stderr, proc.stderr[-2000:]
 
@@ -194,6 +203,12 @@ def test_openmp_waits_passively_however_the_worker_is_entered(entry):
 def test_a_deployment_that_chose_a_wait_policy_keeps_it():
     env = {k: v for k, v in os.environ.items() if not k.startswith(("OMP_", "GOMP_"))}
     env.update(OMP_DISPLAY_ENV="VERBOSE", OMP_WAIT_POLICY="ACTIVE")
-    proc = subprocess.run([sys.executable, "-c", "import handler.pipeline.job"], env=env,
-                          capture_output=True, text=True, timeout=120, cwd=ROOT)  # fmt: skip
+    proc = subprocess.run(
+        [sys.executable, "-c", "import handler.pipeline.job"],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        cwd=ROOT,
+    )
     assert "OMP_WAIT_POLICY = 'ACTIVE'" in proc.stderr, proc.stderr[-2000:]

@@ -1,4 +1,4 @@
-"""One recording fanned out across workers (issue 33; e2e tier): `split` on the real worker
+"""One recording fanned out across workers (e2e tier): `split` on the real worker
 under the real runpod SDK loop against the local emulator, the pieces ordinary jobs of the
 same endpoint taken by two real worker processes, stitched back into one result.
 
@@ -75,28 +75,35 @@ def test_split_on_a_worker_that_cannot_is_refused_before_the_audio(worker) -> No
     result = run_job({"audio_url": "https://example.com/a.mp3", "split": 4}, worker)
     assert result["error_code"] == Code.SPLIT_UNAVAILABLE and not result["retryable"]
     assert "RUNPOD_API_KEY" in result["error"]
-    bad = run_job({"audio_url": "https://example.com/a.mp3", "speaker_embeddings": True},
-                  worker)  # fmt: skip
+    bad = run_job({"audio_url": "https://example.com/a.mp3", "speaker_embeddings": True}, worker)
     assert bad["error_code"] == Code.INVALID_INPUT and "diarize" in bad["error"]
 
 
 def test_pieces_stream_in_time_order_as_soon_as_those_before_them_have_ended() -> None:
     """Pieces end in any order; their segments reach the caller's stream on the recording's
     time line, numbered once, as soon as every earlier piece has ended, and the progress
-    moves with the audio of the pieces ended (issue 33)."""
+    moves with the audio of the pieces ended."""
     from handler.pipeline.runtime import Call
     from handler.pipeline.split import Stitch
 
     streamed: list[tuple[int, float, str]] = []
     progress: list[float] = []
-    call = Call("j", None, lambda seg: streamed.append((seg["id"], seg["start"], seg["text"])),
-                progress.append)  # fmt: skip
+    call = Call(
+        "j",
+        None,
+        lambda seg: streamed.append((seg["id"], seg["start"], seg["text"])),
+        progress.append,
+    )
     bounds = [(0, 160000), (160000, 480000), (480000, 640000)]  # 10 s, 20 s, 10 s
     stitch = Stitch(bounds, call, 40.0)
 
     def output(text: str) -> dict[str, Any]:
-        return {"segments": [{"id": k, "start": 2.0 * k - 1, "end": 2.0 * k, "text": f" {text} {k}"}
-                             for k in (1, 2)]}  # fmt: skip
+        return {
+            "segments": [
+                {"id": k, "start": 2.0 * k - 1, "end": 2.0 * k, "text": f" {text} {k}"}
+                for k in (1, 2)
+            ]
+        }
 
     stitch.done(2, output("third"))
     assert streamed == [] and progress == [25.0]  # nothing before it has ended
@@ -117,12 +124,19 @@ def endpoint(tmp_path_factory) -> Any:
     try:
         from speech_assets.diarization import diarizer_dir
 
-        env = {"WHISPER_DEVICE": "cpu", "HF_HUB_OFFLINE": "1", "RUNPOD_API_KEY": em.api_key,
-               "WHISPER_MAX_CONCURRENCY": "3", "TMPDIR": str(logs),
-               "WHISPER_DIARIZATION": "true",
-               "WHISPER_DIARIZATION_MODEL": str(diarizer_dir())}  # fmt: skip
-        wids = [em.start_worker(env, command=[sys.executable, "-m", "handler"], cwd=str(ROOT))
-                for _ in range(2)]  # fmt: skip
+        env = {
+            "WHISPER_DEVICE": "cpu",
+            "HF_HUB_OFFLINE": "1",
+            "RUNPOD_API_KEY": em.api_key,
+            "WHISPER_MAX_CONCURRENCY": "3",
+            "TMPDIR": str(logs),
+            "WHISPER_DIARIZATION": "true",
+            "WHISPER_DIARIZATION_MODEL": str(diarizer_dir()),
+        }
+        wids = [
+            em.start_worker(env, command=[sys.executable, "-m", "handler"], cwd=str(ROOT))
+            for _ in range(2)
+        ]
         for wid in wids:
             em.wait_worker(wid, {"idle", "busy"}, READY_S)
         yield em
@@ -132,9 +146,14 @@ def endpoint(tmp_path_factory) -> Any:
 
 def _children(em: Emulator, parent: str) -> list[Any]:
     with em.state.cond:
-        return [j for j in em.state.jobs.values()
-                if j.id != parent and isinstance(j.input, dict) and "split" not in j.input
-                and j.submitted_at >= em.state.jobs[parent].submitted_at]  # fmt: skip
+        return [
+            j
+            for j in em.state.jobs.values()
+            if j.id != parent
+            and isinstance(j.input, dict)
+            and "split" not in j.input
+            and j.submitted_at >= em.state.jobs[parent].submitted_at
+        ]
 
 
 @pytest.mark.e2e
@@ -220,7 +239,7 @@ def test_cancelling_a_split_job_cancels_its_pieces(endpoint) -> None:
 
 @pytest.mark.e2e
 def test_the_client_splits_from_the_command_line(endpoint, tmp_path, monkeypatch, capsys) -> None:
-    """`python -m whisper_client FILE --split 2`: the caller's way in (issue 33)."""
+    """`python -m whisper_client FILE --split 2`: the caller's way in."""
     from speech_assets.clips import wav_bytes
     from whisper_client.client import main
 
@@ -229,8 +248,17 @@ def test_the_client_splits_from_the_command_line(endpoint, tmp_path, monkeypatch
     clip = long_clip(50)
     path.write_bytes(wav_bytes(clip.samples))
     monkeypatch.setenv("RUNPOD_API_KEY", em.api_key)
-    args = [str(path), "--endpoint", em.config.endpoint_id, "--base-url", em.base_url,
-            "--split", "2", "--output", "json"]  # fmt: skip
+    args = [
+        str(path),
+        "--endpoint",
+        em.config.endpoint_id,
+        "--base-url",
+        em.base_url,
+        "--split",
+        "2",
+        "--output",
+        "json",
+    ]
     assert main(args) == 0
     result = json.loads(capsys.readouterr().out)
     assert [p["piece"] for p in result["pieces"]] == [1, 2]
@@ -240,8 +268,8 @@ def test_the_client_splits_from_the_command_line(endpoint, tmp_path, monkeypatch
 @pytest.mark.e2e
 def test_speakers_are_one_set_across_the_pieces(endpoint) -> None:
     """With diarize the job's own worker diarizes the whole recording while the pieces are
-    transcribed, so "A" is one person throughout and a given count holds for the whole
-    (issue 33). Three real voices take turns twice over; cut in two, the second half starts
+    transcribed, so "A" is one person throughout and a given count holds for the whole.
+    Three real voices take turns twice over; cut in two, the second half starts
     with another voice (a piece diarized alone would call it "A"); cut in five pieces of
     about 12 s, with num_speakers=3, some piece holds one or two voices only (matching
     each piece's own speakers by their embeddings found 1 of 2 speakers on the bench's
@@ -259,14 +287,25 @@ def test_speakers_are_one_set_across_the_pieces(endpoint) -> None:
         phone[int(10.6 * rate) : int(14.45 * rate)],
         phone[int(18.1 * rate) : int(21.4 * rate)],
     ]
-    order = [("jfk", jfk[: 5 * rate]), ("reader", libri[0]), ("phone", calls[0]),
-             ("jfk", jfk[5 * rate :]), ("reader", libri[1]),
-             ("phone", calls[1]), ("reader", libri[2]), ("jfk", jfk[: 5 * rate]),
-             ("phone", calls[0]), ("reader", libri[3])]  # fmt: skip
+    order = [
+        ("jfk", jfk[: 5 * rate]),
+        ("reader", libri[0]),
+        ("phone", calls[0]),
+        ("jfk", jfk[5 * rate :]),
+        ("reader", libri[1]),
+        ("phone", calls[1]),
+        ("reader", libri[2]),
+        ("jfk", jfk[: 5 * rate]),
+        ("phone", calls[0]),
+        ("reader", libri[3]),
+    ]
     audio, ref = join_turns(order, gap_s=1.2)
     em = endpoint
-    base = {"audio_base64": base64.b64encode(wav_bytes(audio)).decode(), "diarize": True,
-            "output": ["segments", "rttm", "diarized_json"]}  # fmt: skip
+    base = {
+        "audio_base64": base64.b64encode(wav_bytes(audio)).decode(),
+        "diarize": True,
+        "output": ["segments", "rttm", "diarized_json"],
+    }
     unsplit = em.wait_job(em.submit(base), JOB_S)
     assert unsplit["status"] == "COMPLETED", unsplit
     hyp0 = [(s["start"], s["end"], s["speaker"]) for s in unsplit["output"]["segments"]]
@@ -277,8 +316,10 @@ def test_speakers_are_one_set_across_the_pieces(endpoint) -> None:
         assert len(out["pieces"]) == extra["split"]
         assert {s["speaker"] for s in out["speakers"]} == {"A", "B", "C"}, out["speakers"]
         # The speaker turns (RTTM) are the whole recording's: as right as unsplit.
-        turns = [(float(f[3]), float(f[3]) + float(f[4]), f[7])
-                 for f in (line.split() for line in out["rttm"].splitlines())]  # fmt: skip
+        turns = [
+            (float(f[3]), float(f[3]) + float(f[4]), f[7])
+            for f in (line.split() for line in out["rttm"].splitlines())
+        ]
         assert attribution(ref, turns) >= max(0.95, attribution(ref, hyp0) - 0.02), extra
         # Every segment carries its speaker (a 9-s piece may lose a phrase's words: only
         # the reference turns the pieces transcribed are scored here).
@@ -293,8 +334,10 @@ def test_speakers_are_one_set_across_the_pieces(endpoint) -> None:
     # The pieces embedded their windows (the costly half of diarizing) and the whole
     # clustered them: each piece's output carries its windows, not speakers of its own.
     with em.state.cond:
-        last = max((j for j in em.state.jobs.values() if "split" in (j.input or {})),
-                   key=lambda j: j.submitted_at)  # fmt: skip
+        last = max(
+            (j for j in em.state.jobs.values() if "split" in (j.input or {})),
+            key=lambda j: j.submitted_at,
+        )
         kids = [em.state.jobs[p["job_id"]] for p in last.output["pieces"]]
     assert all(k.input.get("speaker_windows") and "num_speakers" not in k.input for k in kids)
     assert all(k.output["speaker_windows"]["spans"] and not k.output["speakers"] for k in kids)
@@ -312,22 +355,41 @@ def one_job_workers(tmp_path_factory) -> Any:
     server = ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
     server.start()
     host, port = server.get_host_and_port()
-    aws = {"AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing",
-           "AWS_DEFAULT_REGION": "us-east-1"}  # fmt: skip
-    s3 = boto3.client("s3", endpoint_url=f"http://{host}:{port}", region_name="us-east-1",
-                      aws_access_key_id="testing", aws_secret_access_key="testing")  # fmt: skip
+    aws = {
+        "AWS_ACCESS_KEY_ID": "testing",
+        "AWS_SECRET_ACCESS_KEY": "testing",
+        "AWS_DEFAULT_REGION": "us-east-1",
+    }
+    s3 = boto3.client(
+        "s3",
+        endpoint_url=f"http://{host}:{port}",
+        region_name="us-east-1",
+        aws_access_key_id="testing",
+        aws_secret_access_key="testing",
+    )
     s3.create_bucket(Bucket="pieces")
     s3.create_bucket(Bucket="uploads")
     em = Emulator(ping_interval_ms=1000, stop_grace_s=30.0, log_dir=str(logs)).start()
     try:
-        env = {"WHISPER_DEVICE": "cpu", "HF_HUB_OFFLINE": "1", "RUNPOD_API_KEY": em.api_key,
-               "WHISPER_MODEL": "tiny.en", "WHISPER_MAX_CONCURRENCY": "1",
-               "TMPDIR": str(logs), "WHISPER_S3_ENDPOINT_URL": f"http://{host}:{port}",
-               "WHISPER_S3_ALLOWED_BUCKETS": "pieces", "WHISPER_PIECE_BUCKET": "pieces",
-               "WHISPER_PIECE_INLINE_BYTES": "0", "WHISPER_PIECE_QUEUE_WAIT_S": "3",
-               "WHISPER_ALLOW_PRIVATE_URLS": "true", **aws}  # fmt: skip
-        wids = [em.start_worker(env, command=[sys.executable, "-m", "handler"], cwd=str(ROOT))
-                for _ in range(2)]  # fmt: skip
+        env = {
+            "WHISPER_DEVICE": "cpu",
+            "HF_HUB_OFFLINE": "1",
+            "RUNPOD_API_KEY": em.api_key,
+            "WHISPER_MODEL": "tiny.en",
+            "WHISPER_MAX_CONCURRENCY": "1",
+            "TMPDIR": str(logs),
+            "WHISPER_S3_ENDPOINT_URL": f"http://{host}:{port}",
+            "WHISPER_S3_ALLOWED_BUCKETS": "pieces",
+            "WHISPER_PIECE_BUCKET": "pieces",
+            "WHISPER_PIECE_INLINE_BYTES": "0",
+            "WHISPER_PIECE_QUEUE_WAIT_S": "3",
+            "WHISPER_ALLOW_PRIVATE_URLS": "true",
+            **aws,
+        }
+        wids = [
+            em.start_worker(env, command=[sys.executable, "-m", "handler"], cwd=str(ROOT))
+            for _ in range(2)
+        ]
         for wid in wids:
             em.wait_worker(wid, {"idle", "busy"}, READY_S)
         yield em, s3, f"http://{host}:{port}"
@@ -341,7 +403,7 @@ def test_large_pieces_travel_through_the_piece_bucket_and_are_deleted(one_job_wo
     """Pieces over the inline limit go to WHISPER_PIECE_BUCKET as s3:// objects that the
     pieces' workers read; none is left when the job ends. The piece that no worker can take
     (the other worker is busy with one piece, this one with the parent) is run by the
-    parent's worker after the queue wait (issue 33)."""
+    parent's worker after the queue wait."""
     em, s3, _ = one_job_workers
     clip = long_clip(60)
     parent = em.submit({**long_job(60), "split": 3, "output": ["text"]})
@@ -359,7 +421,7 @@ def test_large_pieces_travel_through_the_piece_bucket_and_are_deleted(one_job_wo
 def test_split_jobs_holding_every_worker_run_their_own_pieces(one_job_workers) -> None:
     """Two split jobs at once on two one-job workers: both workers hold a parent, so no
     piece can ever be taken from the queue. Each parent takes its pieces back after the
-    queue wait and runs them itself; without that both would wait forever (issue 33)."""
+    queue wait and runs them itself; without that both would wait forever."""
     em, s3, _ = one_job_workers
     job = {**long_job(40), "split": 2, "output": ["text"]}
     parents = [em.submit(job), em.submit(job)]
@@ -387,7 +449,7 @@ def test_the_client_sends_a_local_file_through_the_callers_bucket(
 ) -> None:
     """`--upload-to s3://bucket/prefix/`: a local file (a long one is over the 10-MB inline
     limit) goes to the caller's bucket, the job gets a presigned URL, the object is deleted
-    when the job ends (issue 33: the recording is fetched once, nothing left behind)."""
+    when the job ends (the recording is fetched once, nothing left behind)."""
     from speech_assets.clips import wav_bytes
     from whisper_client.client import main
 
@@ -395,12 +457,27 @@ def test_the_client_sends_a_local_file_through_the_callers_bucket(
     path = tmp_path / "call.wav"
     clip = long_clip(40)
     path.write_bytes(wav_bytes(clip.samples))
-    for key, value in {"AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing",
-                       "AWS_DEFAULT_REGION": "us-east-1", "AWS_ENDPOINT_URL": url,
-                       "RUNPOD_API_KEY": em.api_key}.items():  # fmt: skip
+    for key, value in {
+        "AWS_ACCESS_KEY_ID": "testing",
+        "AWS_SECRET_ACCESS_KEY": "testing",
+        "AWS_DEFAULT_REGION": "us-east-1",
+        "AWS_ENDPOINT_URL": url,
+        "RUNPOD_API_KEY": em.api_key,
+    }.items():
         monkeypatch.setenv(key, value)
-    args = [str(path), "--endpoint", em.config.endpoint_id, "--base-url", em.base_url,
-            "--upload-to", "s3://uploads/calls/", "--split", "2", "--output", "json"]  # fmt: skip
+    args = [
+        str(path),
+        "--endpoint",
+        em.config.endpoint_id,
+        "--base-url",
+        em.base_url,
+        "--upload-to",
+        "s3://uploads/calls/",
+        "--split",
+        "2",
+        "--output",
+        "json",
+    ]
     assert main(args) == 0
     result = json.loads(capsys.readouterr().out)
     assert wer(clip.text, result["text"]) <= 0.15 and len(result["pieces"]) == 2

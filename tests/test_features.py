@@ -1,6 +1,6 @@
 """Bounded-memory features, VAD and speech gathering (handler/inference/features.py and
 transcribe.sequential_segments) give faster-whisper's own numbers and text, on real
-speech, in a small fraction of the memory (issue 12: 3.8 GB of peak RSS per hour of audio).
+speech, in a small fraction of the memory (3.8 GB of peak RSS per hour of audio).
 
 Memory is measured with tracemalloc, which sees numpy's allocations: a peak in bytes, not
 a time, so it is the same on a busy machine.
@@ -105,8 +105,9 @@ def test_sequential_transcript_equals_faster_whisper(speech) -> None:
     opts = {"vad_filter": True, "word_timestamps": True, "vad_parameters": {"threshold": 0.5}}
 
     def shape(segments):
-        return [(s.start, s.end, s.text, [(w.start, w.end, w.word) for w in s.words])
-                for s in segments]  # fmt: skip
+        return [
+            (s.start, s.end, s.text, [(w.start, w.end, w.word) for w in s.words]) for s in segments
+        ]
 
     before = audio.copy()
     want, _ = model.transcribe(audio, **opts)

@@ -31,9 +31,17 @@ from handler.output.formats import (
 # TranscriptionWord, written out here (not imported from the module) so a rename there fails.
 OPENAI_VERBOSE_KEYS = {"task", "language", "duration", "text", "segments"}
 OPENAI_SEGMENT_KEYS = {
-    "id", "seek", "start", "end", "text", "tokens",
-    "temperature", "avg_logprob", "compression_ratio", "no_speech_prob",
-}  # fmt: skip
+    "id",
+    "seek",
+    "start",
+    "end",
+    "text",
+    "tokens",
+    "temperature",
+    "avg_logprob",
+    "compression_ratio",
+    "no_speech_prob",
+}
 OPENAI_WORD_KEYS = {"word", "start", "end"}
 
 
@@ -61,18 +69,37 @@ def w(word, start, end, p=0.9):
 
 JFK = [
     seg(
-        1, 0.0, 3.0, " And so my fellow Americans,",
-        [w(" And", 0.0, 0.5), w(" so", 0.5, 1.1), w(" my", 1.1, 1.5),
-         w(" fellow", 1.5, 2.2), w(" Americans,", 2.2, 3.0)],
+        1,
+        0.0,
+        3.0,
+        " And so my fellow Americans,",
+        [
+            w(" And", 0.0, 0.5),
+            w(" so", 0.5, 1.1),
+            w(" my", 1.1, 1.5),
+            w(" fellow", 1.5, 2.2),
+            w(" Americans,", 2.2, 3.0),
+        ],
     ),
     seg(
-        2, 3.001, 7.6, " ask not what your country can do for you,",
-        [w(" ask", 3.001, 3.5), w(" not", 3.5, 4.0), w(" what", 4.0, 4.6),
-         w(" your", 4.6, 5.0), w(" country", 5.0, 5.8), w(" can", 5.8, 6.2),
-         w(" do", 6.2, 6.6), w(" for", 6.6, 7.0), w(" you,", 7.0, 7.6)],
+        2,
+        3.001,
+        7.6,
+        " ask not what your country can do for you,",
+        [
+            w(" ask", 3.001, 3.5),
+            w(" not", 3.5, 4.0),
+            w(" what", 4.0, 4.6),
+            w(" your", 4.6, 5.0),
+            w(" country", 5.0, 5.8),
+            w(" can", 5.8, 6.2),
+            w(" do", 6.2, 6.6),
+            w(" for", 6.6, 7.0),
+            w(" you,", 7.0, 7.6),
+        ],
     ),
     seg(3, 7.6, 3725.4567, " ask what you can do for your country.", None),
-]  # fmt: skip
+]
 
 
 def ms(seconds: float) -> int:
@@ -201,10 +228,13 @@ def test_srt_words_per_cue():
     subs = list(srt.parse(to_srt(JFK, words_per_cue=3)))
     # 5 words -> 2 cues, 9 words -> 3 cues, segment without words -> 1 cue.
     assert [s.content for s in subs] == [
-        "And so my", "fellow Americans,",
-        "ask not what", "your country can", "do for you,",
+        "And so my",
+        "fellow Americans,",
+        "ask not what",
+        "your country can",
+        "do for you,",
         "ask what you can do for your country.",
-    ]  # fmt: skip
+    ]
     assert subs[0].start == timedelta(0) and subs[0].end == timedelta(seconds=1.5)
     assert subs[2].start == timedelta(milliseconds=3001)
     assert [s.index for s in subs] == list(range(1, 7))
@@ -275,11 +305,18 @@ def test_segments_public_rounds_and_omits_words():
     plain = segments_public([odd], include_words=False)
     assert plain == [
         {
-            "id": 7, "seek": 21000, "start": 1.235, "end": 2.0, "text": " hi",
-            "tokens": [50364, 407, 50514], "temperature": 0.0, "avg_logprob": -0.25,
-            "compression_ratio": 1.3, "no_speech_prob": 0.01,
+            "id": 7,
+            "seek": 21000,
+            "start": 1.235,
+            "end": 2.0,
+            "text": " hi",
+            "tokens": [50364, 407, 50514],
+            "temperature": 0.0,
+            "avg_logprob": -0.25,
+            "compression_ratio": 1.3,
+            "no_speech_prob": 0.01,
         }
-    ]  # fmt: skip
+    ]
     with_words = segments_public([odd, seg(8, 2, 3, " no words")], include_words=True)
     assert with_words[0]["words"] == [
         {"word": " hi", "start": 1.235, "end": 2.0, "probability": 0.5}
@@ -292,8 +329,9 @@ def test_segments_public_rounds_and_omits_words():
 
 
 def test_verbose_json_matches_openai_field_names():
-    body = to_verbose_json(JFK, language="en", duration=11.0, task="transcribe",
-                           include_words=False)  # fmt: skip
+    body = to_verbose_json(
+        JFK, language="en", duration=11.0, task="transcribe", include_words=False
+    )
     assert set(body) == OPENAI_VERBOSE_KEYS
     assert body["task"] == "transcribe"
     assert body["language"] == "english"
@@ -306,8 +344,7 @@ def test_verbose_json_matches_openai_field_names():
 
 
 def test_verbose_json_words_are_openai_shape():
-    body = to_verbose_json(JFK, language="de", duration=11.0, task="transcribe",
-                           include_words=True)  # fmt: skip
+    body = to_verbose_json(JFK, language="de", duration=11.0, task="transcribe", include_words=True)
     assert set(body) == OPENAI_VERBOSE_KEYS | {"words"}
     assert body["language"] == "german"
     assert all(set(x) == OPENAI_WORD_KEYS for x in body["words"])
@@ -315,8 +352,7 @@ def test_verbose_json_words_are_openai_shape():
 
 
 def test_verbose_json_translate_reports_output_language():
-    body = to_verbose_json(JFK, language="de", duration=1.0, task="translate",
-                           include_words=False)  # fmt: skip
+    body = to_verbose_json(JFK, language="de", duration=1.0, task="translate", include_words=False)
     assert body["task"] == "translate"
     assert body["language"] == "english"
     with pytest.raises(ValueError):
@@ -344,8 +380,13 @@ def test_numpy_scalars_become_plain_json_numbers():
     # faster-whisper hands out numpy float64 segment times and word probabilities.
     import numpy as np
 
-    s = seg(0, np.float64(1.001), np.float64(2.5), " x", [w(" x", np.float64(1.001),
-            np.float32(2.5), np.float32(0.75))])  # fmt: skip
+    s = seg(
+        0,
+        np.float64(1.001),
+        np.float64(2.5),
+        " x",
+        [w(" x", np.float64(1.001), np.float32(2.5), np.float32(0.75))],
+    )
     out = render(list(FORMATS), [s], language="en", duration=np.float64(2.5), task="transcribe")
     text = json.dumps(out)
     assert "np." not in text
@@ -358,8 +399,13 @@ def test_numpy_scalars_become_plain_json_numbers():
 
 
 def test_render_several_outputs():
-    out = render(["text", "segments", "words", "srt", "vtt", "verbose_json"], JFK,
-                 language="en", duration=11.0, task="transcribe")  # fmt: skip
+    out = render(
+        ["text", "segments", "words", "srt", "vtt", "verbose_json"],
+        JFK,
+        language="en",
+        duration=11.0,
+        task="transcribe",
+    )
     # Every format but the two a diarized job adds (tests/test_diarization.py).
     assert list(out) == [f for f in FORMATS if f not in ("diarized_json", "rttm")]
     assert out["text"] == to_text(JFK)
@@ -372,15 +418,15 @@ def test_render_several_outputs():
 
 
 def test_render_subset_and_word_inclusion_rules():
-    out = render(["segments", "verbose_json"], JFK, language="en", duration=11.0,
-                 task="transcribe")  # fmt: skip
+    out = render(["segments", "verbose_json"], JFK, language="en", duration=11.0, task="transcribe")
     assert set(out) == {"segments", "verbose_json"}
     assert all("words" not in s for s in out["segments"])
     # Segments carry words, so verbose_json includes them even though "words" was not asked.
     assert "words" in out["verbose_json"]
     no_words = [dict(s, words=None) for s in JFK]
-    out = render(["verbose_json", "text", "text"], no_words, language="en", duration=11.0,
-                 task="transcribe")  # fmt: skip
+    out = render(
+        ["verbose_json", "text", "text"], no_words, language="en", duration=11.0, task="transcribe"
+    )
     assert list(out) == ["verbose_json", "text"]
     assert "words" not in out["verbose_json"]
 
@@ -413,8 +459,12 @@ def test_subtitle_cues_keep_the_layout_limits_on_real_speech(worker, batch) -> N
     from speech_assets.clips import long_clip
 
     clip = long_clip(60)
-    job = {"audio_base64": base64.b64encode(clip.wav_bytes()).decode(), "batch_size": batch,
-           "output": ["srt", "vtt", "segments"], "max_line_width": 32}  # fmt: skip
+    job = {
+        "audio_base64": base64.b64encode(clip.wav_bytes()).decode(),
+        "batch_size": batch,
+        "output": ["srt", "vtt", "segments"],
+        "max_line_width": 32,
+    }
     out = run_job(job, worker)
     cues = list(srt_lib.parse(out["srt"]))
     assert len(cues) >= 8
@@ -431,7 +481,7 @@ def test_subtitle_cues_keep_the_layout_limits_on_real_speech(worker, batch) -> N
 
 
 def test_speech_no_segment_covers_is_named_where_it_is() -> None:
-    """Issue 31: 12 s of speech in the middle of a conversation got no segment and nothing
+    """12 s of speech in the middle of a conversation got no segment and nothing
     said so. The VAD's spans against the segments' times: a stretch of 3 s or more is
     named (with where), small slack at the edges and short gaps are not."""
     from handler.output import coverage

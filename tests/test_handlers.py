@@ -63,8 +63,10 @@ def test_cancel_stops_decoding_and_frees_the_model(tiny_pool, no_leaks, caplog):
     # Sequential and five minutes long: still decoding when the cancel comes at 1.5 s on a
     # fast machine too (batched, two minutes were done in 1.5 s on an idle one).
     clip = long_clip(300)
-    job = {"id": "j", "input": {"audio_base64": base64.b64encode(clip.wav_bytes()).decode(),
-                                "batch_size": 1}}  # fmt: skip
+    job = {
+        "id": "j",
+        "input": {"audio_base64": base64.b64encode(clip.wav_bytes()).decode(), "batch_size": 1},
+    }
 
     async def run_and_cancel():
         task = asyncio.create_task(handler(job))

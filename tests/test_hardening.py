@@ -1,6 +1,6 @@
 """Options that could exhaust a worker or fail deep inside the model are refused up front.
 
-Each case below was found by a probe of the worker (issue 12): it built a 100-million-entry
+Each case below was found by a probe of the worker: it built a 100-million-entry
 temperature list, ran for minutes, or came back INTERNAL/retryable after the audio was
 fetched and decoded. Now each is INVALID_INPUT before any audio is fetched (a local
 source counts its hits), or is simply accepted (null means "not set"). A property-based
@@ -83,11 +83,25 @@ def test_refused_before_any_fetch(worker, counting_source: LocalServer, name: st
 
 
 NULLABLE = [
-    "beam_size", "patience", "length_penalty", "repetition_penalty", "no_repeat_ngram_size",
-    "temperature", "prompt_reset_on_temperature", "max_initial_timestamp", "clip_timestamps",
-    "prepend_punctuations", "append_punctuations", "language", "initial_prompt", "vad_parameters",
-    "temperature_increment_on_fallback", "suppress_tokens", "best_of", "max_new_tokens",
-]  # fmt: skip
+    "beam_size",
+    "patience",
+    "length_penalty",
+    "repetition_penalty",
+    "no_repeat_ngram_size",
+    "temperature",
+    "prompt_reset_on_temperature",
+    "max_initial_timestamp",
+    "clip_timestamps",
+    "prepend_punctuations",
+    "append_punctuations",
+    "language",
+    "initial_prompt",
+    "vad_parameters",
+    "temperature_increment_on_fallback",
+    "suppress_tokens",
+    "best_of",
+    "max_new_tokens",
+]
 
 
 @pytest.mark.model
@@ -107,9 +121,12 @@ def test_a_prompt_within_budget_still_runs(worker) -> None:
 # --- property: every generated input ends as a result or a documented, honest code -----
 
 ONE_SECOND = base64.b64encode(
-    wav_bytes(np.concatenate([np.zeros(4000, np.float32),
-                              np.sin(np.arange(12000) / 8).astype(np.float32) * 0.1]))
-).decode()  # fmt: skip
+    wav_bytes(
+        np.concatenate(
+            [np.zeros(4000, np.float32), np.sin(np.arange(12000) / 8).astype(np.float32) * 0.1]
+        )
+    )
+).decode()
 
 ANY_JSON = st.recursive(
     st.none()
@@ -196,8 +213,13 @@ PLAUSIBLE = {
     "batch_size": st.integers(0, 130),
     "transcription": st.sampled_from(["plain_text", "srt", "vtt", "formatted_text", "x"]),
 }
-BOOLEAN_OPTIONS = {"condition_on_previous_text", "suppress_blank", "without_timestamps",
-                   "word_timestamps", "vad_filter"}  # fmt: skip
+BOOLEAN_OPTIONS = {
+    "condition_on_previous_text",
+    "suppress_blank",
+    "without_timestamps",
+    "word_timestamps",
+    "vad_filter",
+}
 
 
 @st.composite
@@ -229,8 +251,13 @@ def test_generated_inputs_never_end_internal(worker, job: dict[str, Any]) -> Non
 
 # --- compute: cancel and the budget reach inside a 30-s window --------------------------
 
-BOMB = {"beam_size": 20, "best_of": 20, "patience": 10, "compression_ratio_threshold": 1e-4,
-        "temperature": [round(i * 0.05, 2) for i in range(20)]}  # fmt: skip
+BOMB = {
+    "beam_size": 20,
+    "best_of": 20,
+    "patience": 10,
+    "compression_ratio_threshold": 1e-4,
+    "temperature": [round(i * 0.05, 2) for i in range(20)],
+}
 
 
 @pytest.mark.model
@@ -252,8 +279,10 @@ def test_a_job_past_its_compute_budget_fails_and_frees_the_slot(worker) -> None:
     from handler.pipeline.runtime import Runtime
     from tests.helpers import make_settings
 
-    tight = Runtime(settings=make_settings(device="cpu", compute_budget_floor_s=2,
-                                          compute_budget_factor=0), pool=worker.pool)  # fmt: skip
+    tight = Runtime(
+        settings=make_settings(device="cpu", compute_budget_floor_s=2, compute_budget_factor=0),
+        pool=worker.pool,
+    )
     t = time.perf_counter()
     out = run_job({"audio_base64": JFK_B64, **BOMB}, tight)
     assert out["error_code"] == "COMPUTE_BUDGET_EXCEEDED" and out["retryable"] is False, out
@@ -290,7 +319,7 @@ def test_sdk_result_post_is_where_the_worker_wraps_it() -> None:
 
 
 def test_memory_budget_waits_refuses_and_frees() -> None:
-    """Issue 12: admission by memory. A job that fits once others finish waits (and can be
+    """Admission by memory. A job that fits once others finish waits (and can be
     cancelled while it waits); one that can never fit fails at once, not retryable."""
     from handler.inference.memory import MIB, MemoryBudget, job_bytes
 

@@ -57,9 +57,12 @@ class Server:
             **env,
         }
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "handler", "serve"], cwd=ROOT, env=full,
-            stdout=self.log, stderr=subprocess.STDOUT,
-        )  # fmt: skip
+            [sys.executable, "-m", "handler", "serve"],
+            cwd=ROOT,
+            env=full,
+            stdout=self.log,
+            stderr=subprocess.STDOUT,
+        )
         self.health: list[int] = []
         deadline = time.time() + START_S
         while time.time() < deadline and self.proc.poll() is None:
@@ -162,9 +165,11 @@ def test_verbose_json_with_words_and_segments_matches_the_sdk_types(server: Serv
     client = server.client()
     with open(JFK, "rb") as f:
         res = client.audio.transcriptions.create(
-            model="whisper-1", file=f, response_format="verbose_json",
+            model="whisper-1",
+            file=f,
+            response_format="verbose_json",
             timestamp_granularities=["word", "segment"],
-        )  # fmt: skip
+        )
     assert isinstance(res, TranscriptionVerbose)
     again = TranscriptionVerbose.model_validate(res.model_dump())
     assert again.language == "english" and again.duration == pytest.approx(11.0, abs=0.1)
@@ -173,9 +178,11 @@ def test_verbose_json_with_words_and_segments_matches_the_sdk_types(server: Serv
     assert all(a.start <= b.start for a, b in zip(res.words, res.words[1:], strict=False))
     with open(JFK, "rb") as f:
         words_only = client.audio.transcriptions.create(
-            model="whisper-1", file=f, response_format="verbose_json",
+            model="whisper-1",
+            file=f,
+            response_format="verbose_json",
             timestamp_granularities=["word"],
-        )  # fmt: skip
+        )
     assert words_only.words and not words_only.segments
 
 
@@ -183,10 +190,16 @@ def test_extra_body_options_reach_the_job_schema(server: Server) -> None:
     client = server.client()
     with open(JFK, "rb") as f:
         res = client.audio.transcriptions.create(
-            model="whisper-1", file=f, response_format="verbose_json",
-            extra_body={"vad_filter": False, "beam_size": 2, "hotwords": "Americans",
-                        "vad_parameters": {"threshold": 0.4}},
-        )  # fmt: skip
+            model="whisper-1",
+            file=f,
+            response_format="verbose_json",
+            extra_body={
+                "vad_filter": False,
+                "beam_size": 2,
+                "hotwords": "Americans",
+                "vad_parameters": {"threshold": 0.4},
+            },
+        )
     assert wer(res.text, JFK_TEXT) < 0.15
     with open(JFK, "rb") as f, pytest.raises(openai.BadRequestError) as info:
         client.audio.transcriptions.create(model="whisper-1", file=f, extra_body={"beam_size": 99})
@@ -233,8 +246,9 @@ def test_errors_map_to_openai_bodies_and_statuses(server: Server, tmp_path: Path
     resp = requests.post(
         server.url + "/v1/audio/transcriptions",
         data=iter(chunks),
-        headers={"Content-Type": "multipart/form-data; boundary=zz"}, timeout=60,
-    )  # fmt: skip
+        headers={"Content-Type": "multipart/form-data; boundary=zz"},
+        timeout=60,
+    )
     assert resp.status_code == 413, resp.text
     with pytest.raises(openai.BadRequestError) as info:
         client.audio.transcriptions.create(model="no-such-model", file=JFK.open("rb"))
@@ -265,8 +279,11 @@ def test_burst_beyond_the_queue_gets_429_and_a_disconnect_frees_its_slot(
 
     def hold(s: requests.Session) -> None:
         try:
-            s.post(server.url + "/v1/audio/transcriptions",
-                   data={"model": "whisper-1", "audio_url": url}, timeout=4)  # fmt: skip
+            s.post(
+                server.url + "/v1/audio/transcriptions",
+                data={"model": "whisper-1", "audio_url": url},
+                timeout=4,
+            )
         except requests.RequestException as exc:  # the read timeout closes the connection
             errors.append(exc)
 
@@ -290,7 +307,7 @@ def test_burst_beyond_the_queue_gets_429_and_a_disconnect_frees_its_slot(
     assert "client disconnected" in server.logs()
 
 
-# --- what real clients hit (issue 20) ------------------------------------------------------
+# --- what real clients hit ------------------------------------------------------
 
 
 def metric(srv: Server, name: str, headers: dict[str, str] | None = None) -> float:
@@ -309,8 +326,9 @@ def test_usage_in_json_verbose_json_and_the_streams_done_event(server: Server) -
     assert res.usage is not None and res.usage.type == "duration"
     assert res.usage.seconds == pytest.approx(11.0, abs=0.1)
     with open(JFK, "rb") as f:
-        verbose = client.audio.transcriptions.create(model="whisper-1", file=f,
-                                                     response_format="verbose_json")  # fmt: skip
+        verbose = client.audio.transcriptions.create(
+            model="whisper-1", file=f, response_format="verbose_json"
+        )
     assert verbose.usage is not None and verbose.usage.seconds == pytest.approx(11.0, abs=0.1)
     with open(JFK, "rb") as f:
         events = list(client.audio.transcriptions.create(model="whisper-1", file=f, stream=True))
@@ -323,14 +341,15 @@ def test_usage_in_json_verbose_json_and_the_streams_done_event(server: Server) -
 
 
 def test_litellm_prices_a_transcription_from_the_usage(server: Server, monkeypatch) -> None:
-    """Issue 20: LiteLLM reported a cost of $0 without usage. Its cost map is its own
+    """LiteLLM reported a cost of $0 without usage. Its cost map is its own
     bundled copy (LITELLM_LOCAL_MODEL_COST_MAP: no fetch from GitHub)."""
     monkeypatch.setenv("LITELLM_LOCAL_MODEL_COST_MAP", "True")
     import litellm
 
     with open(JFK, "rb") as f:
-        res = litellm.transcription(model="openai/whisper-1", file=f, api_base=server.url + "/v1",
-                                    api_key="unused")  # fmt: skip
+        res = litellm.transcription(
+            model="openai/whisper-1", file=f, api_base=server.url + "/v1", api_key="unused"
+        )
     assert wer(res.text, JFK_TEXT) < 0.15
     assert res._hidden_params.get("response_cost", 0) > 0
 
@@ -340,24 +359,32 @@ def test_granularities_as_repeated_plain_fields_and_openais_newer_fields(server:
     resp = requests.post(
         server.url + "/v1/audio/transcriptions",
         files={"file": ("jfk.wav", JFK.read_bytes())},
-        data=[("model", "whisper-1"), ("response_format", "verbose_json"),
-              ("timestamp_granularities", "word"), ("timestamp_granularities", "segment")],
+        data=[
+            ("model", "whisper-1"),
+            ("response_format", "verbose_json"),
+            ("timestamp_granularities", "word"),
+            ("timestamp_granularities", "segment"),
+        ],
         timeout=120,
-    )  # fmt: skip
+    )
     assert resp.status_code == 200, resp.text
     body = TranscriptionVerbose.model_validate(resp.json())
     assert body.words and body.segments
     with open(JFK, "rb") as f:
         res = server.client().audio.transcriptions.create(
-            model="gpt-transcribe", file=f,
-            chunking_strategy={"type": "server_vad", "threshold": 0.5, "prefix_padding_ms": 300,
-                               "silence_duration_ms": 500},
+            model="gpt-transcribe",
+            file=f,
+            chunking_strategy={
+                "type": "server_vad",
+                "threshold": 0.5,
+                "prefix_padding_ms": 300,
+                "silence_duration_ms": 500,
+            },
             extra_body={"keywords": ["Americans"], "languages": ["en"]},
-        )  # fmt: skip
+        )
     assert wer(res.text, JFK_TEXT) < 0.15
     with open(JFK, "rb") as f, pytest.raises(openai.BadRequestError) as info:
-        server.client().audio.transcriptions.create(model="whisper-1", file=f,
-                                                    include=["logprobs"])  # fmt: skip
+        server.client().audio.transcriptions.create(model="whisper-1", file=f, include=["logprobs"])
     assert "logprobs" in info.value.message
 
 
@@ -398,8 +425,14 @@ API_KEY = "k" * 8 + "-test-key-0123"
 @pytest.fixture(scope="module")
 def keyed() -> Iterator[Server]:
     """One slot, one waiting place, and an API key."""
-    srv = Server({"WHISPER_MAX_CONCURRENCY": "1", "WHISPER_HTTP_MAX_QUEUE": "1",
-                  "WHISPER_API_KEY": API_KEY, "WHISPER_WARMUP": "false"})  # fmt: skip
+    srv = Server(
+        {
+            "WHISPER_MAX_CONCURRENCY": "1",
+            "WHISPER_HTTP_MAX_QUEUE": "1",
+            "WHISPER_API_KEY": API_KEY,
+            "WHISPER_WARMUP": "false",
+        }
+    )
     yield srv
     srv.stop()
 
@@ -424,29 +457,36 @@ def test_the_api_key_closes_every_route_but_health(keyed: Server) -> None:
     assert refused.value.response.status_code == 401
     good = openai.OpenAI(base_url=keyed.url + "/v1", api_key=API_KEY, max_retries=0)
     with open(JFK, "rb") as f:
-        assert wer(good.audio.transcriptions.create(model="whisper-1", file=f).text,
-                   JFK_TEXT) < 0.15  # fmt: skip
+        assert (
+            wer(good.audio.transcriptions.create(model="whisper-1", file=f).text, JFK_TEXT) < 0.15
+        )
     assert API_KEY not in keyed.logs()
 
 
 def test_an_abandoned_stream_cancels_its_job(keyed: Server) -> None:
-    """Issue 20: a client that closed a stream left its job running to the end, holding
+    """A client that closed a stream left its job running to the end, holding
     the only slot; the slot was also counted free at once."""
     from speech_assets.clips import long_clip
 
     cancelled = metric(keyed, 'whisper_jobs_total{outcome="CANCELLED"}', AUTH)
     wav = long_clip(150).wav_bytes()
     with requests.post(
-        keyed.url + "/v1/audio/transcriptions", headers=AUTH, stream=True, timeout=120,
+        keyed.url + "/v1/audio/transcriptions",
+        headers=AUTH,
+        stream=True,
+        timeout=120,
         files={"file": ("long.wav", wav)},
         data={"model": "whisper-1", "stream": "true", "batch_size": "1"},
-    ) as resp:  # fmt: skip
+    ) as resp:
         assert resp.status_code == 200
         first = next(line for line in resp.iter_lines() if line.startswith(b"data: "))
         assert b"transcript.text.delta" in first
     # The connection is closed: the job stops at its next segment and frees the slot.
-    wait_for(lambda: metric(keyed, 'whisper_jobs_total{outcome="CANCELLED"}', AUTH) > cancelled,
-             90, "the abandoned stream's job to be cancelled")  # fmt: skip
+    wait_for(
+        lambda: metric(keyed, 'whisper_jobs_total{outcome="CANCELLED"}', AUTH) > cancelled,
+        90,
+        "the abandoned stream's job to be cancelled",
+    )
     assert metric(keyed, "whisper_jobs_running", AUTH) == 0
     assert "request abandoned" in keyed.logs()
 
@@ -456,9 +496,14 @@ def test_an_abandoned_stream_cancels_its_job(keyed: Server) -> None:
 
 def test_fold_form_reads_lists_objects_and_json() -> None:
     got = openai_api.fold_form(
-        [("timestamp_granularities[]", "word"), ("timestamp_granularities[]", "segment"),
-         ("vad_parameters[threshold]", "0.3"), ("temperature", "[0, 0.2]"), ("prompt", "[hi")]
-    )  # fmt: skip
+        [
+            ("timestamp_granularities[]", "word"),
+            ("timestamp_granularities[]", "segment"),
+            ("vad_parameters[threshold]", "0.3"),
+            ("temperature", "[0, 0.2]"),
+            ("prompt", "[hi"),
+        ]
+    )
     assert got == {
         "timestamp_granularities": ["word", "segment"],
         "vad_parameters": {"threshold": "0.3"},
@@ -467,7 +512,7 @@ def test_fold_form_reads_lists_objects_and_json() -> None:
     }
     with pytest.raises(WorkerError):
         openai_api.fold_form([("a", "1"), ("a", "2")])
-    # What requests and httpx send for a list: the plain field repeated (issue 20).
+    # What requests and httpx send for a list: the plain field repeated.
     plain = openai_api.fold_form(
         [
             ("timestamp_granularities", "word"),
@@ -481,32 +526,54 @@ def test_fold_form_reads_lists_objects_and_json() -> None:
 
 
 def test_build_request_refuses_what_whisper_cannot_do() -> None:
-    for fields in ({"response_format": "xml"}, {"chunking_strategy": "semantic"},
-                   {"include": ["logprobs"]}, {"timestamp_granularities": ["word"]},
-                   {"stream": "maybe"}, {"keywords": [""]},
-                   {"chunking_strategy": {"type": "server_vad", "eagerness": "low"}}):  # fmt: skip
+    for fields in (
+        {"response_format": "xml"},
+        {"chunking_strategy": "semantic"},
+        {"include": ["logprobs"]},
+        {"timestamp_granularities": ["word"]},
+        {"stream": "maybe"},
+        {"keywords": [""]},
+        {"chunking_strategy": {"type": "server_vad", "eagerness": "low"}},
+    ):
         with pytest.raises(WorkerError) as info:
-            openai_api.build_request("/v1/audio/transcriptions", fields, loaded_models=["tiny.en"],
-                                     has_file=True)  # fmt: skip
+            openai_api.build_request(
+                "/v1/audio/transcriptions", fields, loaded_models=["tiny.en"], has_file=True
+            )
         assert info.value.code is Code.INVALID_INPUT
 
 
 def test_openais_newer_fields_map_onto_the_job() -> None:
     req = openai_api.build_request(
         "/v1/audio/transcriptions",
-        {"model": "gpt-transcribe", "keywords": ["Kennedy", "Americans"], "languages": ["en"],
-         "chunking_strategy": {"type": "server_vad", "threshold": "0.4",
-                               "prefix_padding_ms": "300", "silence_duration_ms": "500"}},
-        loaded_models=["tiny.en"], has_file=True,
-    )  # fmt: skip
+        {
+            "model": "gpt-transcribe",
+            "keywords": ["Kennedy", "Americans"],
+            "languages": ["en"],
+            "chunking_strategy": {
+                "type": "server_vad",
+                "threshold": "0.4",
+                "prefix_padding_ms": "300",
+                "silence_duration_ms": "500",
+            },
+        },
+        loaded_models=["tiny.en"],
+        has_file=True,
+    )
     assert "model" not in req.job_input  # every gpt-*transcribe* name is the default model
     assert req.job_input["hotwords"] == "Kennedy, Americans"
     assert req.job_input["languages"] == ["en"]
     assert req.job_input["vad_filter"] is True
     assert req.job_input["vad_parameters"] == {
-        "threshold": "0.4", "speech_pad_ms": "300", "min_silence_duration_ms": "500"}  # fmt: skip
-    auto = openai_api.build_request("/v1/audio/transcriptions", {"chunking_strategy": "auto"},
-                                    loaded_models=["tiny.en"], has_file=True)  # fmt: skip
+        "threshold": "0.4",
+        "speech_pad_ms": "300",
+        "min_silence_duration_ms": "500",
+    }
+    auto = openai_api.build_request(
+        "/v1/audio/transcriptions",
+        {"chunking_strategy": "auto"},
+        loaded_models=["tiny.en"],
+        has_file=True,
+    )
     assert auto.job_input["vad_filter"] is True
     assert openai_api.is_openai_model("gpt-4o-mini-transcribe")
     assert not openai_api.is_openai_model("tiny")
@@ -527,8 +594,9 @@ def test_queue_job_in_runpod_openai_passthrough_shape(worker) -> None:  # type: 
     body = run_openai_job(job, worker)
     TranscriptionVerbose.model_validate(body)
     assert wer(body["text"], JFK_TEXT) < 0.15
-    text = run_openai_job({**job, "openai_input": {"file": b64(JFK), "response_format": "text"}},
-                          worker)  # fmt: skip
+    text = run_openai_job(
+        {**job, "openai_input": {"file": b64(JFK), "response_format": "text"}}, worker
+    )
     assert isinstance(text, str) and wer(text, JFK_TEXT) < 0.15
     err = run_openai_job({"openai_route": "/v1/chat/completions", "openai_input": {}}, worker)
     assert err["error_code"] == "INVALID_INPUT" and err["retryable"] is False
@@ -537,16 +605,18 @@ def test_queue_job_in_runpod_openai_passthrough_shape(worker) -> None:  # type: 
 
 @pytest.mark.model
 def test_a_multilingual_model_over_http_translates_and_switches_language(base_model_dir) -> None:
-    """Translation; and issue 31 in HTTP mode: `language=multi`, verbose_json's segments say
+    """Translation; and in HTTP mode `language=multi`, verbose_json's segments say
     their language, the English parts stay English beside the Spanish one (one server)."""
     srv = Server({"WHISPER_MODEL": str(base_model_dir), "WHISPER_WARMUP": "false"})
     try:
         from tests.test_multilingual import CLIPS, code_switched
 
         mixed = srv.client().audio.transcriptions.create(
-            model="whisper-1", file=("mixed.wav", code_switched()), language="multi",
+            model="whisper-1",
+            file=("mixed.wav", code_switched()),
+            language="multi",
             response_format="verbose_json",
-        )  # fmt: skip
+        )
         langs = [seg["language"] for seg in mixed.model_dump()["segments"]]
         assert langs[0] == "en" and "es" in langs, langs
         assert "madrid" in mixed.text.lower() and "americans" in mixed.text.lower()
@@ -574,7 +644,7 @@ def test_a_diarize_model_on_a_server_without_diarization_names_the_setting(serve
 
 
 def test_a_weak_api_key_is_refused_in_plain_words() -> None:
-    """Issue 32: a 15-character WHISPER_API_KEY stopped the server with pydantic's "Value
+    """A 15-character WHISPER_API_KEY stopped the server with pydantic's "Value
     should have at least 16 items after validation, not 15". The refusal stays; the message
     says how long and how to make one, and never echoes the key."""
     weak = "short-key-12345"

@@ -1,4 +1,4 @@
-"""The built image as a container, through its own entry point (issue 30; image tier).
+"""The built image as a container, through its own entry point (image tier).
 
 `bench/image.sh test VARIANT` runs this file with ``WHISPER_TEST_IMAGE=whisper-worker:VARIANT``
 after building that variant with podman from the unchanged Dockerfile; without the variable
@@ -110,9 +110,18 @@ def test_nothing_is_fetched_at_run_time_even_asked_for_a_url():
     worker itself started and loaded everything from the image."""
     job = {"input": {"audio_url": "https://example.com/a.mp3"}}
     run = podman(
-        "run", "--rm", "--network", "none", IMAGE, "python", "-m", "handler",
-        "--test_input", json.dumps(job), check=False,
-    )  # fmt: skip
+        "run",
+        "--rm",
+        "--network",
+        "none",
+        IMAGE,
+        "python",
+        "-m",
+        "handler",
+        "--test_input",
+        json.dumps(job),
+        check=False,
+    )
     log = run.stdout + run.stderr
     assert "loaded model" in log, log[-2000:]
     assert "SOURCE_UNREACHABLE" in log, log[-2000:]
@@ -126,11 +135,19 @@ def _container_worker(em: Emulator, names: list[str], **env: str) -> str:
     names.append(name)
     keys = [*em.worker_env("x"), *env]
     command = [
-        *PODMAN, "run", "--rm", "--name", name, "--network", "host",
-        "--read-only", "--tmpfs", "/tmp",
+        *PODMAN,
+        "run",
+        "--rm",
+        "--name",
+        name,
+        "--network",
+        "host",
+        "--read-only",
+        "--tmpfs",
+        "/tmp",
         *[arg for key in keys for arg in ("-e", key)],  # values from podman's environment
         IMAGE,
-    ]  # fmt: skip
+    ]
     wid = em.start_worker(env, command=command, cwd=str(ROOT))
     em.wait_worker(wid, {"idle", "busy"}, READY_S)
     return wid
@@ -194,10 +211,23 @@ def test_http_mode_with_a_published_port_serves_the_openai_sdk(names):
     name = f"ww-http-{uuid.uuid4().hex[:8]}"
     names.append(name)
     podman(
-        "run", "-d", "--name", name, "-p", f"127.0.0.1:{port}:8000",
-        "--read-only", "--tmpfs", "/tmp",
-        "-e", "WHISPER_MODE=http", "-e", "PORT=8000", "-e", f"WHISPER_API_KEY={key}", IMAGE,
-    )  # fmt: skip
+        "run",
+        "-d",
+        "--name",
+        name,
+        "-p",
+        f"127.0.0.1:{port}:8000",
+        "--read-only",
+        "--tmpfs",
+        "/tmp",
+        "-e",
+        "WHISPER_MODE=http",
+        "-e",
+        "PORT=8000",
+        "-e",
+        f"WHISPER_API_KEY={key}",
+        IMAGE,
+    )
     base = f"http://127.0.0.1:{port}"
 
     def healthy() -> bool:
@@ -225,15 +255,25 @@ def test_http_mode_with_a_published_port_serves_the_openai_sdk(names):
 def test_a_diarized_job_in_the_diarization_image(tmp_path):
     if not diarization_image():
         pytest.skip("not a DIARIZATION=true image")
-    job = {"input": {"audio_base64": b64(DATA / "jfk.mp3"), "diarize": True,
-                     "output": ["text", "diarized_json"]}}  # fmt: skip
+    job = {
+        "input": {
+            "audio_base64": b64(DATA / "jfk.mp3"),
+            "diarize": True,
+            "output": ["text", "diarized_json"],
+        }
+    }
     path = tmp_path / "job.json"
     path.write_text(json.dumps(job))
     path.chmod(0o644)
     run = podman(
-        "run", "--rm", "--network", "none", "-v", f"{path}:/home/worker/test_input.json:ro,Z",
+        "run",
+        "--rm",
+        "--network",
+        "none",
+        "-v",
+        f"{path}:/home/worker/test_input.json:ro,Z",
         IMAGE,
-    )  # fmt: skip
+    )
     log = run.stdout + run.stderr
     assert run.returncode == 0 and "'speaker': 'A'" in log, log[-2000:]
 

@@ -32,8 +32,15 @@ def test_jfk_word_by_word(worker, no_leaks):
     assert result["model"] == "tiny.en" and result["device"] == "cpu"
     t = result["timings"]
     # batch_wait: the default batch size sends the job through the engine
-    assert set(t) == {"fetch", "decode", "queue_model", "batch_wait", "transcribe", "format",
-                      "total"}  # fmt: skip
+    assert set(t) == {
+        "fetch",
+        "decode",
+        "queue_model",
+        "batch_wait",
+        "transcribe",
+        "format",
+        "total",
+    }
     assert t["transcribe"] > 0 and t["total"] >= t["transcribe"] + t["decode"]
     assert result["segments"][0]["start"] == pytest.approx(0.0, abs=0.5)
 
@@ -168,7 +175,7 @@ def test_official_worker_shape_keeps_its_output_keys(worker):
 
 
 def test_a_job_with_only_the_official_workers_fields_gets_its_keys(worker):
-    """Issue 20: {"audio_base64": ...} alone is a job the official worker's clients send;
+    """{"audio_base64": ...} alone is a job the official worker's clients send;
     it got no transcription or detected_language. A field of ours makes it our shape."""
     result = run_job({"audio_base64": b64(DATA / "jfk.wav"), "language": "en"}, worker)
     assert result["transcription"] == result["text"] and result["detected_language"] == "en"
@@ -303,10 +310,13 @@ def test_batched_without_vad_cuts_long_audio_into_windows(worker):
     # faster-whisper's batched pipeline refuses 30 s or more without VAD; the engine cuts it.
     audio = bench_long_clip(35)
     result = run_job(
-        {"audio_base64": base64.b64encode(audio.wav_bytes()).decode(), "batch_size": 4,
-         "vad_filter": False},
+        {
+            "audio_base64": base64.b64encode(audio.wav_bytes()).decode(),
+            "batch_size": 4,
+            "vad_filter": False,
+        },
         worker,
-    )  # fmt: skip
+    )
     assert "error" not in result, result
     assert result["batch_sizes"] == [2, 2] and "warnings" not in result
     assert wer(audio.text, result["text"]) < 0.3
@@ -353,7 +363,7 @@ def test_start_up_removes_job_folders_a_killed_worker_left(tmp_path, monkeypatch
     assert not stale.exists() and fresh.exists() and other.exists()
 
 
-# --- what the defaults promise (issue 11): pinned on real speech with the default options ---
+# --- what the defaults promise: pinned on real speech with the default options ---
 
 
 def _job_of(samples):
@@ -395,7 +405,7 @@ def test_defaults_transcribe_a_one_second_clip(worker):
 
 @pytest.mark.parametrize("name", ["es_espeak.flac", "de_espeak.flac"])
 def test_english_only_model_warns_on_other_languages(worker, name):
-    """Issue 13 item 2: German or Spanish through tiny.en came back as English nonsense
+    """German or Spanish through tiny.en came back as English nonsense
     with no word of doubt. The English-only model's confidence gives it away."""
     result = run_job({"audio_base64": b64(DATA / name)}, worker)
     assert "error" not in result, result
@@ -428,8 +438,12 @@ def test_one_jobs_chunk_length_does_not_leak_into_the_next(worker):
 
     fe = worker.pool.get(None).instances[0].feature_extractor
     seen = []
-    t = threading.Thread(target=lambda: (fe(np.zeros(16000, np.float32), chunk_length=5),
-                                         seen.append(fe.nb_max_frames)))  # fmt: skip
+    t = threading.Thread(
+        target=lambda: (
+            fe(np.zeros(16000, np.float32), chunk_length=5),
+            seen.append(fe.nb_max_frames),
+        )
+    )
     t.start()
     t.join(30)
     assert seen == [500] and fe.nb_max_frames == 3000

@@ -39,8 +39,13 @@ RUNPOD_OK = {
 ROOMS = ("faces", "pipeline", "audio", "inference", "output")
 TOP = {"handler/__main__.py", "handler/cli.py", "handler/startup.py", "handler/serve.py"}
 """The entry points: the only modules that may import a face."""
-GROUND = {"handler/settings.py", "handler/schema.py", "handler/errors.py",
-          "handler/guard.py", "handler/contract.py"}  # fmt: skip
+GROUND = {
+    "handler/settings.py",
+    "handler/schema.py",
+    "handler/errors.py",
+    "handler/guard.py",
+    "handler/contract.py",
+}
 
 
 def imports_of(path: Path) -> set[str]:
@@ -92,7 +97,7 @@ def test_the_worker_imports_no_other_product() -> None:
             "tests",
             "builder",
             "speech_assets",
-        }  # fmt: skip
+        }
     }
     assert not bad, sorted(bad)
 
@@ -161,12 +166,14 @@ def room_of(module: str) -> str | None:
 
 
 def worker_imports() -> dict[str, set[str]]:
-    return {str(p.relative_to(ROOT)): {m for m in imports_of(p) if top(m) == "handler"}
-            for p in files_of("handler")}  # fmt: skip
+    return {
+        str(p.relative_to(ROOT)): {m for m in imports_of(p) if top(m) == "handler"}
+        for p in files_of("handler")
+    }
 
 
 def test_the_rooms_import_rules() -> None:
-    """The folder rules of issue 19: audio and inference never import each other; output
+    """The folder rules: audio and inference never import each other; output
     imports no inference; nothing below the entry points imports a face; the ground
     imports no room (but the subtitle layout the schema validates)."""
     bad = []
@@ -202,15 +209,16 @@ def test_the_rules_checker_sees_a_violation() -> None:
 
 def test_importing_the_public_modules_changes_nothing_in_the_callers_process() -> None:
     """whisper_client imports handler.contract: that must not set OMP_WAIT_POLICY or the
-    allocator policy in the caller's process (issue 19)."""
+    allocator policy in the caller's process."""
     code = (
         "import os, sys, json; import handler.contract, handler.schema; "
         "print(json.dumps([os.environ.get('OMP_WAIT_POLICY'), "
         "'handler.inference' in sys.modules, 'numpy' in sys.modules]))"
     )
     env = {k: v for k, v in __import__("os").environ.items() if k != "OMP_WAIT_POLICY"}
-    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
-                          env=env, cwd=ROOT, timeout=60)  # fmt: skip
+    proc = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, env=env, cwd=ROOT, timeout=60
+    )
     assert proc.returncode == 0, proc.stderr
     assert json.loads(proc.stdout) == [None, False, False]
 
@@ -234,10 +242,22 @@ def _in_image(*argv: str, stdin: str | None = None) -> subprocess.CompletedProce
     products and every package of the dev/bench extras (the image installs only the
     project's own dependencies; its model is baked, here it is the PyPI tiny.en)."""
     blocked = [
-        "whisper_client", "runpod_emulator", "bench", "tests", "builder", "speech_assets",
-        "pytest", "moto", "srt", "webvtt", "matplotlib", "openai", "hypothesis", "jiwer",
+        "whisper_client",
+        "runpod_emulator",
+        "bench",
+        "tests",
+        "builder",
+        "speech_assets",
+        "pytest",
+        "moto",
+        "srt",
+        "webvtt",
+        "matplotlib",
+        "openai",
+        "hypothesis",
+        "jiwer",
         "litellm",
-    ]  # fmt: skip
+    ]
     return subprocess.run(
         [sys.executable, "-c", BLOCKER, json.dumps(blocked), *argv],
         cwd=ROOT / "tests",  # not the repo root: its folders must not shadow the block
@@ -273,7 +293,7 @@ def test_cli_job_runs_a_real_job_inside_the_image_package_set() -> None:
 
 
 def test_no_function_in_the_worker_is_over_60_lines() -> None:
-    """Issue 19: the pipeline reads as its table of contents; ruff's C901 (at 15) checks
+    """The pipeline reads as its table of contents; ruff's C901 (at 15) checks
     the branching, this the length."""
     long = []
     for p in files_of("handler"):
@@ -359,8 +379,11 @@ def test_the_circle_finder_sees_a_circle() -> None:
 
 
 def test_no_worker_module_is_over_520_lines() -> None:
-    long = {str(p.relative_to(ROOT)): n for p in files_of("handler")
-            if (n := len(p.read_text().splitlines())) > 520}  # fmt: skip
+    long = {
+        str(p.relative_to(ROOT)): n
+        for p in files_of("handler")
+        if (n := len(p.read_text().splitlines())) > 520
+    }
     assert not long, long
 
 
@@ -394,6 +417,9 @@ def test_no_private_name_crosses_a_module_boundary() -> None:
         for p in files_of(product):
             for node in ast.walk(ast.parse(p.read_text())):
                 if isinstance(node, ast.ImportFrom) and top(node.module or "") in PRODUCTS:
-                    bad += [f"{p.relative_to(ROOT)}: {node.module}.{a.name}"
-                            for a in node.names if a.name.startswith("_")]  # fmt: skip
+                    bad += [
+                        f"{p.relative_to(ROOT)}: {node.module}.{a.name}"
+                        for a in node.names
+                        if a.name.startswith("_")
+                    ]
     assert not bad, bad

@@ -91,7 +91,7 @@ def test_deployment_language_and_detection_set(base_model_dir):
         assert out["language"] in {"en", "es", "fr"}, out  # German is not on the list
 
 
-# --- a recording in several languages (issue 31) ------------------------------------------
+# --- a recording in several languages ------------------------------------------
 
 
 def code_switched() -> bytes:
@@ -121,8 +121,15 @@ def test_language_multi_decodes_each_part_in_its_own_language(base_worker, batch
     if batch_size == 1:
         once = run_job({"audio_base64": audio, "batch_size": batch_size}, base_worker)
         assert "americans" not in once["text"].lower()  # the failure this fixes
-    result = run_job({"audio_base64": audio, "language": "multi", "batch_size": batch_size,
-                      "output": ["text", "segments", "verbose_json"]}, base_worker)  # fmt: skip
+    result = run_job(
+        {
+            "audio_base64": audio,
+            "language": "multi",
+            "batch_size": batch_size,
+            "output": ["text", "segments", "verbose_json"],
+        },
+        base_worker,
+    )
     assert "error" not in result, result
     langs = [s["language"] for s in result["segments"]]
     assert langs[0] == "en" and "es" in langs and langs[-1] == "en", langs
@@ -140,8 +147,15 @@ def test_language_multi_among_the_allowed_languages(base_worker):
     import base64
 
     audio = base64.b64encode(code_switched()).decode()
-    result = run_job({"audio_base64": audio, "language": "multi", "languages": ["en", "it"],
-                      "output": ["segments"]}, base_worker)  # fmt: skip
+    result = run_job(
+        {
+            "audio_base64": audio,
+            "language": "multi",
+            "languages": ["en", "it"],
+            "output": ["segments"],
+        },
+        base_worker,
+    )
     assert {s["language"] for s in result["segments"]} <= {"en", "it"}
 
 
@@ -165,7 +179,7 @@ def test_a_split_recordings_quiet_pieces_are_no_jobs_and_its_language_is_its_spe
     VAD leaves nothing), and the pieces' languages weighed by their lengths made the job
     "en". Now the stretch is cut at each share, a piece in which the VAD hears no speech is
     no job (no worker billed for silence), and the language is detected once on the whole,
-    as unsplit, and given to every piece (issue 33). The pieces run in this process (each
+    as unsplit, and given to every piece. The pieces run in this process (each
     piece's job input through the same job path): the platform's queue, tested in
     test_fanout, changes nothing of what is checked here."""
     import base64
@@ -191,8 +205,11 @@ def test_a_split_recordings_quiet_pieces_are_no_jobs_and_its_language_is_its_spe
 
     base_worker.fan_out = here
     try:
-        job = {"audio_base64": base64.b64encode(wav_bytes(audio)).decode(), "split": 3,
-               "output": ["text", "segments"]}  # fmt: skip
+        job = {
+            "audio_base64": base64.b64encode(wav_bytes(audio)).decode(),
+            "split": 3,
+            "output": ["text", "segments"],
+        }
         result = run_job(job, base_worker)
     finally:
         base_worker.fan_out = None

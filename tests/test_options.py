@@ -1,4 +1,4 @@
-"""Decoding defaults come from faster-whisper itself (issue 19: fw_batch restated 21 of them).
+"""Decoding defaults come from faster-whisper itself (fw_batch restated 21 of them).
 
 Model tier: the batched decoder's options for a job that set nothing must equal
 ``WhisperModel.transcribe``'s own defaults, read from its signature; one option the job
@@ -18,11 +18,25 @@ from tests.test_engine import audio_of
 
 pytestmark = pytest.mark.model
 
-SHARED = ("beam_size", "best_of", "patience", "length_penalty", "repetition_penalty",
-          "no_repeat_ngram_size", "log_prob_threshold", "no_speech_threshold",
-          "compression_ratio_threshold", "suppress_blank", "prepend_punctuations",
-          "append_punctuations", "max_new_tokens", "hotwords", "word_timestamps",
-          "without_timestamps", "initial_prompt")  # fmt: skip
+SHARED = (
+    "beam_size",
+    "best_of",
+    "patience",
+    "length_penalty",
+    "repetition_penalty",
+    "no_repeat_ngram_size",
+    "log_prob_threshold",
+    "no_speech_threshold",
+    "compression_ratio_threshold",
+    "suppress_blank",
+    "prepend_punctuations",
+    "append_punctuations",
+    "max_new_tokens",
+    "hotwords",
+    "word_timestamps",
+    "without_timestamps",
+    "initial_prompt",
+)
 
 
 def test_defaults_are_the_signatures() -> None:

@@ -173,7 +173,7 @@ def test_job_done_5xx_then_success(shared):
 
 
 def test_job_done_5xx_longer_than_the_sdk_tries_is_still_delivered(shared):
-    """Issue 12: three 5xx answers in a row and the SDK dropped the result (the client saw
+    """Three 5xx answers in a row and the SDK dropped the result (the client saw
     TIMED_OUT). The worker re-posts with backoff for WHISPER_RESULT_RETRY_S (60 s)."""
     em, _, _ = shared
     job_id = em.submit({"audio_base64": b64(DATA / "jfk.mp3")})
@@ -298,7 +298,7 @@ def test_refresh_after_jobs_replaces_the_worker(tmp_path, stream):
 
 
 def test_openai_passthrough_job_through_runsync(shared):
-    """Issue 19: RunPod's OpenAI passthrough shape sent to /runsync came back FAILED
+    """RunPod's OpenAI passthrough shape sent to /runsync came back FAILED
     ("openai_route: unknown field"): the queue face never dispatched it."""
     em, _wid, _ = shared
     job = {
@@ -329,7 +329,7 @@ def test_openai_passthrough_job_through_runsync(shared):
 
 
 def test_the_runpod_sdks_endpoint_gets_the_error_sentence(shared, monkeypatch):
-    """Issue 20: Endpoint.run_sync returned only {"error_code", "retryable"} for a failed
+    """Endpoint.run_sync returned only {"error_code", "retryable"} for a failed
     job: the platform moves "error" out of the output. The sentence is under "message"."""
     import runpod
 

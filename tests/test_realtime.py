@@ -1,4 +1,4 @@
-"""Live audio over OpenAI's Realtime transcription protocol (issue 22).
+"""Live audio over OpenAI's Realtime transcription protocol.
 
 Pure tier: the live decoder, the turn rules, the delta policy. Model tier: the streaming VAD
 scores windows exactly as scoring the whole stream at once does. End to end: the real
@@ -106,19 +106,29 @@ def test_streaming_vad_scores_as_the_whole_stream_does(tiny_pool) -> None:  # no
 
 @pytest.fixture(scope="module")
 def live() -> Iterator[Server]:
-    srv = Server({"WHISPER_MAX_CONCURRENCY": "2", "WHISPER_REALTIME_MAX_SESSIONS": "2",
-                  "WHISPER_REALTIME_IDLE_S": "5", "WHISPER_REALTIME_MAX_MESSAGE_BYTES": "65536",
-                  "WHISPER_WARMUP": "true"})  # fmt: skip
+    srv = Server(
+        {
+            "WHISPER_MAX_CONCURRENCY": "2",
+            "WHISPER_REALTIME_MAX_SESSIONS": "2",
+            "WHISPER_REALTIME_IDLE_S": "5",
+            "WHISPER_REALTIME_MAX_MESSAGE_BYTES": "65536",
+            "WHISPER_WARMUP": "true",
+        }
+    )
     yield srv
     srv.stop()
 
 
 SESSION = {
     "type": "transcription",
-    "audio": {"input": {"format": {"type": "audio/pcm", "rate": RATE_IN},
-                        "transcription": {"model": "whisper-1", "language": "en"},
-                        "turn_detection": {"type": "server_vad", "silence_duration_ms": 600}}},
-}  # fmt: skip
+    "audio": {
+        "input": {
+            "format": {"type": "audio/pcm", "rate": RATE_IN},
+            "transcription": {"model": "whisper-1", "language": "en"},
+            "turn_detection": {"type": "server_vad", "silence_duration_ms": 600},
+        }
+    },
+}
 CHUNK = RATE_IN * 2 // 10  # 100 ms of PCM16
 PACE_S = 0.025  # 4x real time
 
@@ -162,11 +172,18 @@ def test_the_openai_sdks_realtime_client_gets_turns_and_transcripts(live: Server
     assert len(transcripts) >= 2, order
     for item in transcripts:  # each item: started, stopped, committed, then its transcript
         kinds = [k for k, i in order if i == item]
-        assert kinds.index("input_audio_buffer.speech_started") < kinds.index(
-            "input_audio_buffer.speech_stopped") < kinds.index("input_audio_buffer.committed") \
-            < kinds.index("conversation.item.input_audio_transcription.completed")  # fmt: skip
-    text = " ".join(transcripts[i] for i, _ in dict.fromkeys(
-        (i, None) for k, i in order if k == "input_audio_buffer.committed"))  # fmt: skip
+        assert (
+            kinds.index("input_audio_buffer.speech_started")
+            < kinds.index("input_audio_buffer.speech_stopped")
+            < kinds.index("input_audio_buffer.committed")
+            < kinds.index("conversation.item.input_audio_transcription.completed")
+        )
+    text = " ".join(
+        transcripts[i]
+        for i, _ in dict.fromkeys(
+            (i, None) for k, i in order if k == "input_audio_buffer.committed"
+        )
+    )
     assert wer(JFK_TEXT + " " + read.text, text) < 0.25, text
 
 
@@ -197,7 +214,8 @@ def test_the_async_client_gets_deltas_before_a_long_turn_ends(live: Server) -> N
             async def feeder() -> None:  # at twice real time: interim decodes keep up
                 for i in range(0, len(pcm), CHUNK):
                     await conn.input_audio_buffer.append(
-                        audio=base64.b64encode(pcm[i : i + CHUNK]).decode())  # fmt: skip
+                        audio=base64.b64encode(pcm[i : i + CHUNK]).decode()
+                    )
                     await asyncio.sleep(0.05)
 
             task = asyncio.ensure_future(feeder())
@@ -213,8 +231,11 @@ def test_the_async_client_gets_deltas_before_a_long_turn_ends(live: Server) -> N
         return kinds, transcript
 
     events, transcript = asyncio.run(run())
-    starts = {e["item_id"]: (n, e["audio_start_ms"]) for n, e in enumerate(events)
-              if e["type"] == "input_audio_buffer.speech_started"}  # fmt: skip
+    starts = {
+        e["item_id"]: (n, e["audio_start_ms"])
+        for n, e in enumerate(events)
+        if e["type"] == "input_audio_buffer.speech_started"
+    }
     long_turns = 0
     for n, e in enumerate(events):
         if e["type"] != "input_audio_buffer.speech_stopped":
@@ -224,18 +245,23 @@ def test_the_async_client_gets_deltas_before_a_long_turn_ends(live: Server) -> N
             continue
         long_turns += 1
         # A turn of 6 s or more: interim text arrived while it was still being spoken.
-        assert any(d["type"] == "conversation.item.input_audio_transcription.delta"
-                   and d["item_id"] == e["item_id"] for d in events[began:n]), events  # fmt: skip
-    assert long_turns >= 1, [(e["type"], e.get("audio_start_ms"), e.get("audio_end_ms"))
-                             for e in events]  # fmt: skip
+        assert any(
+            d["type"] == "conversation.item.input_audio_transcription.delta"
+            and d["item_id"] == e["item_id"]
+            for d in events[began:n]
+        ), events
+    assert long_turns >= 1, [
+        (e["type"], e.get("audio_start_ms"), e.get("audio_end_ms")) for e in events
+    ]
     assert wer(reference, transcript) < 0.25, transcript
 
 
 def raw(srv: Server, query: str = "?intent=transcription") -> Any:
     from websockets.sync.client import connect
 
-    return connect(srv.url.replace("http", "ws") + "/v1/realtime" + query, open_timeout=30,
-                   max_size=None)  # fmt: skip
+    return connect(
+        srv.url.replace("http", "ws") + "/v1/realtime" + query, open_timeout=30, max_size=None
+    )
 
 
 def events_until(ws: Any, kind: str, timeout: float = 60) -> list[dict[str, Any]]:
@@ -268,11 +294,24 @@ def test_protocol_edge_cases_get_error_events_and_the_session_goes_on(live: Serv
             ev = events_until(ws, "error")[-1]
             assert ev["error"]["code"] == code, (bad, ev)
         # Still served: a manual session (turn detection off), committed by the client.
-        ws.send(json.dumps({"type": "transcription_session.update", "session": {
-            "input_audio_format": "pcm16", "turn_detection": None,
-            "input_audio_transcription": {"model": "whisper-1"}}}))  # fmt: skip
-        assert events_until(ws, "transcription_session.updated")[-1]["session"]["audio"][
-            "input"]["turn_detection"] is None  # fmt: skip
+        ws.send(
+            json.dumps(
+                {
+                    "type": "transcription_session.update",
+                    "session": {
+                        "input_audio_format": "pcm16",
+                        "turn_detection": None,
+                        "input_audio_transcription": {"model": "whisper-1"},
+                    },
+                }
+            )
+        )
+        assert (
+            events_until(ws, "transcription_session.updated")[-1]["session"]["audio"]["input"][
+                "turn_detection"
+            ]
+            is None
+        )
         pcm = pcm24(clips()[0].samples)
         for i in range(0, len(pcm), CHUNK * 5):
             chunk = base64.b64encode(pcm[i : i + CHUNK * 5]).decode()
@@ -316,8 +355,17 @@ def test_turns_committed_faster_than_transcribed_are_all_answered(live: Server) 
     chunk = base64.b64encode(pcm24(clips()[0].samples[:12800])).decode()  # 0.8 s, < 64 KiB
     with raw(live) as ws:
         events_until(ws, "session.created")
-        ws.send(json.dumps({"type": "session.update", "session": {
-            "type": "transcription", "audio": {"input": {"turn_detection": None}}}}))  # fmt: skip
+        ws.send(
+            json.dumps(
+                {
+                    "type": "session.update",
+                    "session": {
+                        "type": "transcription",
+                        "audio": {"input": {"turn_detection": None}},
+                    },
+                }
+            )
+        )
         events_until(ws, "session.updated")
         for _ in range(7):
             ws.send(json.dumps({"type": "input_audio_buffer.append", "audio": chunk}))

@@ -305,7 +305,7 @@ def test_redact_url(url: str, expected: str) -> None:
         ("64:ff9b::a9fe:a9fe", "link-local (cloud metadata)", "link-local (cloud metadata)"),
         ("64:ff9b::808:808", None, None),
         ("64:ff9b::a00:1", "private", None),
-        # 6to4, Teredo and IPv4-compatible forms carry an IPv4 host too (issue 12).
+        # 6to4, Teredo and IPv4-compatible forms carry an IPv4 host too.
         ("2002:a9fe:a9fe::1", "link-local (cloud metadata)", "link-local (cloud metadata)"),
         ("2002:a00:1::", "private", None),
         ("2002:7f00:1::", "loopback", None),
@@ -641,7 +641,7 @@ def test_s3_bucket_not_allowed(s3, moto_server, dest) -> None:
 
 
 def test_s3_errors_name_the_bucket_as_sent(s3, moto_server, dest) -> None:
-    """Issue 12: ``s3://Allowed-Bucket/`` was reported as ``s3://allowed-bucket/...``,
+    """``s3://Allowed-Bucket/`` was reported as ``s3://allowed-bucket/...``,
     which is on the allowlist: the message named another bucket than the one checked."""
     s = s3_settings(moto_server, s3_allowed_buckets="allowed-bucket")
     err = fails(Code.URL_NOT_ALLOWED, fetch_s3, "s3://Allowed-Bucket/A.wav?x=1", dest, s)
@@ -671,7 +671,7 @@ def test_s3_malformed(s3, moto_server, dest) -> None:
 
 @pytest.mark.parametrize("behaviour", ["drip", "hang"])
 def test_s3_download_deadline_holds(srv, dest, monkeypatch, behaviour) -> None:
-    """Issue 12: against WHISPER_DOWNLOAD_TIMEOUT_S=5 a dripping S3 endpoint took 64.6 s
+    """Against WHISPER_DOWNLOAD_TIMEOUT_S=5 a dripping S3 endpoint took 64.6 s
     and a hanging one 20.3 s (boto3's timeouts are per read, and it retried). Here a real
     server on 127.0.0.1 plays the S3 endpoint; the deadline (2 s) holds to within a second."""
     monkeypatch.setenv("AWS_ACCESS_KEY_ID", "testing")
@@ -778,8 +778,14 @@ def test_cancel_already_set_connects_nowhere(srv, net_events, dest) -> None:
 
 def test_no_credentials_never_dials_the_metadata_service(net_events, dest, monkeypatch) -> None:
     """boto3's credential chain falls back to 169.254.169.254; the worker turns that off."""
-    for key in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN", "AWS_PROFILE",
-                "AWS_EC2_METADATA_DISABLED", "AWS_CONTAINER_CREDENTIALS_RELATIVE_URI"):  # fmt: skip
+    for key in (
+        "AWS_ACCESS_KEY_ID",
+        "AWS_SECRET_ACCESS_KEY",
+        "AWS_SESSION_TOKEN",
+        "AWS_PROFILE",
+        "AWS_EC2_METADATA_DISABLED",
+        "AWS_CONTAINER_CREDENTIALS_RELATIVE_URI",
+    ):
         monkeypatch.delenv(key, raising=False)
     monkeypatch.setenv("AWS_SHARED_CREDENTIALS_FILE", str(dest.parent / "none"))
     monkeypatch.setenv("AWS_CONFIG_FILE", str(dest.parent / "none"))

@@ -146,12 +146,15 @@ class Upload:
         try:
             self._s3.upload_file(str(self.path), self.bucket, self.key)
             self.url = self._s3.generate_presigned_url(
-                "get_object", Params={"Bucket": self.bucket, "Key": self.key},
+                "get_object",
+                Params={"Bucket": self.bucket, "Key": self.key},
                 ExpiresIn=self.ttl_s,
-            )  # fmt: skip
+            )
         except (BotoCoreError, S3Error) as exc:
-            raise ClientError("UPLOAD_FAILED", f"could not put {self.path.name} in "
-                              f"s3://{self.bucket}/: {type(exc).__name__}") from None  # fmt: skip
+            raise ClientError(
+                "UPLOAD_FAILED",
+                f"could not put {self.path.name} in s3://{self.bucket}/: {type(exc).__name__}",
+            ) from None
         return self
 
     def __exit__(self, *exc: object) -> None:
@@ -161,8 +164,9 @@ class Upload:
         try:
             self._s3.delete_object(Bucket=self.bucket, Key=self.key)
         except (BotoCoreError, S3Error) as err:
-            log.warning("could not delete s3://%s/%s: %s", self.bucket, self.key,
-                        type(err).__name__)  # fmt: skip
+            log.warning(
+                "could not delete s3://%s/%s: %s", self.bucket, self.key, type(err).__name__
+            )
 
 
 def output_of(status: Mapping[str, Any]) -> dict[str, Any]:
@@ -434,7 +438,7 @@ class Client:
     def _finish_partials(self, job_id: str, status: dict[str, Any], partials: _Partials) -> None:
         """The job ended: hand over what the stream still holds, then any segment of the
         result the stream never carried. A /status read can see the job done before the
-        /stream read that would have carried its last segments (issue 32: the caller showed
+        /stream read that would have carried its last segments (the caller showed
         a transcript that stopped short of the result)."""
         for _ in range(3):  # a finished job's /stream answers at once; an empty one ends it
             try:
@@ -486,10 +490,19 @@ class Client:
             ttl = max(3600, int(timeout or 0) + 600)
             with Upload(path, upload_to, ttl) as up:
                 return self.transcribe(
-                    up.url, output=output, sync=sync, stream=stream, wait_ms=wait_ms,
-                    timeout=timeout, on_submit=on_submit, on_progress=on_progress,
-                    on_partial=on_partial, on_status=on_status, split=split, **options,
-                )  # fmt: skip
+                    up.url,
+                    output=output,
+                    sync=sync,
+                    stream=stream,
+                    wait_ms=wait_ms,
+                    timeout=timeout,
+                    on_submit=on_submit,
+                    on_progress=on_progress,
+                    on_partial=on_partial,
+                    on_status=on_status,
+                    split=split,
+                    **options,
+                )
         sync = sync and not stream
         if output is not None:
             options["output"] = list(output)

@@ -74,8 +74,9 @@ def _units(text: str, language: str) -> str:
 def wer_of(outcomes: list[Outcome]) -> float | None:
     """Word error rate over the outcomes with a reference; character error rate for the
     files in a language of CER_LANGUAGES (a mixed group counts words and characters)."""
-    pairs = [(_units(o.ref, o.item.language), _units(o.hyp, o.item.language))
-             for o in outcomes if o.ref]  # fmt: skip
+    pairs = [
+        (_units(o.ref, o.item.language), _units(o.hyp, o.item.language)) for o in outcomes if o.ref
+    ]
     if not pairs:
         return None
     refs, hyps = zip(*pairs, strict=True)
@@ -104,8 +105,13 @@ def run_plain(model: Any, items: list[Item], progress: Callable[[str], None]) ->
     return run
 
 
-def run_worker(name: str, worker: Any, options: dict[str, Any], items: list[Item],
-               progress: Callable[[str], None]) -> Run:  # fmt: skip
+def run_worker(
+    name: str,
+    worker: Any,
+    options: dict[str, Any],
+    items: list[Item],
+    progress: Callable[[str], None],
+) -> Run:
     from handler.pipeline.job import run_job
 
     run = Run(name)
@@ -122,8 +128,15 @@ def run_worker(name: str, worker: Any, options: dict[str, Any], items: list[Item
         if "error" in out:
             run.outcomes.append(Outcome(it, "", None, dt, out["error_code"]))
         else:
-            run.outcomes.append(Outcome(it, out["text"], out.get("language"), dt,
-                                        warnings=list(out.get("warnings") or [])))  # fmt: skip
+            run.outcomes.append(
+                Outcome(
+                    it,
+                    out["text"],
+                    out.get("language"),
+                    dt,
+                    warnings=list(out.get("warnings") or []),
+                )
+            )
         progress(f"{name} {i + 1}/{len(items)}")
     return run
 
@@ -181,8 +194,10 @@ def detection_table(files: dict[str, list[dict[str, Any]]]) -> str:
     names = list(files)
     first = files[names[0]]
     keys = sorted({(r["language"], r["group"]) for r in first if r["language"]})
-    lines = ["| language | group | files | " + " | ".join(names) + " |",
-             "|---|---|---|" + "---|" * len(names)]  # fmt: skip
+    lines = [
+        "| language | group | files | " + " | ".join(names) + " |",
+        "|---|---|---|" + "---|" * len(names),
+    ]
     for lang, group in keys:
         cells = []
         for name in names:
@@ -196,7 +211,7 @@ def detection_table(files: dict[str, list[dict[str, Any]]]) -> str:
 
 
 def dropped_speech(runs: list[Run]) -> str:
-    """How often the worker's warning of speech without a segment fired (issue 31), per run:
+    """How often the worker's warning of speech without a segment fired, per run:
     on clean single-language files it should be near zero."""
     lines = ["speech-without-a-segment warning (files / files with speech):"]
     for run in runs:
@@ -211,9 +226,16 @@ def dropped_speech(runs: list[Run]) -> str:
 
 
 def _row(o: Outcome) -> dict[str, Any]:
-    return {"file": o.item.path.name, "group": o.item.group, "language": o.item.language,
-            "detected": o.language, "ref": o.ref, "hyp": o.hyp, "error": o.error,
-            "seconds": round(o.seconds, 3)}  # fmt: skip
+    return {
+        "file": o.item.path.name,
+        "group": o.item.group,
+        "language": o.item.language,
+        "detected": o.language,
+        "ref": o.ref,
+        "hyp": o.hyp,
+        "error": o.error,
+        "seconds": round(o.seconds, 3),
+    }
 
 
 def _rows(runs: list[Run]) -> dict[str, list[dict[str, Any]]]:
@@ -253,15 +275,21 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--model", default="base", help="base (PyPI, multilingual), tiny.en or a folder"
     )
-    parser.add_argument("--config", action="append", default=[], metavar="NAME=JSON",
-                        help='job options, e.g. novad=\'{"vad_filter": false}\'; "$language" '
-                             "stands for the file's language; \"$env\": {...} sets worker "
-                             "settings (repeatable)")  # fmt: skip
+    parser.add_argument(
+        "--config",
+        action="append",
+        default=[],
+        metavar="NAME=JSON",
+        help='job options, e.g. novad=\'{"vad_filter": false}\'; "$language" '
+        'stands for the file\'s language; "$env": {...} sets worker '
+        "settings (repeatable)",
+    )
     parser.add_argument("--languages", help="comma-separated subset, e.g. en,es")
     parser.add_argument("--no-plain", action="store_true", help="skip plain faster-whisper")
     parser.add_argument("--out", default=str(ROOT / "bench" / "out" / "accuracy.json"))
-    parser.add_argument("--detection-of", metavar="JSON",
-                        help="print the detection table of a saved run and exit")  # fmt: skip
+    parser.add_argument(
+        "--detection-of", metavar="JSON", help="print the detection table of a saved run and exit"
+    )
     args = parser.parse_args(argv)
     if args.detection_of:
         print(detection_table(json.loads(Path(args.detection_of).read_text())["files"]))
@@ -300,12 +328,16 @@ def main(argv: list[str] | None = None) -> int:
         from handler.inference.threads import configure, usable_cpus
 
         configure()
-        plain = WhisperModel(str(model_dir), device="cpu", compute_type="int8",
-                             cpu_threads=usable_cpus())  # fmt: skip
+        plain = WhisperModel(
+            str(model_dir), device="cpu", compute_type="int8", cpu_threads=usable_cpus()
+        )
         runs.append(run_plain(plain, items, progress))
         del plain
-    worker = start_worker(load_settings({"WHISPER_DEVICE": "cpu", "WHISPER_MODEL": str(model_dir),
-                                         "WHISPER_WARMUP": "false"}))  # fmt: skip
+    worker = start_worker(
+        load_settings(
+            {"WHISPER_DEVICE": "cpu", "WHISPER_MODEL": str(model_dir), "WHISPER_WARMUP": "false"}
+        )
+    )
     for name, options in configs.items():
         options = dict(options)
         env = options.pop("$env", None)
@@ -329,10 +361,16 @@ def main(argv: list[str] | None = None) -> int:
         print(worst(runs))
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
-    report = stamp({
-        "model": args.model, "configs": configs, "table": table(runs, audio_s),
-        "detection": detection_table(rows), "files": rows,
-    }, machine)  # fmt: skip
+    report = stamp(
+        {
+            "model": args.model,
+            "configs": configs,
+            "table": table(runs, audio_s),
+            "detection": detection_table(rows),
+            "files": rows,
+        },
+        machine,
+    )
     out.write_text(json.dumps(report, indent=1, ensure_ascii=False))
     return 0
 

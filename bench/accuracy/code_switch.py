@@ -137,15 +137,23 @@ def run(convs: list[Conversation], worker: Any) -> dict[str, Any]:
     }
     report: dict[str, Any] = {"modes": {}, "conversations": []}
     pairs: dict[str, list[tuple[str, str, str]]] = {m: [] for m in [*modes, "each turn alone"]}
-    stats: dict[str, dict[str, float]] = {m: {"seconds": 0.0, "covered": 0.0, "warned": 0}
-                                          for m in modes}  # fmt: skip
+    stats: dict[str, dict[str, float]] = {
+        m: {"seconds": 0.0, "covered": 0.0, "warned": 0} for m in modes
+    }
     for conv in convs:
-        row: dict[str, Any] = {"name": conv.name, "seconds": round(len(conv.samples) / RATE, 1),
-                               "languages": [t.language for t in conv.turns]}  # fmt: skip
+        row: dict[str, Any] = {
+            "name": conv.name,
+            "seconds": round(len(conv.samples) / RATE, 1),
+            "languages": [t.language for t in conv.turns],
+        }
         audio = wav_b64(conv.samples)
         for mode, extra in modes.items():
-            job = {"audio_base64": audio, "word_timestamps": True,
-                   "output": ["segments", "words"], **extra}  # fmt: skip
+            job = {
+                "audio_base64": audio,
+                "word_timestamps": True,
+                "output": ["segments", "words"],
+                **extra,
+            }
             t = time.perf_counter()
             result = run_job(job, worker)
             took = time.perf_counter() - t
@@ -159,8 +167,12 @@ def run(convs: list[Conversation], worker: Any) -> dict[str, Any]:
             stats[mode]["seconds"] += took
             stats[mode]["covered"] += cov
             stats[mode]["warned"] += warned
-            row[mode] = {"covered": round(cov, 4), "seconds": round(took, 2), "warned": warned,
-                         "language": result.get("language")}  # fmt: skip
+            row[mode] = {
+                "covered": round(cov, 4),
+                "seconds": round(took, 2),
+                "warned": warned,
+                "language": result.get("language"),
+            }
         for turn in conv.turns:
             alone = run_job({"audio_base64": wav_b64(turn.samples)}, worker)
             pairs["each turn alone"].append((turn.language, turn.text, alone.get("text", "")))
@@ -170,9 +182,11 @@ def run(convs: list[Conversation], worker: Any) -> dict[str, Any]:
     for mode in pairs:
         entry: dict[str, Any] = {"wer": wer_by_language(pairs[mode])}
         if mode in stats:
-            entry.update(covered=round(stats[mode]["covered"] / n, 4),
-                         warned=f"{int(stats[mode]['warned'])}/{n}",
-                         seconds=round(stats[mode]["seconds"], 1))  # fmt: skip
+            entry.update(
+                covered=round(stats[mode]["covered"] / n, 4),
+                warned=f"{int(stats[mode]['warned'])}/{n}",
+                seconds=round(stats[mode]["seconds"], 1),
+            )
         report["modes"][mode] = entry
     return report
 
@@ -187,8 +201,11 @@ def table(report: dict[str, Any]) -> str:
     ]
     for mode, m in report["modes"].items():
         cells = [f"{m['wer'].get(x, float('nan')):.3f}" for x in langs]
-        rest = [f"{m['covered']:.3f}", m["warned"], f"{m['seconds']:.1f}"] if "covered" in m \
-            else ["", "", ""]  # fmt: skip
+        rest = (
+            [f"{m['covered']:.3f}", m["warned"], f"{m['seconds']:.1f}"]
+            if "covered" in m
+            else ["", "", ""]
+        )
         lines.append(f"| {mode} | " + " | ".join(cells + rest) + " |")
     return "\n".join(lines)
 
@@ -213,13 +230,18 @@ def main(argv: list[str] | None = None) -> int:
     rng = random.Random(args.seed)
     convs = [conversation(f"conv{i:02d}", pool, rng) for i in range(args.conversations)]
     machine = describe()
-    worker = start_worker(load_settings({"WHISPER_DEVICE": "cpu", "WHISPER_MODEL": str(model_dir),
-                                         "WHISPER_WARMUP": "false"}))  # fmt: skip
+    worker = start_worker(
+        load_settings(
+            {"WHISPER_DEVICE": "cpu", "WHISPER_MODEL": str(model_dir), "WHISPER_WARMUP": "false"}
+        )
+    )
     report = run(convs, worker)
     report["machine"] = machine
     print(line(machine))
-    print(f"{len(convs)} conversations, {sum(len(c.samples) for c in convs) / RATE / 60:.1f} min, "
-          f"model {args.model}, seed {args.seed}")  # fmt: skip
+    print(
+        f"{len(convs)} conversations, {sum(len(c.samples) for c in convs) / RATE / 60:.1f} min, "
+        f"model {args.model}, seed {args.seed}"
+    )
     print(table(report))
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(report, indent=1, ensure_ascii=False))

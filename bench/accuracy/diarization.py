@@ -24,7 +24,7 @@ diarizer's seconds per audio minute, its start-up (load and warm-up) and RSS add
 peak memory on a 1-hour recording (``--hour``), and transcription WER with and without
 ``diarize`` through the worker's job path (``--wer N`` English conversations).
 
-``--split N`` measures speakers across pieces instead (issue 33): each built conversation
+``--split N`` measures speakers across pieces instead: each built conversation
 through the worker's job path with ``diarize``, unsplit and cut in N pieces whose speakers
 are one set for the whole, with and without ``num_speakers``.
 """
@@ -60,16 +60,31 @@ RATE = 16000
 ROOT = Path(__file__).resolve().parents[2]
 EXTRA_VOICES = {
     # package, version, sha256, folder under usr/share/asterisk/sounds
-    "es_CO": ("asterisk-prompt-es-co", "0.20070403-2.1",
-              "6702696e045514699e87dc8fb70f370717e5df91f821f7bec8dd0df1be008e83", "es"),
-    "fr_Armelle": ("asterisk-prompt-fr-armelle", "20070613-2.2",
-                   "162570b1a9b3512a98f06b89f60c7c17cf1b9b52297315adca9a4e5be728bea3", "fr"),
-    "it_Menardi": ("asterisk-prompt-it-menardi-wav", "1:1.4.22+mm20110907-3.1",
-                   "3094530d98f8758ac275572d59624c41f60969fef883f34f4886d144f3dfeb21",
-                   "it_IT_f_Menardi"),
-}  # fmt: skip
-CORE_VOICES = {"en": "en_US_f_Allison", "fr": "fr_CA_f_June", "it": "it_IT_m_Carlo",
-               "ru": "ru_RU_f_IvrvoiceRU"}  # fmt: skip
+    "es_CO": (
+        "asterisk-prompt-es-co",
+        "0.20070403-2.1",
+        "6702696e045514699e87dc8fb70f370717e5df91f821f7bec8dd0df1be008e83",
+        "es",
+    ),
+    "fr_Armelle": (
+        "asterisk-prompt-fr-armelle",
+        "20070613-2.2",
+        "162570b1a9b3512a98f06b89f60c7c17cf1b9b52297315adca9a4e5be728bea3",
+        "fr",
+    ),
+    "it_Menardi": (
+        "asterisk-prompt-it-menardi-wav",
+        "1:1.4.22+mm20110907-3.1",
+        "3094530d98f8758ac275572d59624c41f60969fef883f34f4886d144f3dfeb21",
+        "it_IT_f_Menardi",
+    ),
+}
+CORE_VOICES = {
+    "en": "en_US_f_Allison",
+    "fr": "fr_CA_f_June",
+    "it": "it_IT_m_Carlo",
+    "ru": "ru_RU_f_IvrvoiceRU",
+}
 DURATIONS = (60, 90, 120, 150, 180, 240, 300, 420, 600)
 
 
@@ -116,8 +131,12 @@ def _extra_voice(name: str, dest: Path) -> Path:
     deb = debs / f"{package}_{version.replace(':', '%3a')}_all.deb"
     if not deb.exists():
         debs.mkdir(parents=True, exist_ok=True)
-        subprocess.run(["apt-get", "download", "-qq", f"{package}={version}"], cwd=debs,
-                       check=True, capture_output=True)  # fmt: skip
+        subprocess.run(
+            ["apt-get", "download", "-qq", f"{package}={version}"],
+            cwd=debs,
+            check=True,
+            capture_output=True,
+        )
     got = hashlib.sha256(deb.read_bytes()).hexdigest()
     if got != digest:
         raise RuntimeError(f"{deb.name}: sha256 {got}, expected {digest}")
@@ -141,8 +160,9 @@ def voices(dest: Path = DEFAULT_DIR, per_voice: int = 80, seed: int = 0) -> dict
         out[voice] = _phrases([(p, texts[p.stem]) for p in files], per_voice)
     for name in EXTRA_VOICES:
         folder = _extra_voice(name, dest)
-        files = sorted(p for p in folder.iterdir() if p.suffix in (".gsm", ".wav")
-                       and p.stem not in effects)  # fmt: skip
+        files = sorted(
+            p for p in folder.iterdir() if p.suffix in (".gsm", ".wav") and p.stem not in effects
+        )
         rng.shuffle(files)
         out[name] = _phrases([(p, "") for p in files], per_voice)
     libri = sorted((DATA / "librivox").glob("*.wav"))
@@ -165,8 +185,9 @@ def _phrases(files: list[tuple[Path, str]], limit: int) -> list[Phrase]:
     return out
 
 
-def conversation(name: str, pool: dict[str, list[Phrase]], k: int, seconds: float,
-                 rng: random.Random) -> Conversation:  # fmt: skip
+def conversation(
+    name: str, pool: dict[str, list[Phrase]], k: int, seconds: float, rng: random.Random
+) -> Conversation:
     """Turns of ``k`` voices until ``seconds`` of audio; see the module's docstring."""
     who = rng.sample(sorted(pool), k)
     pieces: list[tuple[int, np.ndarray, str, str]] = []  # (start sample, audio, voice, text)
@@ -197,8 +218,10 @@ def conversation(name: str, pool: dict[str, list[Phrase]], k: int, seconds: floa
 
 def conversations(n: int, pool: dict[str, list[Phrase]], seed: int = 0) -> list[Conversation]:
     rng = random.Random(seed)
-    return [conversation(f"conv{i:02d}", pool, 2 + i % 4, DURATIONS[i % len(DURATIONS)], rng)
-            for i in range(n)]  # fmt: skip
+    return [
+        conversation(f"conv{i:02d}", pool, 2 + i % 4, DURATIONS[i % len(DURATIONS)], rng)
+        for i in range(n)
+    ]
 
 
 def _annotation(turns: list[tuple[float, float, str]]) -> Any:
@@ -278,10 +301,20 @@ def _worker_start(model: Path, rounds: int = 3) -> dict[str, Any]:
     runs: dict[str, list[dict[str, Any]]] = {"off": [], "on": []}
     for _ in range(rounds):
         for mode in ("off", "on"):
-            env = {**os.environ, "WHISPER_DEVICE": "cpu", "WHISPER_DIARIZATION": str(mode == "on"),
-                   "WHISPER_DIARIZATION_MODEL": str(model)}  # fmt: skip
-            out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
-                                 check=True, env=env, cwd=ROOT)  # fmt: skip
+            env = {
+                **os.environ,
+                "WHISPER_DEVICE": "cpu",
+                "WHISPER_DIARIZATION": str(mode == "on"),
+                "WHISPER_DIARIZATION_MODEL": str(model),
+            }
+            out = subprocess.run(
+                [sys.executable, "-c", code],
+                capture_output=True,
+                text=True,
+                check=True,
+                env=env,
+                cwd=ROOT,
+            )
             runs[mode].append(json.loads(out.stdout.strip().splitlines()[-1]))
     return {
         mode: {k: round(float(np.median([r[k] for r in rs])), 2) for k in ("start_s", "rss_mib")}
@@ -298,8 +331,12 @@ def _hour(model: Path, pool: dict[str, list[Phrase]]) -> dict[str, Any]:
     before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
     result = d.run(conv.samples, SpeakerCount())
     peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
-    return {**score(conv, result), "audio_mib": round(conv.samples.nbytes / 2**20, 1),
-            "peak_rss_mib": round(peak, 1), "peak_added_mib": round(peak - before, 1)}  # fmt: skip
+    return {
+        **score(conv, result),
+        "audio_mib": round(conv.samples.nbytes / 2**20, 1),
+        "peak_rss_mib": round(peak, 1),
+        "peak_added_mib": round(peak - before, 1),
+    }
 
 
 def _wer(convs: list[Conversation], model: Path) -> list[dict[str, Any]]:
@@ -314,8 +351,15 @@ def _wer(convs: list[Conversation], model: Path) -> list[dict[str, Any]]:
     from handler.startup import start_worker
     from speech_assets.clips import wav_bytes
 
-    worker = start_worker(load_settings({"WHISPER_DEVICE": "cpu", "WHISPER_DIARIZATION": "true",
-                                         "WHISPER_DIARIZATION_MODEL": str(model)}))  # fmt: skip
+    worker = start_worker(
+        load_settings(
+            {
+                "WHISPER_DEVICE": "cpu",
+                "WHISPER_DIARIZATION": "true",
+                "WHISPER_DIARIZATION_MODEL": str(model),
+            }
+        )
+    )
     rows = []
     for conv in convs:
         audio = base64.b64encode(wav_bytes(conv.samples)).decode()
@@ -350,7 +394,7 @@ def _wer(convs: list[Conversation], model: Path) -> list[dict[str, Any]]:
 
 
 def _split(convs: list[Conversation], model: Path, n: int) -> list[dict[str, Any]]:
-    """Speakers across pieces (issue 33): the worker's job path with ``diarize``, unsplit
+    """Speakers across pieces: the worker's job path with ``diarize``, unsplit
     and with ``split: n``, without hints and with ``num_speakers``; attribution and coverage
     of the whole result's segments. The pieces run in this process (a fan-out that calls the
     job path for each piece input): the platform's queue changes nothing measured here.
@@ -362,11 +406,19 @@ def _split(convs: list[Conversation], model: Path, n: int) -> list[dict[str, Any
     from handler.startup import start_worker
     from speech_assets.clips import wav_bytes
 
-    worker = start_worker(load_settings({"WHISPER_DEVICE": "cpu", "WHISPER_DIARIZATION": "true",
-                                         "WHISPER_DIARIZATION_MODEL": str(model)}))  # fmt: skip
+    worker = start_worker(
+        load_settings(
+            {
+                "WHISPER_DEVICE": "cpu",
+                "WHISPER_DIARIZATION": "true",
+                "WHISPER_DIARIZATION_MODEL": str(model),
+            }
+        )
+    )
 
-    def here(inputs: list[dict[str, Any]], cancel: Any, run_here: Any,
-             on_done: Any = None) -> list[dict[str, Any]]:  # fmt: skip
+    def here(
+        inputs: list[dict[str, Any]], cancel: Any, run_here: Any, on_done: Any = None
+    ) -> list[dict[str, Any]]:
         outs = [run_job(inp, worker) for inp in inputs]
         if failed := [o for o in outs if "error_code" in o]:
             raise RuntimeError(f"a piece failed: {failed[0]}")
@@ -376,17 +428,30 @@ def _split(convs: list[Conversation], model: Path, n: int) -> list[dict[str, Any
     rows = []
     for conv in convs:
         audio = base64.b64encode(wav_bytes(conv.samples)).decode()
-        row: dict[str, Any] = {"name": conv.name, "speakers": conv.speakers,
-                               "minutes": round(len(conv.samples) / RATE / 60, 2)}  # fmt: skip
+        row: dict[str, Any] = {
+            "name": conv.name,
+            "speakers": conv.speakers,
+            "minutes": round(len(conv.samples) / RATE / 60, 2),
+        }
         for label, extra in (("unsplit", {}), ("split", {"split": n})):
             for hints, count in (("auto", {}), ("given", {"num_speakers": conv.speakers})):
-                out = run_job({"audio_base64": audio, "diarize": True, "output": ["segments",
-                               "rttm"], **extra, **count}, worker)  # fmt: skip
+                out = run_job(
+                    {
+                        "audio_base64": audio,
+                        "diarize": True,
+                        "output": ["segments", "rttm"],
+                        **extra,
+                        **count,
+                    },
+                    worker,
+                )
                 if "error_code" in out:
                     raise RuntimeError(f"{conv.name} {label} {hints}: {out}")
                 hyp = [(s["start"], s["end"], s.get("speaker") or "") for s in out["segments"]]
-                turns = [(float(f[3]), float(f[3]) + float(f[4]), f[7])
-                         for f in (ln.split() for ln in out["rttm"].splitlines())]  # fmt: skip
+                turns = [
+                    (float(f[3]), float(f[3]) + float(f[4]), f[7])
+                    for f in (ln.split() for ln in out["rttm"].splitlines())
+                ]
                 row[f"{label}_{hints}"] = {
                     "attribution": round(attribution(conv.turns, turns), 4),
                     "segments_attribution": round(attribution(conv.turns, hyp), 4),
@@ -400,10 +465,12 @@ def _split(convs: list[Conversation], model: Path, n: int) -> list[dict[str, Any
 
 
 def split_table(rows: list[dict[str, Any]], n: int) -> str:
-    lines = ["| job | hints | attribution of the turns (mean / min) | of the segments "
-             "| segments' coverage (mean / min) | speaker count exact "
-             "| conversations' turns worse than unsplit (by > 0.01) |",
-             "|---|---|---|---|---|---|---|"]  # fmt: skip
+    lines = [
+        "| job | hints | attribution of the turns (mean / min) | of the segments "
+        "| segments' coverage (mean / min) | speaker count exact "
+        "| conversations' turns worse than unsplit (by > 0.01) |",
+        "|---|---|---|---|---|---|---|",
+    ]
     for label in ("unsplit", "split"):
         for hints in ("auto", "given"):
             key = f"{label}_{hints}"
@@ -411,8 +478,9 @@ def split_table(rows: list[dict[str, Any]], n: int) -> str:
             seg = [r[key]["segments_attribution"] for r in rows]
             cov = [r[key]["coverage"] for r in rows]
             exact = sum(r[key]["speakers_found"] == r["speakers"] for r in rows)
-            worse = sum(r[key]["attribution"] < r[f"unsplit_{hints}"]["attribution"] - 0.01
-                        for r in rows)  # fmt: skip
+            worse = sum(
+                r[key]["attribution"] < r[f"unsplit_{hints}"]["attribution"] - 0.01 for r in rows
+            )
             lines.append(
                 f"| {'unsplit' if label == 'unsplit' else f'split {n}'} | "
                 f"{'none' if hints == 'auto' else 'num_speakers'} | "
@@ -435,9 +503,11 @@ def main(argv: list[str] | None = None) -> int:
         "--snr", type=float, default=None, help="pink noise, dB below the built ones' speech"
     )
     parser.add_argument(
-        "--split", type=int, default=0,
+        "--split",
+        type=int,
+        default=0,
         help="instead: the job path with diarize, unsplit and in this many pieces",
-    )  # fmt: skip
+    )
     parser.add_argument("--out", type=Path, default=Path("bench/out/diarization.json"))
     args = parser.parse_args(argv)
     if args.split > 1:
@@ -446,8 +516,12 @@ def main(argv: list[str] | None = None) -> int:
             built = [with_noise(c, args.snr, i) for i, c in enumerate(built)]
         split_rows = _split(built, diarizer_dir(), args.split)
         args.out.parent.mkdir(parents=True, exist_ok=True)
-        args.out.write_text(json.dumps({"machine": describe(), "split": args.split,
-                                        "conversations": split_rows}, indent=2) + "\n")  # fmt: skip
+        args.out.write_text(
+            json.dumps(
+                {"machine": describe(), "split": args.split, "conversations": split_rows}, indent=2
+            )
+            + "\n"
+        )
         print(split_table(split_rows, args.split))
         return 0
     from handler.inference.speakers import diarizer as diarize
@@ -455,8 +529,11 @@ def main(argv: list[str] | None = None) -> int:
 
     machine = describe()
     model = diarizer_dir()
-    report: dict[str, Any] = {"machine": machine, "start_up": _start_up(model),
-                              "worker_start": _worker_start(model)}  # fmt: skip
+    report: dict[str, Any] = {
+        "machine": machine,
+        "start_up": _start_up(model),
+        "worker_start": _worker_start(model),
+    }
     pool = voices()
     built = conversations(args.conversations, pool, args.seed)
     if args.snr is not None:
@@ -466,8 +543,11 @@ def main(argv: list[str] | None = None) -> int:
     d = diarize.load(str(model))
     rows = []
     for conv in convs:
-        row = {"name": conv.name, "speakers": conv.speakers,
-               "minutes": round(len(conv.samples) / RATE / 60, 2)}  # fmt: skip
+        row = {
+            "name": conv.name,
+            "speakers": conv.speakers,
+            "minutes": round(len(conv.samples) / RATE / 60, 2),
+        }
         row["auto"] = score(conv, d.run(conv.samples, SpeakerCount()))
         row["given"] = score(conv, d.run(conv.samples, SpeakerCount(exact=conv.speakers)))
         rows.append(row)
@@ -480,8 +560,10 @@ def main(argv: list[str] | None = None) -> int:
         # reader and JFK, 2-3 speakers, 1-3 minutes.
         english = {v: pool[v] for v in ("en_US_f_Allison", "librivox", "jfk")}
         rng = random.Random(11)
-        wer_convs = [conversation(f"en{i:02d}", english, 2 + i % 2, 60 + 60 * (i % 3), rng)
-                     for i in range(args.wer)]  # fmt: skip
+        wer_convs = [
+            conversation(f"en{i:02d}", english, 2 + i % 2, 60 + 60 * (i % 3), rng)
+            for i in range(args.wer)
+        ]
         report["wer"] = _wer(wer_convs, model)
     machine["load_after"] = describe()["load_1m"]
     args.out.parent.mkdir(parents=True, exist_ok=True)
@@ -493,12 +575,15 @@ def main(argv: list[str] | None = None) -> int:
 def table(report: dict[str, Any]) -> str:
     rows = report["conversations"]
     built = [r for r in rows if r["name"] != "pyannote-sample"]
-    lines = [machine_line(report["machine"], report["machine"].get("load_after")),
-             f"diarizer start-up: {report['start_up']}",
-             f"worker start-up (tiny.en, warm-up on), medians: {report['worker_start']}", "",
-             "| set | hints | attribution (mean / min) | coverage (mean / min) "
-             "| DER collar 0.25 (mean) | DER no collar | speaker count exact | s per audio min |",
-             "|---|---|---|---|---|---|---|---|"]  # fmt: skip
+    lines = [
+        machine_line(report["machine"], report["machine"].get("load_after")),
+        f"diarizer start-up: {report['start_up']}",
+        f"worker start-up (tiny.en, warm-up on), medians: {report['worker_start']}",
+        "",
+        "| set | hints | attribution (mean / min) | coverage (mean / min) "
+        "| DER collar 0.25 (mean) | DER no collar | speaker count exact | s per audio min |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
     noisy = f" at {report['snr_db']:g} dB SNR" if report.get("snr_db") is not None else ""
     for label, subset in (("pyannote sample", rows[:1]), (f"{len(built)} built{noisy}", built)):
         if not subset:
@@ -519,14 +604,19 @@ def table(report: dict[str, Any]) -> str:
     if "hour" in report:
         lines += ["", f"1-hour recording: {report['hour']}"]
     if "wer" in report:
-        lines += ["", "| conversation | minutes | WER plain | WER diarize | text changed (WER) "
-                  "| job s plain | diarizer alone s | job s, diarized after | beside |",
-                  "|---|---|---|---|---|---|---|---|---|"]  # fmt: skip
+        lines += [
+            "",
+            "| conversation | minutes | WER plain | WER diarize | text changed (WER) "
+            "| job s plain | diarizer alone s | job s, diarized after | beside |",
+            "|---|---|---|---|---|---|---|---|---|",
+        ]
         for r in report["wer"]:
-            lines.append(f"| {r['name']} | {r['minutes']} | {r.get('wer_plain', '-')} | "
-                         f"{r.get('wer_diarize', '-')} | {r['diff_wer']} | {r['transcribe_s']} | "
-                         f"{r['diarizer_alone_s']} | {r['diarized_s']} | "
-                         f"{r['diarized_beside_s']} |")  # fmt: skip
+            lines.append(
+                f"| {r['name']} | {r['minutes']} | {r.get('wer_plain', '-')} | "
+                f"{r.get('wer_diarize', '-')} | {r['diff_wer']} | {r['transcribe_s']} | "
+                f"{r['diarizer_alone_s']} | {r['diarized_s']} | "
+                f"{r['diarized_beside_s']} |"
+            )
     return "\n".join(lines)
 
 

@@ -9,7 +9,7 @@ word back to the clip whose time span holds the word's middle. It prints, per la
 the WER of the clips alone and packed (jiwer, the accuracy bench's normalisers), how many
 clips changed text, how many words landed in the wrong clip or in a gap, and the model
 time of both: the case for packing (a 5-s clip pays for a 30-s encoder window) against
-what it costs in accuracy. Issue 9 adopts packing only if the packed WER is no worse.
+what it costs in accuracy. Packing is adopted only if the packed WER is no worse.
 """
 
 from __future__ import annotations
@@ -74,15 +74,20 @@ def packs_of(items: list[Item], window: float, gap: float) -> list[Pack]:
 def transcribe(worker: Any, samples: np.ndarray, language: str) -> tuple[dict[str, Any], float]:
     from handler.pipeline.job import run_job
 
-    job = {"audio_base64": base64.b64encode(wav_bytes(samples)).decode(), "language": language,
-           "word_timestamps": True, "output": ["text", "words"]}  # fmt: skip
+    job = {
+        "audio_base64": base64.b64encode(wav_bytes(samples)).decode(),
+        "language": language,
+        "word_timestamps": True,
+        "output": ["text", "words"],
+    }
     t = time.perf_counter()
     out = run_job(job, worker)
     return out, time.perf_counter() - t
 
 
-def split_words(words: list[dict[str, Any]], spans: list[tuple[float, float]], gap: float
-                ) -> tuple[list[str], int]:  # fmt: skip
+def split_words(
+    words: list[dict[str, Any]], spans: list[tuple[float, float]], gap: float
+) -> tuple[list[str], int]:
     """Each clip's text from the pack's words (by the word's middle); words in no span."""
     texts: list[list[str]] = [[] for _ in spans]
     stray = 0
@@ -102,8 +107,9 @@ def wer(refs: list[str], hyps: list[str]) -> float:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m bench packing",
-                                     description=__doc__.split("\n")[0])  # fmt: skip
+    parser = argparse.ArgumentParser(
+        prog="python -m bench packing", description=__doc__.split("\n")[0]
+    )
     parser.add_argument("--model", default="base", help="base (PyPI), tiny.en or a folder")
     parser.add_argument("--languages", default="en,es,fr,it,ru")
     parser.add_argument("--clips", type=int, default=40, help="clips per language")
@@ -124,8 +130,11 @@ def main(argv: list[str] | None = None) -> int:
     except (FetchError, pypi_models.ModelMissing) as exc:
         print(f"bench: {exc}", file=sys.stderr)
         return 1
-    env = {"WHISPER_DEVICE": "cpu", "WHISPER_CPU_THREADS": str(args.threads),
-           "WHISPER_MODEL": str(model_dir)}  # fmt: skip
+    env = {
+        "WHISPER_DEVICE": "cpu",
+        "WHISPER_CPU_THREADS": str(args.threads),
+        "WHISPER_MODEL": str(model_dir),
+    }
     worker = start_worker(load_settings(env))
     rows, files = [], []
     for lang in args.languages.split(","):
@@ -147,37 +156,65 @@ def main(argv: list[str] | None = None) -> int:
             t_packed += dt
             stray += s
         changed = sum(a != p for a, p in zip(alone, packed, strict=True))
-        row = {"language": lang, "clips": len(mine), "packs": len(packs),
-               "wer_alone": wer(refs, alone), "wer_packed": wer(refs, packed),
-               "changed": changed, "stray_words": stray,
-               "seconds_alone": round(t_alone, 1),
-               "seconds_packed": round(t_packed, 1)}  # fmt: skip
+        row = {
+            "language": lang,
+            "clips": len(mine),
+            "packs": len(packs),
+            "wer_alone": wer(refs, alone),
+            "wer_packed": wer(refs, packed),
+            "changed": changed,
+            "stray_words": stray,
+            "seconds_alone": round(t_alone, 1),
+            "seconds_packed": round(t_packed, 1),
+        }
         rows.append(row)
-        files += [{"file": it.path.name, "language": lang, "ref": r, "alone": a, "packed": p}
-                  for it, r, a, p in zip(mine, refs, alone, packed, strict=True)]  # fmt: skip
-        print(f"{lang}: {len(mine)} clips in {len(packs)} packs, WER alone "
-              f"{row['wer_alone']:.1%} packed {row['wer_packed']:.1%}", flush=True)  # fmt: skip
+        files += [
+            {"file": it.path.name, "language": lang, "ref": r, "alone": a, "packed": p}
+            for it, r, a, p in zip(mine, refs, alone, packed, strict=True)
+        ]
+        print(
+            f"{lang}: {len(mine)} clips in {len(packs)} packs, WER alone "
+            f"{row['wer_alone']:.1%} packed {row['wer_packed']:.1%}",
+            flush=True,
+        )
     all_refs = [f["ref"] for f in files]
-    total = {"language": "all", "clips": len(files), "packs": sum(r["packs"] for r in rows),
-             "wer_alone": wer(all_refs, [f["alone"] for f in files]),
-             "wer_packed": wer(all_refs, [f["packed"] for f in files]),
-             "changed": sum(r["changed"] for r in rows),
-             "stray_words": sum(r["stray_words"] for r in rows),
-             "seconds_alone": round(sum(r["seconds_alone"] for r in rows), 1),
-             "seconds_packed": round(sum(r["seconds_packed"] for r in rows), 1)}  # fmt: skip
+    total = {
+        "language": "all",
+        "clips": len(files),
+        "packs": sum(r["packs"] for r in rows),
+        "wer_alone": wer(all_refs, [f["alone"] for f in files]),
+        "wer_packed": wer(all_refs, [f["packed"] for f in files]),
+        "changed": sum(r["changed"] for r in rows),
+        "stray_words": sum(r["stray_words"] for r in rows),
+        "seconds_alone": round(sum(r["seconds_alone"] for r in rows), 1),
+        "seconds_packed": round(sum(r["seconds_packed"] for r in rows), 1),
+    }
     rows.append(total)
     print(f"\nmodel {args.model}, windows of at most {args.window:g} s, {args.gap:g} s gaps")
-    print("| language | clips | packs | WER alone | WER packed | clips changed | stray words "
-          "| model s alone | model s packed |")  # fmt: skip
+    print(
+        "| language | clips | packs | WER alone | WER packed | clips changed | stray words "
+        "| model s alone | model s packed |"
+    )
     print("|---|---|---|---|---|---|---|---|---|")
     for r in rows:
-        print(f"| {r['language']} | {r['clips']} | {r['packs']} | {r['wer_alone']:.1%} | "
-              f"{r['wer_packed']:.1%} | {r['changed']} | {r['stray_words']} | "
-              f"{r['seconds_alone']} | {r['seconds_packed']} |")  # fmt: skip
+        print(
+            f"| {r['language']} | {r['clips']} | {r['packs']} | {r['wer_alone']:.1%} | "
+            f"{r['wer_packed']:.1%} | {r['changed']} | {r['stray_words']} | "
+            f"{r['seconds_alone']} | {r['seconds_packed']} |"
+        )
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-    Path(args.out).write_text(json.dumps({"args": vars(args), "rows": rows, "files": files,
-                                          "machine": stamp({}, machine)["machine"]},
-                                         indent=1, ensure_ascii=False))  # fmt: skip
+    Path(args.out).write_text(
+        json.dumps(
+            {
+                "args": vars(args),
+                "rows": rows,
+                "files": files,
+                "machine": stamp({}, machine)["machine"],
+            },
+            indent=1,
+            ensure_ascii=False,
+        )
+    )
     return 0
 
 

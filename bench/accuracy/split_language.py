@@ -73,28 +73,50 @@ def run(items: list[Item], model: Any, args: argparse.Namespace) -> dict[str, An
             for r in range(args.recordings):
                 audio = recording(prompts, music if with_music else [], args.seconds, rng)
                 whole, found = detect(model, audio, args.pieces)
-                rows.append({"language": lang, "music": with_music, "recording": r,
-                             "seconds": round(len(audio) / RATE, 1), "whole": whole,
-                             "pieces": found})  # fmt: skip
-                print(f"{lang} music={with_music} #{r}: whole {whole}, pieces {' '.join(found)}",
-                      flush=True)  # fmt: skip
-    return {"rows": rows, "pieces": args.pieces, "seconds": args.seconds, "model": args.model,
-            "seed": args.seed}  # fmt: skip
+                rows.append(
+                    {
+                        "language": lang,
+                        "music": with_music,
+                        "recording": r,
+                        "seconds": round(len(audio) / RATE, 1),
+                        "whole": whole,
+                        "pieces": found,
+                    }
+                )
+                print(
+                    f"{lang} music={with_music} #{r}: whole {whole}, pieces {' '.join(found)}",
+                    flush=True,
+                )
+    return {
+        "rows": rows,
+        "pieces": args.pieces,
+        "seconds": args.seconds,
+        "model": args.model,
+        "seed": args.seed,
+    }
 
 
 def table(report: dict[str, Any]) -> str:
-    out = ["| language | music between prompts | recordings wrong (whole) | pieces wrong "
-           "| pieces without speech |", "|---|---|---|---|---|"]  # fmt: skip
+    out = [
+        "| language | music between prompts | recordings wrong (whole) | pieces wrong "
+        "| pieces without speech |",
+        "|---|---|---|---|---|",
+    ]
     for with_music in (False, True):
         for lang in (*LANGUAGES, "all"):
-            rows = [r for r in report["rows"] if r["music"] == with_music
-                    and lang in ("all", r["language"])]  # fmt: skip
+            rows = [
+                r
+                for r in report["rows"]
+                if r["music"] == with_music and lang in ("all", r["language"])
+            ]
             wrong = sum(r["whole"] != r["language"] for r in rows)
             pieces = [(p, r["language"]) for r in rows for p in r["pieces"]]
             bad = sum(p not in (lang_, "-") for p, lang_ in pieces)
             quiet = sum(p == "-" for p, _ in pieces)
-            out.append(f"| {lang} | {'yes' if with_music else 'no'} | {wrong} of {len(rows)} "
-                       f"| {bad} of {len(pieces)} | {quiet} |")  # fmt: skip
+            out.append(
+                f"| {lang} | {'yes' if with_music else 'no'} | {wrong} of {len(rows)} "
+                f"| {bad} of {len(pieces)} | {quiet} |"
+            )
     return "\n".join(out)
 
 

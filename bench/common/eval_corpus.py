@@ -45,8 +45,13 @@ from speech_assets.clips import DATA, JFK_TEXT, RATE, read_wav
 ROOT = Path(__file__).resolve().parents[2]
 DEFAULT_DIR = ROOT / "bench" / "out" / "corpus"
 VERSION = "1.6.1-1"
-VOICES = {"en": "en_US_f_Allison", "es": "es_MX_f_Allison", "fr": "fr_CA_f_June",
-          "it": "it_IT_m_Carlo", "ru": "ru_RU_f_IvrvoiceRU"}  # fmt: skip
+VOICES = {
+    "en": "en_US_f_Allison",
+    "es": "es_MX_f_Allison",
+    "fr": "fr_CA_f_June",
+    "it": "it_IT_m_Carlo",
+    "ru": "ru_RU_f_IvrvoiceRU",
+}
 SHA256 = {
     "asterisk-core-sounds-en-wav": "2be3ea287d83299d143815fa804f11179a75b7affd4a758b98b55f5afc18a35d",
     "asterisk-core-sounds-en": "973e797d28e37fa6ca3c0a9d6fa717e77cf1268ae916bf09fd3503113cdffa50",
@@ -58,9 +63,12 @@ SHA256 = {
     "asterisk-core-sounds-it": "3884d9457e12f21caa018c18f0d587df5d53ebea14b673d8453a134c5941ab3b",
     "asterisk-core-sounds-ru-wav": "ccbfaebfa450b7a9ddf644ae0f3d1e9017d5df7c0aebe816e946345589d38201",
     "asterisk-core-sounds-ru": "28a61616bb0cd3345a7ea532dec4df9f071e5d0fa9f8c1a563ea9669002f39ab",
-}  # fmt: skip
-MUSIC = ("asterisk-moh-opsound-wav", "2.03-1.1",
-         "8f9d808a729d305c2d3343993f21ca5e6829e411682618dc8ea7aa8bc24a566c")  # fmt: skip
+}
+MUSIC = (
+    "asterisk-moh-opsound-wav",
+    "2.03-1.1",
+    "8f9d808a729d305c2d3343993f21ca5e6829e411682618dc8ea7aa8bc24a566c",
+)
 MUSIC_CLIP_S = 20
 LICENCES = {
     "asterisk": "CC-BY-SA-3.0 (Digium, Inc.; see the packages' copyright files)",
@@ -230,8 +238,9 @@ def _hard_cases(folder: Path, items: list[Item], rng: random.Random) -> list[Ite
             gap = np.zeros(6 * RATE, np.float32)
             parts = [x for it in picked for x in (load16k(it.path), gap)][:-1]
             path = _write(folder / f"silences-{lang}.wav", np.concatenate(parts))
-            out.append(Item(path, " ".join(it.text for it in picked), lang, "long_silences",
-                            "asterisk"))  # fmt: skip
+            out.append(
+                Item(path, " ".join(it.text for it in picked), lang, "long_silences", "asterisk")
+            )
     noise_rng = np.random.default_rng(rng.randrange(1 << 30))
     t = np.arange(10 * RATE) / RATE
     chords = sum(np.sin(2 * np.pi * f * t) for f in (261.6, 329.6, 392.0)) * 0.1
@@ -246,8 +255,10 @@ def _hard_cases(folder: Path, items: list[Item], rng: random.Random) -> list[Ite
     # A long recording: the LibriVox readings and English prompts joined to ~5 minutes.
     parts, texts, total = [], [], 0.0
     english = [it for it in prompts if it.language == "en"]
-    sources = [(read_wav(p), p.with_suffix(".txt").read_text().strip())
-               for p in sorted((DATA / "librivox").glob("*.wav"))]  # fmt: skip
+    sources = [
+        (read_wav(p), p.with_suffix(".txt").read_text().strip())
+        for p in sorted((DATA / "librivox").glob("*.wav"))
+    ]
     sources += [(load16k(it.path), it.text) for it in english[7:40]]
     for audio, text in sources:
         if total > 300:
@@ -268,7 +279,8 @@ def with_model(model: str, seed: int = 0) -> tuple[list[Item], Path] | None:
 
     try:
         return build(DEFAULT_DIR, 0, seed=seed), pypi_models.model_dir(
-            model, DEFAULT_DIR.parent / "whisper-base")  # fmt: skip
+            model, DEFAULT_DIR.parent / "whisper-base"
+        )
     except (FetchError, pypi_models.ModelMissing) as exc:
         print(f"bench: {exc}", file=sys.stderr)
         return None

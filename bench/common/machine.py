@@ -1,6 +1,6 @@
 """The machine a measurement ran on, printed beside every table and saved in its JSON.
 
-A ratio is only reproducible on a machine like the one it came from (issue 23: 3.17x on one
+A ratio is only reproducible on a machine like the one it came from (3.17x on one
 2-core machine was 1.34x on another), so each bench says what it ran on: CPU model, the ISA
 flags CTranslate2 dispatches on, usable cores, memory, the load before and after, and the
 allocator and OpenMP policies the worker applies.

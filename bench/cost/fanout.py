@@ -50,22 +50,34 @@ ROOT = Path(__file__).resolve().parents[2]
 IDLE_TIMEOUT_S = 5.0
 
 
-def one_run(audio: str, n: int, start: str, model: str, device: str, s3: dict[str, str]
-            ) -> dict[str, Any]:  # fmt: skip
+def one_run(
+    audio: str, n: int, start: str, model: str, device: str, s3: dict[str, str]
+) -> dict[str, Any]:
     """The recording on an endpoint of its own, split in n; the figures of the run."""
     # The whole recording goes inline to keep the bench to one machine (a deployment sends
     # a URL): the emulator's 10-MB /run limit is raised for it. The pieces stay under it.
-    em = Emulator(ping_interval_ms=1000, stop_grace_s=30.0,
-                  run_payload_limit=256 * 1024 * 1024).start()  # fmt: skip
-    env = {"WHISPER_DEVICE": device, "HF_HUB_OFFLINE": "1", "RUNPOD_API_KEY": em.api_key,
-           "WHISPER_MAX_CONCURRENCY": "2", "WHISPER_MODEL": model,
-           "WHISPER_MAX_INLINE_BYTES": str(256 * 1024 * 1024),
-           # The platform's path is measured: no piece taken back by the parent's worker.
-           "WHISPER_PIECE_QUEUE_WAIT_S": "3600", **s3}  # fmt: skip
+    em = Emulator(
+        ping_interval_ms=1000, stop_grace_s=30.0, run_payload_limit=256 * 1024 * 1024
+    ).start()
+    env = {
+        "WHISPER_DEVICE": device,
+        "HF_HUB_OFFLINE": "1",
+        "RUNPOD_API_KEY": em.api_key,
+        "WHISPER_MAX_CONCURRENCY": "2",
+        "WHISPER_MODEL": model,
+        "WHISPER_MAX_INLINE_BYTES": str(256 * 1024 * 1024),
+        # The platform's path is measured: no piece taken back by the parent's worker.
+        "WHISPER_PIECE_QUEUE_WAIT_S": "3600",
+        **s3,
+    }
     active = {"warm": n, "serial": 1}.get(start, 0)
-    config = ScalerConfig(active_workers=active, max_workers=1 if start == "serial" else n,
-                          idle_timeout_s=IDLE_TIMEOUT_S, env=env,
-                          command=[sys.executable, "-m", "handler"])  # fmt: skip
+    config = ScalerConfig(
+        active_workers=active,
+        max_workers=1 if start == "serial" else n,
+        idle_timeout_s=IDLE_TIMEOUT_S,
+        env=env,
+        command=[sys.executable, "-m", "handler"],
+    )
     scaler = Autoscaler(em, config).start()
     try:
         if active:
@@ -87,14 +99,21 @@ def one_run(audio: str, n: int, start: str, model: str, device: str, s3: dict[st
             kids = [em.state.jobs[p["job_id"]] for p in out.get("pieces") or []]
             piece_s = sum((k.finished_at or 0) - (k.taken_at or 0) for k in kids)
             held = _held_seconds(jobs, t)
-        lifetimes = [(r["stopped_at"] or time.time()) - r["started_at"]
-                     for r in scaler.worker_records()]  # fmt: skip
+        lifetimes = [
+            (r["stopped_at"] or time.time()) - r["started_at"] for r in scaler.worker_records()
+        ]
         billed = sum(lifetimes) if start == "cold" else held
-        return {"pieces": n, "start": start, "wall_s": round(wall, 1),
-                "billed_worker_s": round(billed, 1), "held_s": round(held, 1),
-                "pieces_s": round(piece_s, 1), "workers": len(lifetimes),
-                "split_s": round(float((out.get("timings") or {}).get("split") or 0), 2),
-                "text": out["text"]}  # fmt: skip
+        return {
+            "pieces": n,
+            "start": start,
+            "wall_s": round(wall, 1),
+            "billed_worker_s": round(billed, 1),
+            "held_s": round(held, 1),
+            "pieces_s": round(piece_s, 1),
+            "workers": len(lifetimes),
+            "split_s": round(float((out.get("timings") or {}).get("split") or 0), 2),
+            "text": out["text"],
+        }
     finally:
         scaler.stop()
         em.stop()
@@ -121,8 +140,9 @@ def _held_seconds(jobs: list[Any], since: float) -> float:
     return total
 
 
-def run(minutes: float, pieces: list[int], starts: list[str], model: str, device: str
-        ) -> dict[str, Any]:  # fmt: skip
+def run(
+    minutes: float, pieces: list[int], starts: list[str], model: str, device: str
+) -> dict[str, Any]:
 
     from bench.common.text import normalise
 
@@ -134,8 +154,9 @@ def run(minutes: float, pieces: list[int], starts: list[str], model: str, device
         for start in starts:
             unsplit = ""
             for n in pieces:
-                rows.append(_scored(one_run(audio, n, start, model, device, s3), unsplit,
-                                    reference))  # fmt: skip
+                rows.append(
+                    _scored(one_run(audio, n, start, model, device, s3), unsplit, reference)
+                )
                 if n == 1:
                     unsplit = rows[-1].pop("normalised")
                 rows[-1].pop("normalised", None)
@@ -150,9 +171,15 @@ def _scored(row: dict[str, Any], unsplit: str, reference: str) -> dict[str, Any]
 
     text = normalise(row.pop("text"), "en")
     m = jiwer.process_words(unsplit or text, text)
-    row.update({"wer_vs_unsplit": round(m.wer, 4), "inserted": m.insertions,
-                "deleted": m.deletions, "wer_vs_reference": round(jiwer.wer(reference, text), 4),
-                "normalised": text})  # fmt: skip
+    row.update(
+        {
+            "wer_vs_unsplit": round(m.wer, 4),
+            "inserted": m.insertions,
+            "deleted": m.deletions,
+            "wer_vs_reference": round(jiwer.wer(reference, text), 4),
+            "normalised": text,
+        }
+    )
     return row
 
 
@@ -170,13 +197,24 @@ def piece_bucket() -> Iterator[dict[str, str]]:
     try:
         host, port = server.get_host_and_port()
         url = f"http://{host}:{port}"
-        keys = {"AWS_ACCESS_KEY_ID": "bench", "AWS_SECRET_ACCESS_KEY": "bench",
-                "AWS_DEFAULT_REGION": "us-east-1"}  # fmt: skip
-        boto3.client("s3", endpoint_url=url, region_name="us-east-1",
-                     aws_access_key_id="bench",
-                     aws_secret_access_key="bench").create_bucket(Bucket="pieces")  # fmt: skip
-        yield {**keys, "WHISPER_S3_ENDPOINT_URL": url, "WHISPER_S3_ALLOWED_BUCKETS": "pieces",
-               "WHISPER_PIECE_BUCKET": "pieces"}  # fmt: skip
+        keys = {
+            "AWS_ACCESS_KEY_ID": "bench",
+            "AWS_SECRET_ACCESS_KEY": "bench",
+            "AWS_DEFAULT_REGION": "us-east-1",
+        }
+        boto3.client(
+            "s3",
+            endpoint_url=url,
+            region_name="us-east-1",
+            aws_access_key_id="bench",
+            aws_secret_access_key="bench",
+        ).create_bucket(Bucket="pieces")
+        yield {
+            **keys,
+            "WHISPER_S3_ENDPOINT_URL": url,
+            "WHISPER_S3_ALLOWED_BUCKETS": "pieces",
+            "WHISPER_PIECE_BUCKET": "pieces",
+        }
     finally:
         server.stop()
 
@@ -220,8 +258,9 @@ def main(argv: list[str] | None = None) -> int:
         pieces = [1, *pieces]
     starts = [s for s in args.starts.split(",") if s in ("cold", "warm", "serial")]
     machine = describe()
-    reports = [run(float(m), pieces, starts, args.model, args.device)
-               for m in args.minutes.split(",")]  # fmt: skip
+    reports = [
+        run(float(m), pieces, starts, args.model, args.device) for m in args.minutes.split(",")
+    ]
     print(line(machine))
     print(table(reports))
     args.out.parent.mkdir(parents=True, exist_ok=True)

@@ -85,8 +85,9 @@ def main(argv: list[str] | None = None) -> int:
         subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True)
         py = str(venv / "bin" / "python")
         t = time.perf_counter()
-        subprocess.run([py, "-m", "pip", "install", "-q", "-r", str(REQUIREMENTS), *STAND_INS],
-                       check=True)  # fmt: skip
+        subprocess.run(
+            [py, "-m", "pip", "install", "-q", "-r", str(REQUIREMENTS), *STAND_INS], check=True
+        )
         report["install_s"] = round(time.perf_counter() - t, 1)
         site = _site(venv)
         nvidia = site / "nvidia"
@@ -106,11 +107,19 @@ def main(argv: list[str] | None = None) -> int:
             "total": _du_mib(ours),
             "onnxruntime_cpu_replaced": _cpu_onnxruntime_mib(),
         }
-        probe = subprocess.run([py, "-c", PROBE, str(model)], capture_output=True, text=True,
-                               cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT)})  # fmt: skip
+        probe = subprocess.run(
+            [py, "-c", PROBE, str(model)],
+            capture_output=True,
+            text=True,
+            cwd=ROOT,
+            env={**os.environ, "PYTHONPATH": str(ROOT)},
+        )
         lines = probe.stdout.strip().splitlines()
-        report["probe"] = json.loads(lines[-1]) if probe.returncode == 0 and lines else {
-            "error": probe.stderr.strip().splitlines()[-1:] or ["no output"]}  # fmt: skip
+        report["probe"] = (
+            json.loads(lines[-1])
+            if probe.returncode == 0 and lines
+            else {"error": probe.stderr.strip().splitlines()[-1:] or ["no output"]}
+        )
         report["fallback_logged"] = "diarizer on the CPU" in probe.stderr
     finally:
         if not args.keep:

@@ -1,4 +1,4 @@
-"""Sizes of a built image, layer by layer, as a registry stores them (issue 30).
+"""Sizes of a built image, layer by layer, as a registry stores them.
 
     python -m bench image-sizes whisper-worker:cpu [more images...]
 
@@ -66,8 +66,11 @@ def short_step(created_by: str) -> str:
 def layers(image: str) -> list[Layer]:
     with tempfile.TemporaryDirectory(prefix="image-sizes-", dir="/var/tmp") as tmp:
         out = Path(tmp) / "img"
-        subprocess.run([*PODMAN, "save", "--format", "docker-dir", "-o", str(out), image],
-                       check=True, capture_output=True)  # fmt: skip
+        subprocess.run(
+            [*PODMAN, "save", "--format", "docker-dir", "-o", str(out), image],
+            check=True,
+            capture_output=True,
+        )
         manifest = json.loads((out / "manifest.json").read_text())
         config_digest = manifest["config"]["digest"].split(":", 1)[1]
         config = json.loads((out / config_digest).read_text())
@@ -78,8 +81,9 @@ def layers(image: str) -> list[Layer]:
         result = []
         for step, blob in zip(steps, blobs, strict=True):
             path = out / blob
-            result.append(Layer(short_step(step.get("created_by", "")), path.stat().st_size,
-                                gzip_size(path)))  # fmt: skip
+            result.append(
+                Layer(short_step(step.get("created_by", "")), path.stat().st_size, gzip_size(path))
+            )
         return result
 
 

@@ -409,11 +409,12 @@ def _drive(
         futures = [
             pool.submit(one, item) if isinstance(item, Probe) else pool.submit(burst)
             for item in plan
-        ]  # fmt: skip
+        ]
     for f in futures:
         if f.exception() is not None:  # the harness itself failed: count it, never hide it
-            wrong.append(f"harness: no answer judged: {type(f.exception()).__name__}: "
-                         f"{f.exception()}")  # fmt: skip
+            wrong.append(
+                f"harness: no answer judged: {type(f.exception()).__name__}: {f.exception()}"
+            )
     wall = time.time() - start
     # Every slot free again, then a round at full concurrency with none refused.
     deadline = time.time() + 120

@@ -162,8 +162,13 @@ def cases(url: str) -> tuple[list[Case], list[Case]]:
         good.append(Case(f"url:{c.name}", {"audio_url": f"{url}/ok/{c.name}.wav"}, clip=c))
     jfk = clips()[0]
     good.append(Case("slow-url", {"audio_url": f"{url}/slow/jfk.wav"}, clip=jfk))
-    good.append(Case("null-options", {"audio_base64": _b64(jfk.wav_bytes()), "beam_size": None,
-                                      "temperature": None}, clip=jfk))  # fmt: skip
+    good.append(
+        Case(
+            "null-options",
+            {"audio_base64": _b64(jfk.wav_bytes()), "beam_size": None, "temperature": None},
+            clip=jfk,
+        )
+    )
     mp3 = (DATA / "jfk.mp3").read_bytes()
     png = bytes.fromhex("89504e470d0a1a0a0000000d4948445200000001000000010806000000")
     invalid = frozenset({"INVALID_INPUT"})
@@ -176,7 +181,7 @@ def cases(url: str) -> tuple[list[Case], list[Case]]:
             "temperature-bomb",
             {"audio_base64": _b64(jfk.wav_bytes()), "temperature_increment_on_fallback": 1e-8},
             invalid,
-        ),  # fmt: skip
+        ),
         Case("unknown-model", {"audio_base64": _b64(jfk.wav_bytes()), "model": "nope"}, invalid),
         Case(
             "bad-base64", {"audio_base64": "this is not base64 !!"}, frozenset({"INVALID_BASE64"})
@@ -185,44 +190,42 @@ def cases(url: str) -> tuple[list[Case], list[Case]]:
             "text-not-audio",
             {"audio_base64": _b64(b"<html>not audio</html>" * 20)},
             frozenset({"UNSUPPORTED_OR_CORRUPT_MEDIA"}),
-        ),  # fmt: skip
+        ),
         Case(
             "png",
             {"audio_base64": _b64(png)},
             frozenset({"UNSUPPORTED_OR_CORRUPT_MEDIA", "NO_AUDIO_STREAM"}),
-        ),  # fmt: skip
+        ),
         Case(
             "header-only-wav",
             {"audio_base64": _b64(_wav(b""))},
             frozenset({"EMPTY_AUDIO", "UNSUPPORTED_OR_CORRUPT_MEDIA"}),
-        ),  # fmt: skip
+        ),
         Case(
             "declares-hours",
             {"audio_base64": _b64(_declares_hours())},
             frozenset({"AUDIO_TOO_LONG"}),
-        ),  # fmt: skip
+        ),
         Case("truncated-mp3", {"audio_base64": _b64(mp3[: len(mp3) // 2])}, warns=True),
         Case(
             "translate-en-model",
             {"audio_base64": _b64(jfk.wav_bytes()), "task": "translate"},
             frozenset({"UNSUPPORTED_FOR_MODEL"}),
-        ),  # fmt: skip
+        ),
         Case(
             "metadata-url",
             {"audio_url": "http://169.254.169.254/latest/meta-data"},
             frozenset({"URL_NOT_ALLOWED"}),
-        ),  # fmt: skip
+        ),
         Case("file-url", {"audio_url": "file:///etc/passwd"}, frozenset({"URL_NOT_ALLOWED"})),
         Case(
             "s3-not-allowed",
             {"audio_url": "s3://not-allowed/a.wav"},
             frozenset({"URL_NOT_ALLOWED"}),
-        ),  # fmt: skip
+        ),
         Case("http-404", {"audio_url": f"{url}/404/x.wav"}, frozenset({"SOURCE_HTTP_4XX"})),
         Case("http-500", {"audio_url": f"{url}/500/x.wav"}, frozenset({"SOURCE_HTTP_5XX"})),
-        Case(
-            "short-body", {"audio_url": f"{url}/short/jfk.wav"}, frozenset({"SOURCE_TRUNCATED"})
-        ),  # fmt: skip
+        Case("short-body", {"audio_url": f"{url}/short/jfk.wav"}, frozenset({"SOURCE_TRUNCATED"})),
         Case("drip", {"audio_url": f"{url}/drip/x.wav"}, frozenset({"SOURCE_TIMEOUT"})),
         Case("hang", {"audio_url": f"{url}/hang/x.wav"}, frozenset({"SOURCE_TIMEOUT"})),
         Case("endless", {"audio_url": f"{url}/endless/x.wav"}, frozenset({"SOURCE_TOO_LARGE"})),
@@ -519,8 +522,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--workers", type=int, default=2)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--fault-every", type=int, default=100, help="job-done faults every N jobs")
-    parser.add_argument("--kill-every", type=int, default=250,
-                        help="SIGKILL a worker every N jobs, SIGTERM one half-way")  # fmt: skip
+    parser.add_argument(
+        "--kill-every",
+        type=int,
+        default=250,
+        help="SIGKILL a worker every N jobs, SIGTERM one half-way",
+    )
     parser.add_argument("--out", default=str(ROOT / "bench" / "out" / "soak.json"))
     parser.add_argument("--quiet", action="store_true")
     args = parser.parse_args(argv)

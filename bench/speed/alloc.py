@@ -71,8 +71,11 @@ def run(model: str, path: Path, policy: str, rounds: int, compute: str = "int8")
     env["WHISPER_MALLOC"] = policy
     proc = subprocess.run(
         [sys.executable, "-c", CHILD, str(path), json.dumps(files), str(rounds), compute],
-        env=env, capture_output=True, text=True, timeout=1800,
-    )  # fmt: skip
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=1800,
+    )
     if proc.returncode:
         raise RuntimeError(proc.stderr[-1500:])
     return json.loads(proc.stdout.strip().splitlines()[-1])
@@ -85,9 +88,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--models", default="tiny.en,base")
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--policies", default="system,keep", help="allocator policies to run")
-    parser.add_argument("--compute-types", default="int8",
-                        help="CTranslate2 compute types, e.g. int8,int8_float32,int8_bfloat16,"
-                        "bfloat16 (one a CPU cannot run is reported, not fatal)")  # fmt: skip
+    parser.add_argument(
+        "--compute-types",
+        default="int8",
+        help="CTranslate2 compute types, e.g. int8,int8_float32,int8_bfloat16,"
+        "bfloat16 (one a CPU cannot run is reported, not fatal)",
+    )
     parser.add_argument("--out", default=str(ROOT / "bench" / "out" / "alloc.json"))
     args = parser.parse_args(argv)
     machine = describe()
@@ -111,13 +117,24 @@ def main(argv: list[str] | None = None) -> int:
                 cells = [name, r["policy"], f"{compute} ({r['compute_type']})"]
                 for bs in (1, 8):
                     d = r[f"batch{bs}"]
-                    cells += [f"{statistics.median(d['encode_ms']):.0f}",
-                              f"{statistics.median(d['generate_ms']):.0f}",
-                              f"{100 * statistics.median(d['kernel_share']):.0f} %"]  # fmt: skip
+                    cells += [
+                        f"{statistics.median(d['encode_ms']):.0f}",
+                        f"{statistics.median(d['generate_ms']):.0f}",
+                        f"{100 * statistics.median(d['kernel_share']):.0f} %",
+                    ]
                 rows.append(cells)
     print(line(machine, describe()["load_1m"]))
-    head = ["model", "policy", "compute type (used)", "encode b1", "generate b1", "kernel b1",
-            "encode b8 (per window)", "generate b8 (per window)", "kernel b8"]  # fmt: skip
+    head = [
+        "model",
+        "policy",
+        "compute type (used)",
+        "encode b1",
+        "generate b1",
+        "kernel b1",
+        "encode b8 (per window)",
+        "generate b8 (per window)",
+        "kernel b8",
+    ]
     print("| " + " | ".join(head) + " |\n|" + "---|" * len(head))
     for cells in rows:
         print("| " + " | ".join(cells) + " |")

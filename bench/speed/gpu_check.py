@@ -7,7 +7,7 @@
 - a burst of short clips held at once: one job at a time against the engine;
 - cold start split from the worker's own start-up line (imports, load, warm-up, ready);
 - GPU memory per loaded instance (nvidia-smi before and after the load);
-- bench fanout's line (issue 33): a 20-minute recording unsplit and in 4 pieces on 4 warm
+- bench fanout's line: a 20-minute recording unsplit and in 4 pieces on 4 warm
   worker processes sharing the GPU, under the local emulator.
 
 It runs in-process on whatever models are on the machine (names resolve as the worker's:
@@ -39,8 +39,11 @@ def gpu_memory_mib() -> float | None:
     exe = shutil.which("nvidia-smi")
     if not exe:
         return None
-    out = subprocess.run([exe, "--query-gpu=memory.used", "--format=csv,noheader,nounits"],
-                         capture_output=True, text=True)  # fmt: skip
+    out = subprocess.run(
+        [exe, "--query-gpu=memory.used", "--format=csv,noheader,nounits"],
+        capture_output=True,
+        text=True,
+    )
     try:
         return float(out.stdout.split()[0])
     except (IndexError, ValueError):
@@ -93,17 +96,22 @@ def check_model(name: str, device: str, batches: list[int], long_s: float, burst
     worker = start_worker(load_settings(env))
     load_s = time.perf_counter() - t
     after = gpu_memory_mib()
-    result: dict[str, Any] = {"model": name, "device": worker.pool.device,
-                              "compute": worker.pool.compute, "load_and_warmup_s": round(load_s, 2),
-                              "gpu_mib_per_instance": None if before is None or after is None
-                              else round(after - before)}  # fmt: skip
+    result: dict[str, Any] = {
+        "model": name,
+        "device": worker.pool.device,
+        "compute": worker.pool.compute,
+        "load_and_warmup_s": round(load_s, 2),
+        "gpu_mib_per_instance": None if before is None or after is None else round(after - before),
+    }
     clip = long_clip(long_s)
     rtf = {}
     for b in batches:
         t = time.perf_counter()
         out = run_job(_job(clip, batch_size=b), worker)
-        rtf[str(b)] = {"rtf": round((time.perf_counter() - t) / clip.seconds, 4),
-                       "wer": round(wer(clip.text, out.get("text", "")), 4)}  # fmt: skip
+        rtf[str(b)] = {
+            "rtf": round((time.perf_counter() - t) / clip.seconds, 4),
+            "wer": round(wer(clip.text, out.get("text", "")), 4),
+        }
     result["long_audio_s"] = round(clip.seconds, 1)
     result["rtf_by_batch"] = rtf
     short = [c for c in clips()] * (burst // len(clips()) + 1)
@@ -118,8 +126,14 @@ def cold_start(device: str, name: str) -> dict[str, Any]:
 
     env = {**os.environ, "WHISPER_DEVICE": device, "WHISPER_MODEL": name}
     env.pop("RUNPOD_WEBHOOK_GET_JOB", None)
-    proc = subprocess.run([sys.executable, "-m", "handler"], cwd=ROOT, env=env,
-                          capture_output=True, text=True, timeout=600)  # fmt: skip
+    proc = subprocess.run(
+        [sys.executable, "-m", "handler"],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     for line in proc.stderr.splitlines():
         data = parse_startup_line(line)
         if data:
@@ -161,11 +175,19 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--long-seconds", type=float, default=600.0)
     parser.add_argument("--burst", type=int, default=64)
     parser.add_argument("--out", default=str(ROOT / "bench" / "out" / "gpu_check.json"))
-    parser.add_argument("--diarizer", type=Path, default=ROOT / "models" / "diarizer",
-                        help="the exported diarizer (timed when the folder exists)")  # fmt: skip
-    parser.add_argument("--fanout-minutes", type=float, default=20.0,
-                        help="bench fanout's line: this long a recording unsplit and in 4 "
-                        "pieces on 4 warm workers sharing the GPU (0: skip)")  # fmt: skip
+    parser.add_argument(
+        "--diarizer",
+        type=Path,
+        default=ROOT / "models" / "diarizer",
+        help="the exported diarizer (timed when the folder exists)",
+    )
+    parser.add_argument(
+        "--fanout-minutes",
+        type=float,
+        default=20.0,
+        help="bench fanout's line: this long a recording unsplit and in 4 "
+        "pieces on 4 warm workers sharing the GPU (0: skip)",
+    )
     args = parser.parse_args(argv)
     batches = [int(b) for b in args.batches.split(",")]
     report: dict[str, Any] = {"device": args.device, "models": []}
@@ -185,8 +207,10 @@ def main(argv: list[str] | None = None) -> int:
             continue
         rtf = ", ".join(f"{b}: {v['rtf']}" for b, v in m["rtf_by_batch"].items())
         burst = f"{m['burst_sequential']['clips_per_s']} -> {m['burst_engine']['clips_per_s']}"
-        print(f"| {m['model']} | {rtf} | {burst} | {m['gpu_mib_per_instance']} | "
-              f"{m['cold_start'].get('ready')} |")  # fmt: skip
+        print(
+            f"| {m['model']} | {rtf} | {burst} | {m['gpu_mib_per_instance']} | "
+            f"{m['cold_start'].get('ready')} |"
+        )
     if (args.diarizer / "manifest.json").exists():
         report["diarizer"] = diarizer_speed(args.diarizer, args.long_seconds, args.device)
         print(f"diarizer: {report['diarizer']}")

@@ -93,8 +93,13 @@ def run_http(env: dict[str, str], pool: list[Clip], n: int, clients: int) -> dic
     url = f"http://127.0.0.1:{port}"
     full = {**os.environ, **env, "PORT": str(port), "HOST": "127.0.0.1"}
     with tempfile.TemporaryFile("w+") as log:
-        proc = subprocess.Popen([sys.executable, "-m", "handler", "serve"], cwd=ROOT, env=full,
-                                stdout=log, stderr=subprocess.STDOUT)  # fmt: skip
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "handler", "serve"],
+            cwd=ROOT,
+            env=full,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+        )
         try:
             deadline = time.time() + 300
             while time.time() < deadline:
@@ -111,9 +116,12 @@ def run_http(env: dict[str, str], pool: list[Clip], n: int, clients: int) -> dic
             def send(clip: Clip) -> str:
                 s = getattr(session, "s", None) or requests.Session()
                 session.s = s
-                r = s.post(url + "/v1/audio/transcriptions",
-                           files={"file": ("clip.wav", clip.wav_bytes(), "audio/wav")},
-                           data={"model": "whisper-1"}, timeout=600)  # fmt: skip
+                r = s.post(
+                    url + "/v1/audio/transcriptions",
+                    files={"file": ("clip.wav", clip.wav_bytes(), "audio/wav")},
+                    data={"model": "whisper-1"},
+                    timeout=600,
+                )
                 r.raise_for_status()
                 return str(r.json()["text"])
 
@@ -132,8 +140,10 @@ def run_queue(env: dict[str, str], pool: list[Clip], n: int, clients: int) -> di
             em.wait_worker(wid, {"idle", "busy"}, 300)
 
             def send(clip: Clip) -> str:
-                job = {"audio_base64": base64.b64encode(clip.wav_bytes()).decode(),
-                       "output": ["text"]}  # fmt: skip
+                job = {
+                    "audio_base64": base64.b64encode(clip.wav_bytes()).decode(),
+                    "output": ["text"],
+                }
                 final = em.wait_job(em.submit(job), 600)
                 if final.get("status") != "COMPLETED":
                     raise RuntimeError(f"job ended {final.get('status')}")
@@ -154,8 +164,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--concurrency", type=int, default=2, help="WHISPER_MAX_CONCURRENCY")
     parser.add_argument("--out", default=str(ROOT / "bench" / "out" / "http_vs_queue.json"))
     args = parser.parse_args(argv)
-    env = {"WHISPER_DEVICE": "cpu", "WHISPER_MAX_CONCURRENCY": str(args.concurrency),
-           "HF_HUB_OFFLINE": "1"}  # fmt: skip
+    env = {
+        "WHISPER_DEVICE": "cpu",
+        "WHISPER_MAX_CONCURRENCY": str(args.concurrency),
+        "HF_HUB_OFFLINE": "1",
+    }
     pool = clips()
     machine = describe()
     report = {
@@ -172,12 +185,22 @@ def main(argv: list[str] | None = None) -> int:
     head = ("mode", "ok", "failed", "req/s", "p50 s", "p95 s", "p99 s", "WER")
     print("{:6} {:>4} {:>6} {:>7} {:>7} {:>7} {:>7} {:>6}".format(*head))
     for name, r in (("queue", q), ("http", h)):
-        row = (name, r["ok"], r["failed"], r["requests_per_s"], r["p50_s"], r["p95_s"],
-               r["p99_s"], r["mean_wer"] or 0.0)  # fmt: skip
+        row = (
+            name,
+            r["ok"],
+            r["failed"],
+            r["requests_per_s"],
+            r["p50_s"],
+            r["p95_s"],
+            r["p99_s"],
+            r["mean_wer"] or 0.0,
+        )
         print("{:6} {:>4} {:>6} {:>7.2f} {:>7.2f} {:>7.2f} {:>7.2f} {:>6.3f}".format(*row))
     if q["requests_per_s"]:
-        print(f"http/queue: {h['requests_per_s'] / q['requests_per_s']:.2f}x requests/s, "
-              f"p50 {h['p50_s'] / q['p50_s']:.2f}x")  # fmt: skip
+        print(
+            f"http/queue: {h['requests_per_s'] / q['requests_per_s']:.2f}x requests/s, "
+            f"p50 {h['p50_s'] / q['p50_s']:.2f}x"
+        )
     stamp(report, machine)
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)

@@ -51,8 +51,15 @@ def child_peak_mib(
     its stdout is appended to ``out`` when given."""
     t = time.perf_counter()
     with tempfile.TemporaryFile("w+") as stdout:
-        proc = subprocess.Popen(cmd, env=env, stdin=subprocess.PIPE, stdout=stdout,
-                                stderr=subprocess.DEVNULL, text=True, cwd=ROOT)  # fmt: skip
+        proc = subprocess.Popen(
+            cmd,
+            env=env,
+            stdin=subprocess.PIPE,
+            stdout=stdout,
+            stderr=subprocess.DEVNULL,
+            text=True,
+            cwd=ROOT,
+        )
         assert proc.stdin is not None
         proc.stdin.write(stdin)
         proc.stdin.close()
@@ -70,18 +77,25 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("--lengths", default="600,3600", help="seconds, default 600,3600")
     parser.add_argument("--batches", default="8,1", help="batch sizes to compare (default 8,1)")
-    parser.add_argument("--model", default="tiny.en",
-                        help="tiny.en (packaged) or base (assembled from PyPI)")  # fmt: skip
-    parser.add_argument("--malloc", default="keep",
-                        help="allocator policies, e.g. system,keep (WHISPER_MALLOC)")  # fmt: skip
+    parser.add_argument(
+        "--model", default="tiny.en", help="tiny.en (packaged) or base (assembled from PyPI)"
+    )
+    parser.add_argument(
+        "--malloc", default="keep", help="allocator policies, e.g. system,keep (WHISPER_MALLOC)"
+    )
     parser.add_argument("--out", default=str(ROOT / "bench" / "out" / "memory.json"))
     parser.add_argument("--plot", help="also draw peak RSS against length into this PNG")
     args = parser.parse_args(argv)
     machine = describe()
     lengths = sorted(float(x) for x in args.lengths.split(","))
     batches = [int(b) for b in args.batches.split(",")]
-    env = {**os.environ, "WHISPER_DEVICE": "cpu", "WHISPER_ALLOW_PRIVATE_URLS": "true",
-           "WHISPER_WARMUP": "false", "WHISPER_LOG_LEVEL": "WARNING"}  # fmt: skip
+    env = {
+        **os.environ,
+        "WHISPER_DEVICE": "cpu",
+        "WHISPER_ALLOW_PRIVATE_URLS": "true",
+        "WHISPER_WARMUP": "false",
+        "WHISPER_LOG_LEVEL": "WARNING",
+    }
     if args.model == "base":
         from speech_assets.models import base_dir
 
@@ -103,23 +117,34 @@ def main(argv: list[str] | None = None) -> int:
         try:
             idle, _, _ = child_peak_mib(
                 [sys.executable, "-c", "from handler.startup import start_worker; start_worker()"],
-                env, "")  # fmt: skip
+                env,
+                "",
+            )
             for seconds in lengths:
                 name = f"speech-{int(seconds)}.flac"
                 write_flac(Path(tmp) / name, long_clip(seconds).samples)
                 url = f"http://127.0.0.1:{server.server_port}/{name}"
                 for b, policy in [(b, m) for b in batches for m in args.malloc.split(",")]:
-                    job = json.dumps({"input": {"audio_url": url, "batch_size": b,
-                                                "output": ["text"]}})  # fmt: skip
+                    job = json.dumps(
+                        {"input": {"audio_url": url, "batch_size": b, "output": ["text"]}}
+                    )
                     stdout: list[str] = []
                     peak, dt, rc = child_peak_mib(
                         [sys.executable, "-m", "handler.cli", "job", "-"],
-                        {**env, "WHISPER_MALLOC": policy}, job, stdout,
-                    )  # fmt: skip
-                    row = {"seconds": seconds, "batch_size": b, "malloc": policy,
-                           "peak_mib": round(peak), "over_idle_mib": round(peak - idle),
-                           "wall_s": round(dt, 1), "rtf": _rtf(stdout[0], seconds),
-                           "rc": rc}  # fmt: skip
+                        {**env, "WHISPER_MALLOC": policy},
+                        job,
+                        stdout,
+                    )
+                    row = {
+                        "seconds": seconds,
+                        "batch_size": b,
+                        "malloc": policy,
+                        "peak_mib": round(peak),
+                        "over_idle_mib": round(peak - idle),
+                        "wall_s": round(dt, 1),
+                        "rtf": _rtf(stdout[0], seconds),
+                        "rc": rc,
+                    }
                     rows.append(row)
                     print(json.dumps(row), flush=True)
         finally:
@@ -128,8 +153,10 @@ def main(argv: list[str] | None = None) -> int:
     print("| audio | batch | malloc | peak MiB | over idle MiB | wall s | RTF |")
     print("|---|---|---|---|---|---|---|")
     for r in rows:
-        print(f"| {r['seconds'] / 60:.0f} min | {r['batch_size']} | {r['malloc']} | "
-              f"{r['peak_mib']} | {r['over_idle_mib']} | {r['wall_s']} | {r['rtf']} |")  # fmt: skip
+        print(
+            f"| {r['seconds'] / 60:.0f} min | {r['batch_size']} | {r['malloc']} | "
+            f"{r['peak_mib']} | {r['over_idle_mib']} | {r['wall_s']} | {r['rtf']} |"
+        )
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
     report = stamp({"model": args.model, "idle_mib": round(idle), "rows": rows}, machine)
@@ -160,8 +187,12 @@ def plot(rows: list[dict], idle: float, model: str, path: Path) -> None:
             r for r in rows if r["batch_size"] == b and r.get("malloc") == rows[-1].get("malloc")
         ]
         label = "sequential (batch 1)" if b == 1 else f"engine (batch {b})"
-        ax.plot([r["seconds"] / 3600 for r in mine], [r["over_idle_mib"] for r in mine],
-                marker="o", label=label)  # fmt: skip
+        ax.plot(
+            [r["seconds"] / 3600 for r in mine],
+            [r["over_idle_mib"] for r in mine],
+            marker="o",
+            label=label,
+        )
     ax.set_xlabel("audio length (hours of real speech)")
     ax.set_ylabel(f"peak RSS over the idle worker (MiB; idle {idle:.0f})")
     ax.set_title(f"Peak memory of one job against audio length ({model}, CPU)")

@@ -29,8 +29,14 @@ def _bar(total: int, what: str):
     """A tqdm bar on stderr when it is a terminal; a no-op object when piped."""
     from tqdm import tqdm
 
-    return tqdm(total=total, desc=what, unit="job", file=sys.stderr, leave=False,
-                disable=not sys.stderr.isatty())  # fmt: skip
+    return tqdm(
+        total=total,
+        desc=what,
+        unit="job",
+        file=sys.stderr,
+        leave=False,
+        disable=not sys.stderr.isatty(),
+    )
 
 
 def in_process(job: dict, n: int) -> dict:
@@ -110,12 +116,16 @@ def main(argv: list[str] | None = None) -> int:
         "audio_base64": base64.b64encode((DATA / "jfk.mp3").read_bytes()).decode(),
         "output": ["text"],
     }
-    print(f"{args.jobs} jobs (JFK, tiny.en) in-process, then through the loop at concurrency"
-          f" {', '.join(map(str, args.concurrency))}", file=sys.stderr)  # fmt: skip
+    print(
+        f"{args.jobs} jobs (JFK, tiny.en) in-process, then through the loop at concurrency"
+        f" {', '.join(map(str, args.concurrency))}",
+        file=sys.stderr,
+    )
     report: dict = {"in_process": in_process(job, args.jobs), "loop": []}
     ip = report["in_process"]
-    print(f"in-process: {ip['median_job_s']:.3f} s per job, {ip['jobs_per_s']:.2f} jobs/s",
-          flush=True)  # fmt: skip
+    print(
+        f"in-process: {ip['median_job_s']:.3f} s per job, {ip['jobs_per_s']:.2f} jobs/s", flush=True
+    )
     for c in args.concurrency:
         r = through_loop(job, args.jobs, c)
         report["loop"].append(r)

@@ -6,7 +6,7 @@ mode: the model loaded in the loader thread, run in a job thread of the SDK's lo
 through ``whisper-worker job`` (loaded and run in the main thread), alternating, ``--runs``
 each; optionally with ``stress-ng --cpu N`` beside them (``--load N``). Prints the median
 ``timings.transcribe / duration`` of each path and their ratio, and exits 1 when the queue
-worker is more than ``--tolerance`` (10 %) slower. Issue 9 found 3-4x before the OpenMP
+worker is more than ``--tolerance`` (10 %) slower. It was 3-4x slower before the OpenMP
 wait policy and thread counts were set by the worker itself (handler/inference/threads.py).
 """
 
@@ -34,8 +34,12 @@ def _queue_worker(job_file: Path, env: dict[str, str]) -> dict:
     # The SDK's local test mode reads test_input.json from the working directory.
     proc = subprocess.run(
         [sys.executable, "-m", "handler"],
-        cwd=job_file.parent, env=env, capture_output=True, text=True, timeout=1800,
-    )  # fmt: skip
+        cwd=job_file.parent,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=1800,
+    )
     out = proc.stdout + proc.stderr
     m = re.search(r"'timings': (\{[^}]*\})", out)
     d = re.search(r"'duration': ([0-9.]+)", out)
@@ -48,8 +52,12 @@ def _queue_worker(job_file: Path, env: dict[str, str]) -> dict:
 def _in_process(job_file: Path, env: dict[str, str]) -> dict:
     proc = subprocess.run(
         [sys.executable, "-m", "handler.cli", "job", str(job_file)],
-        cwd=job_file.parent, env=env, capture_output=True, text=True, timeout=1800,
-    )  # fmt: skip
+        cwd=job_file.parent,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=1800,
+    )
     if proc.returncode != 0:
         raise RuntimeError(f"whisper-worker job failed: {proc.stderr[-800:]}")
     out = json.loads(proc.stdout)
@@ -64,8 +72,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--runs", type=int, default=3, help="runs of each path (default 3)")
     parser.add_argument("--load", type=int, default=0, help="stress-ng --cpu N beside (default 0)")
     parser.add_argument("--tolerance", type=float, default=0.10)
-    parser.add_argument("--env", action="append", default=[], metavar="KEY=VALUE",
-                        help="worker env (PYTHONPATH=<old checkout>: old code)")  # fmt: skip
+    parser.add_argument(
+        "--env",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="worker env (PYTHONPATH=<old checkout>: old code)",
+    )
     args = parser.parse_args(argv)
     machine = describe()
     env = {**os.environ, "WHISPER_DEVICE": "cpu", "RUNPOD_LOG_LEVEL": "INFO"}
@@ -78,8 +91,11 @@ def main(argv: list[str] | None = None) -> int:
         if not exe:
             print("bench: --load needs stress-ng (apt-get install stress-ng)", file=sys.stderr)
             return 2
-        stress = subprocess.Popen([exe, "--cpu", str(args.load), "--timeout", "3600"],
-                                  stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)  # fmt: skip
+        stress = subprocess.Popen(
+            [exe, "--cpu", str(args.load), "--timeout", "3600"],
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )
     try:
         with tempfile.TemporaryDirectory() as tmp:
             job_file = Path(tmp) / "test_input.json"
@@ -91,16 +107,21 @@ def main(argv: list[str] | None = None) -> int:
                 p = _in_process(job_file, env)
                 queue.append(q["transcribe"] / q["duration"])
                 inproc.append(p["transcribe"] / p["duration"])
-                print(f"run {i + 1}: queue worker {queue[-1]:.4f} s/s, in-process "
-                      f"{inproc[-1]:.4f} s/s", flush=True)  # fmt: skip
+                print(
+                    f"run {i + 1}: queue worker {queue[-1]:.4f} s/s, in-process "
+                    f"{inproc[-1]:.4f} s/s",
+                    flush=True,
+                )
     finally:
         if stress is not None:
             stress.terminate()
             stress.wait(10)
     q, p = statistics.median(queue), statistics.median(inproc)
     ratio = q / p
-    print(f"{clip.seconds:.0f} s of speech, load {args.load}: queue worker {q:.4f} s per audio s,"
-          f" in-process {p:.4f}; ratio {ratio:.2f} (limit {1 + args.tolerance:.2f})")  # fmt: skip
+    print(
+        f"{clip.seconds:.0f} s of speech, load {args.load}: queue worker {q:.4f} s per audio s,"
+        f" in-process {p:.4f}; ratio {ratio:.2f} (limit {1 + args.tolerance:.2f})"
+    )
     print(line(machine, describe()["load_1m"]))
     return 0 if ratio <= 1 + args.tolerance else 1
 

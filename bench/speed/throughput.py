@@ -53,8 +53,9 @@ def short_clips(n: int) -> list[Item]:
     return (items * (n // max(1, len(items)) + 1))[:n]
 
 
-def run_mode(name: str, env: dict[str, str], burst: list[Item], lone: int,
-             job_options: dict[str, Any]) -> dict[str, Any]:  # fmt: skip
+def run_mode(
+    name: str, env: dict[str, str], burst: list[Item], lone: int, job_options: dict[str, Any]
+) -> dict[str, Any]:
     with tempfile.TemporaryDirectory() as logs:
         em = Emulator(log_dir=logs).start()
         try:
@@ -101,16 +102,22 @@ def run_mode(name: str, env: dict[str, str], burst: list[Item], lone: int,
     audio = sum(_seconds(it.path) for it, _, _ in ok)
     lat = [dt for _, dt, _ in ok]
     return {
-        "mode": name, "env": env, "clips": len(burst), "completed": len(ok),
-        "failed": len(results) - len(ok), "wall_s": round(wall, 2),
-        "clips_per_s": round(len(ok) / wall, 3), "audio_s_per_s": round(audio / wall, 2),
-        "p50_s": round(percentile(lat, 50), 2), "p95_s": round(percentile(lat, 95), 2),
+        "mode": name,
+        "env": env,
+        "clips": len(burst),
+        "completed": len(ok),
+        "failed": len(results) - len(ok),
+        "wall_s": round(wall, 2),
+        "clips_per_s": round(len(ok) / wall, 3),
+        "audio_s_per_s": round(audio / wall, 2),
+        "p50_s": round(percentile(lat, 50), 2),
+        "p95_s": round(percentile(lat, 95), 2),
         "p99_s": round(percentile(lat, 99), 2),
         "wer": round(jiwer.wer(refs, hyps), 4) if ok else None,
         "lone_p50_s": round(statistics.median(lone_latency), 2) if lone_latency else None,
         "lone_p95_s": round(percentile(lone_latency, 95), 2) if lone_latency else None,
         "batch_histogram": dict(sorted(histogram.items())),
-    }  # fmt: skip
+    }
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -122,15 +129,29 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--concurrency", type=int, default=16, help="jobs the engine worker holds")
     parser.add_argument("--lone", type=int, default=5, help="lone jobs afterwards (latency)")
     parser.add_argument("--mix", action="store_true", help="add two ~4-minute recordings")
-    parser.add_argument("--option", action="append", default=[], metavar="KEY=JSON",
-                        help="job option for both modes, e.g. beam_size=1")  # fmt: skip
-    parser.add_argument("--malloc", choices=["keep", "system", "both"], default="keep",
-                        help="the worker's allocator policy (WHISPER_MALLOC); both: each mode"
-                        " under system, then keep (handler/inference/allocator.py)")  # fmt: skip
+    parser.add_argument(
+        "--option",
+        action="append",
+        default=[],
+        metavar="KEY=JSON",
+        help="job option for both modes, e.g. beam_size=1",
+    )
+    parser.add_argument(
+        "--malloc",
+        choices=["keep", "system", "both"],
+        default="keep",
+        help="the worker's allocator policy (WHISPER_MALLOC); both: each mode"
+        " under system, then keep (handler/inference/allocator.py)",
+    )
     parser.add_argument("--modes", default="sequential,engine", help="which modes to run")
-    parser.add_argument("--layout", action="append", default=[], metavar="NAME:KEY=V,KEY=V",
-                        help="one more engine mode with these settings, e.g. "
-                        "'2x1:WHISPER_NUM_WORKERS=2,WHISPER_CPU_THREADS=1'")  # fmt: skip
+    parser.add_argument(
+        "--layout",
+        action="append",
+        default=[],
+        metavar="NAME:KEY=V,KEY=V",
+        help="one more engine mode with these settings, e.g. "
+        "'2x1:WHISPER_NUM_WORKERS=2,WHISPER_CPU_THREADS=1'",
+    )
     parser.add_argument("--out", default=str(ROOT / "bench" / "out" / "throughput.json"))
     args = parser.parse_args(argv)
     burst = short_clips(args.clips)
@@ -141,17 +162,21 @@ def main(argv: list[str] | None = None) -> int:
     base = {"WHISPER_DEVICE": "cpu", "HF_HUB_OFFLINE": "1"}
     shapes = {
         "sequential": {"WHISPER_MAX_CONCURRENCY": "1", "WHISPER_BATCH_SIZE": "1"},
-        "engine": {"WHISPER_MAX_CONCURRENCY": str(args.concurrency),
-                   "WHISPER_BATCH_SIZE": str(args.batch_size)},
-    }  # fmt: skip
+        "engine": {
+            "WHISPER_MAX_CONCURRENCY": str(args.concurrency),
+            "WHISPER_BATCH_SIZE": str(args.batch_size),
+        },
+    }
     policies = ["system", "keep"] if args.malloc == "both" else [args.malloc]
     wanted = [m.strip() for m in args.modes.split(",") if m.strip() in shapes]
     modes = [
-        (name if len(policies) == 1 else f"{name}, malloc {policy}",
-         {**base, **shapes[name], "WHISPER_MALLOC": policy})
+        (
+            name if len(policies) == 1 else f"{name}, malloc {policy}",
+            {**base, **shapes[name], "WHISPER_MALLOC": policy},
+        )
         for policy in policies
         for name in wanted
-    ]  # fmt: skip
+    ]
     for spec in args.layout:
         label, _, pairs = spec.partition(":")
         extra = dict(p.split("=", 1) for p in pairs.split(",") if p)
@@ -167,12 +192,22 @@ def main(argv: list[str] | None = None) -> int:
     head = ("mode", "clips/s", "audio s/s", "p50 s", "p95 s", "p99 s", "WER", "lone p95 s")
     print("| " + " | ".join(head) + " |\n|" + "---|" * len(head))
     for r in report:
-        cells = (r["mode"], r["clips_per_s"], r["audio_s_per_s"], r["p50_s"], r["p95_s"],
-                 r["p99_s"], f"{100 * (r['wer'] or 0):.1f} %", r["lone_p95_s"])  # fmt: skip
+        cells = (
+            r["mode"],
+            r["clips_per_s"],
+            r["audio_s_per_s"],
+            r["p50_s"],
+            r["p95_s"],
+            r["p99_s"],
+            f"{100 * (r['wer'] or 0):.1f} %",
+            r["lone_p95_s"],
+        )
         print("| " + " | ".join(map(str, cells)) + " |")
     for r in report:
-        print(f"{r['mode']}: batch sizes (windows per size) {r['batch_histogram']}; "
-              f"failed {r['failed']}")  # fmt: skip
+        print(
+            f"{r['mode']}: batch sizes (windows per size) {r['batch_histogram']}; "
+            f"failed {r['failed']}"
+        )
     first = report[0]
     for r in report[1:]:
         if first["clips_per_s"]:
@@ -181,8 +216,9 @@ def main(argv: list[str] | None = None) -> int:
             print(f"{r['mode']} / {first['mode']}: {ratio:.2f}x clips/s, WER {points:+.1f} points")
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps({"machine": {**machine, "load_1m_after": load_after},
-                               "modes": report}, indent=2))  # fmt: skip
+    out.write_text(
+        json.dumps({"machine": {**machine, "load_1m_after": load_after}, "modes": report}, indent=2)
+    )
     return 1 if any(r["failed"] for r in report) else 0
 
 

@@ -41,7 +41,7 @@ from handler.settings import Settings
 # PyAV before 19 decoded a container's metadata strictly unless told to ignore errors (a
 # tag that is not UTF-8 would fail the open); PyAV 19 dropped the argument and refuses it
 # (TypeError), and it is what pip installs on Python 3.12, the image's Python (Ubuntu
-# 24.04), while 3.11 stays on 18. Found by replaying the image in a chroot (issue 23):
+# 24.04), while 3.11 stays on 18. Found by replaying the image in a chroot:
 # every job of the image ended INTERNAL. Passed only where PyAV takes it.
 _METADATA_ERRORS: dict[str, Any] = (
     {"metadata_errors": "ignore"} if int(av.__version__.split(".")[0]) < 19 else {}
@@ -195,11 +195,15 @@ def _wav_length_warnings(path: pathlib.Path, decoded: float) -> list[str]:
     present = (size - data_at) / byte_rate
     slack = max(_SHORTFALL_S, _SHORTFALL_FRACTION * declared)
     if declared - present > slack:
-        return [f"The WAV header declares {declared:.1f} s but the file holds {present:.1f} s: "
-                "the file is truncated."]  # fmt: skip
+        return [
+            f"The WAV header declares {declared:.1f} s but the file holds {present:.1f} s: "
+            "the file is truncated."
+        ]
     if present - declared > slack and present - decoded > slack:
-        return [f"The WAV header declares {declared:.1f} s of audio but the file holds "
-                f"{present:.1f} s; only the declared part was decoded."]  # fmt: skip
+        return [
+            f"The WAV header declares {declared:.1f} s of audio but the file holds "
+            f"{present:.1f} s; only the declared part was decoded."
+        ]
     return []
 
 

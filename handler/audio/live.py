@@ -20,8 +20,11 @@ import numpy as np
 from handler.contract import SAMPLE_RATE
 from handler.errors import Code, WorkerError
 
-FORMATS = {"audio/pcm": ("pcm_s16le", 24000), "audio/pcmu": ("pcm_mulaw", 8000),
-           "audio/pcma": ("pcm_alaw", 8000)}  # fmt: skip
+FORMATS = {
+    "audio/pcm": ("pcm_s16le", 24000),
+    "audio/pcmu": ("pcm_mulaw", 8000),
+    "audio/pcma": ("pcm_alaw", 8000),
+}
 """Format type -> (FFmpeg decoder, default rate)."""
 LEGACY_FORMATS = {"pcm16": "audio/pcm", "g711_ulaw": "audio/pcmu", "g711_alaw": "audio/pcma"}
 """The older transcription_session shape's names."""

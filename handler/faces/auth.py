@@ -76,8 +76,7 @@ class ApiKey:
             return
         await receive()  # websocket.connect
         if "websocket.http.response" in (scope.get("extensions") or {}):
-            await send({"type": "websocket.http.response.start", "status": 401,
-                        "headers": headers})  # fmt: skip
+            await send({"type": "websocket.http.response.start", "status": 401, "headers": headers})
             await send({"type": "websocket.http.response.body", "body": body})
         else:
             await send({"type": "websocket.close", "code": 1008, "reason": "invalid API key"})

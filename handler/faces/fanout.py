@@ -1,4 +1,4 @@
-"""A split recording's pieces as ordinary jobs on the worker's own endpoint (issue 33).
+"""A split recording's pieces as ordinary jobs on the worker's own endpoint.
 
 The worker that took the job submits each piece to ``{RUNPOD_ENDPOINT_BASE_URL}/
 {RUNPOD_ENDPOINT_ID}/run`` with ``RUNPOD_API_KEY`` (the endpoint's own key, which the user
@@ -113,8 +113,10 @@ class Platform:
         except BaseException:
             self._cancel([p for p in pieces if p.output is None and p.job_id and not p.here])
             raise
-        return [{"output": p.output, "job_id": p.job_id, "tries": p.tries, "here": p.here}
-                for p in pieces]  # fmt: skip
+        return [
+            {"output": p.output, "job_id": p.job_id, "tries": p.tries, "here": p.here}
+            for p in pieces
+        ]
 
     def _submit(self, p: Piece) -> None:
         p.tries += 1
@@ -122,13 +124,18 @@ class Platform:
             # A piece lives no longer than this job waits for it: one orphaned by a worker
             # that died is dropped by the platform, not run (and billed) hours later.
             policy = {"ttl": int(self.piece_timeout_s * 1000)}
-            r = self.http.post(f"{self.url}/run", json={"input": p.input, "policy": policy},
-                               timeout=REQUEST_TIMEOUT_S)  # fmt: skip
+            r = self.http.post(
+                f"{self.url}/run",
+                json={"input": p.input, "policy": policy},
+                timeout=REQUEST_TIMEOUT_S,
+            )
             r.raise_for_status()
             p.job_id = str(r.json()["id"])
         except (requests.RequestException, ValueError, KeyError) as exc:
-            raise WorkerError(Code.PIECE_FAILED, f"piece {p.index + 1} could not be submitted "
-                              f"to the endpoint: {type(exc).__name__}") from None  # fmt: skip
+            raise WorkerError(
+                Code.PIECE_FAILED,
+                f"piece {p.index + 1} could not be submitted to the endpoint: {type(exc).__name__}",
+            ) from None
         p.submitted = time.monotonic()
         log.info("piece %d submitted as job %s (try %d)", p.index + 1, p.job_id, p.tries)
 
@@ -140,8 +147,13 @@ class Platform:
         except (requests.RequestException, ValueError):
             return {"status": "UNKNOWN"}  # asked again at the next poll
 
-    def _wait(self, pieces: list[Piece], cancel: threading.Event | None,
-              run_here: RunHere | None, on_done: PieceDone | None) -> None:  # fmt: skip
+    def _wait(
+        self,
+        pieces: list[Piece],
+        cancel: threading.Event | None,
+        run_here: RunHere | None,
+        on_done: PieceDone | None,
+    ) -> None:
         while live := [p for p in pieces if p.output is None]:
             if cancel is not None and cancel.is_set():
                 raise WorkerError(Code.CANCELLED, "the job was cancelled")
@@ -172,8 +184,11 @@ class Platform:
 
     def _run_here(self, p: Piece, run_here: RunHere) -> None:
         """A piece no worker took in time, taken back from the queue and run here."""
-        log.info("piece %d waited %.0f s in the queue: running it on this worker",
-                 p.index + 1, time.monotonic() - p.submitted)  # fmt: skip
+        log.info(
+            "piece %d waited %.0f s in the queue: running it on this worker",
+            p.index + 1,
+            time.monotonic() - p.submitted,
+        )
         self._cancel([p])
         p.here = True
         output = run_here(p.index)
@@ -191,8 +206,9 @@ class Platform:
         if output is None or "result_url" not in output:
             return output
         try:
-            with requests.get(str(output["result_url"]), timeout=REQUEST_TIMEOUT_S,
-                              stream=True) as r:  # fmt: skip
+            with requests.get(
+                str(output["result_url"]), timeout=REQUEST_TIMEOUT_S, stream=True
+            ) as r:
                 r.raise_for_status()
                 body = r.raw.read(MAX_PIECE_RESULT_BYTES + 1, decode_content=True)
             if len(body) > MAX_PIECE_RESULT_BYTES:
@@ -205,8 +221,9 @@ class Platform:
         p.errors.append(why)
         log.warning("piece %d (job %s) failed: %s", p.index + 1, p.job_id, why)
         if p.tries >= TRIES:
-            raise WorkerError(Code.PIECE_FAILED, f"piece {p.index + 1} failed {p.tries} times "
-                              f"(last: {why})")  # fmt: skip
+            raise WorkerError(
+                Code.PIECE_FAILED, f"piece {p.index + 1} failed {p.tries} times (last: {why})"
+            )
         self._submit(p)
 
     def _cancel(self, pieces: list[Piece]) -> None:

@@ -121,9 +121,12 @@ class ServerState:
             max_workers=self.settings.concurrency, thread_name_prefix="http-job"
         )
         # A live turn's thread mostly waits on the engine; two per session (interim, final).
-        self.live = realtime.LiveState(ThreadPoolExecutor(
-            max_workers=max(1, 2 * self.settings.realtime_max_sessions), thread_name_prefix="live"
-        ))  # fmt: skip
+        self.live = realtime.LiveState(
+            ThreadPoolExecutor(
+                max_workers=max(1, 2 * self.settings.realtime_max_sessions),
+                thread_name_prefix="live",
+            )
+        )
 
     @property
     def capacity(self) -> int:
@@ -160,8 +163,10 @@ def add_job_routes(app: FastAPI, state: ServerState) -> None:
         worker = _ready_worker(state)
         if isinstance(worker, Response):
             return worker
-        data = [{"id": n, "object": "model", "created": 0, "owned_by": "whisper-worker"}
-                for n in ["whisper-1", *worker.pool.names]]  # fmt: skip
+        data = [
+            {"id": n, "object": "model", "created": 0, "owned_by": "whisper-worker"}
+            for n in ["whisper-1", *worker.pool.names]
+        ]
         return JSONResponse({"object": "list", "data": data})
 
     async def audio_route(request: Request) -> Response:
@@ -190,8 +195,12 @@ async def _audio_request(
     items = [(k, v) for k, v in form.multi_items() if k != "file" and isinstance(v, str)]
     try:
         fields = openai_api.fold_form(items)
-        req = openai_api.build_request(request.url.path, fields, loaded_models=worker.pool.names,
-                                       has_file=isinstance(upload, UploadFile))  # fmt: skip
+        req = openai_api.build_request(
+            request.url.path,
+            fields,
+            loaded_models=worker.pool.names,
+            has_file=isinstance(upload, UploadFile),
+        )
     except WorkerError as exc:
         return _error_response(exc.to_result())
     audio: bytes | None = None
@@ -214,8 +223,11 @@ async def _audio(state: ServerState, request: Request) -> Response:
     req, audio = parsed
     if req.stream:
         return await _stream(state, worker, request, req, audio)
-    result = await _run_admitted(state, request, lambda cancel: run_job(
-        req.job_input, worker, job_id="http", cancel=cancel, audio=audio))  # fmt: skip
+    result = await _run_admitted(
+        state,
+        request,
+        lambda cancel: run_job(req.job_input, worker, job_id="http", cancel=cancel, audio=audio),
+    )
     if isinstance(result, Response):
         return result
     if "error" in result:
@@ -239,8 +251,11 @@ async def _native(state: ServerState, request: Request) -> Response:
         return _error(Code.INVALID_INPUT, "the body is not JSON")
     if not isinstance(job, dict) or "input" not in job:
         return _error(Code.INVALID_INPUT, 'a job is {"input": {...}}')
-    result = await _run_admitted(state, request, lambda cancel: openai_api.run_any_job(
-        job["input"], worker, job_id="http", cancel=cancel))  # fmt: skip
+    result = await _run_admitted(
+        state,
+        request,
+        lambda cancel: openai_api.run_any_job(job["input"], worker, job_id="http", cancel=cancel),
+    )
     if isinstance(result, Response):
         return result
     if isinstance(result, dict) and "error" in result:
@@ -405,9 +420,19 @@ async def _stream(
 
     async def run() -> None:
         started[0] = True  # from here _run_admitted gives the place back
-        result = await _run_admitted(state, request, lambda cancel: run_job(
-            req.job_input, worker, job_id="http", cancel=cancel, on_segment=on_segment,
-            audio=audio), admitted=True)  # fmt: skip
+        result = await _run_admitted(
+            state,
+            request,
+            lambda cancel: run_job(
+                req.job_input,
+                worker,
+                job_id="http",
+                cancel=cancel,
+                on_segment=on_segment,
+                audio=audio,
+            ),
+            admitted=True,
+        )
         await queue.put(("done", result))
 
     def give_back(_task: asyncio.Future) -> None:

@@ -46,28 +46,38 @@ class Metrics:
             "whisper_http_requests", "HTTP requests answered", ["route", "status"], registry=r
         )
         self.latency = Histogram(
-            "whisper_http_request_seconds", "Time to answer an HTTP request", ["route"],
-            buckets=LATENCY_BUCKETS, registry=r,
-        )  # fmt: skip
-        self.jobs = Counter(
-            "whisper_jobs", "Jobs ended, by outcome (ok or the error code)", ["outcome"],
+            "whisper_http_request_seconds",
+            "Time to answer an HTTP request",
+            ["route"],
+            buckets=LATENCY_BUCKETS,
             registry=r,
-        )  # fmt: skip
+        )
+        self.jobs = Counter(
+            "whisper_jobs",
+            "Jobs ended, by outcome (ok or the error code)",
+            ["outcome"],
+            registry=r,
+        )
         self.audio = Counter("whisper_audio_seconds", "Seconds of audio transcribed", registry=r)
         self.rtf = Histogram(
-            "whisper_realtime_factor", "Model seconds per audio second, per job",
-            buckets=RTF_BUCKETS, registry=r,
-        )  # fmt: skip
+            "whisper_realtime_factor",
+            "Model seconds per audio second, per job",
+            buckets=RTF_BUCKETS,
+            registry=r,
+        )
         self.diarization_rtf = Histogram(
             "whisper_diarization_realtime_factor",
             "Diarizer seconds per audio second, per diarized job (beside the transcription: "
             "above whisper_realtime_factor, the diarizer is what the job waits for)",
-            buckets=RTF_BUCKETS, registry=r,
-        )  # fmt: skip
+            buckets=RTF_BUCKETS,
+            registry=r,
+        )
         self.batches = Histogram(
-            "whisper_batch_size", "Windows per batched model call a job rode in",
-            buckets=BATCH_BUCKETS, registry=r,
-        )  # fmt: skip
+            "whisper_batch_size",
+            "Windows per batched model call a job rode in",
+            buckets=BATCH_BUCKETS,
+            registry=r,
+        )
         self.running = Gauge("whisper_jobs_running", "Jobs in the model slots", registry=r)
         self.waiting = Gauge(
             "whisper_jobs_waiting", "Jobs admitted, waiting for a slot", registry=r
@@ -138,8 +148,11 @@ class RequestMetrics:
 
 
 class _NvmlMemory(ctypes.Structure):
-    _fields_ = [("total", ctypes.c_ulonglong), ("free", ctypes.c_ulonglong),
-                ("used", ctypes.c_ulonglong)]  # fmt: skip
+    _fields_ = [
+        ("total", ctypes.c_ulonglong),
+        ("free", ctypes.c_ulonglong),
+        ("used", ctypes.c_ulonglong),
+    ]
 
 
 _nvml: list[Any] = []

@@ -65,9 +65,15 @@ OPENAI_FIELDS = frozenset(
 )
 REFUSED_FIELDS = frozenset({"include"})
 LIST_FIELDS = frozenset(
-    {"timestamp_granularities", "include", "keywords", "languages", "known_speaker_names",
-     "known_speaker_references"}
-)  # fmt: skip
+    {
+        "timestamp_granularities",
+        "include",
+        "keywords",
+        "languages",
+        "known_speaker_names",
+        "known_speaker_references",
+    }
+)
 """OpenAI's list fields: sent as ``name[]`` by the SDKs, as the same plain field repeated by
 ``requests`` and ``httpx`` (both fold into one list)."""
 MAX_LIST_ITEMS = 100
@@ -153,8 +159,14 @@ def resolve_model(name: Any, loaded: list[str]) -> str | None:
 class OpenAIRequest:
     """One transcription or translation request, turned into a job input."""
 
-    def __init__(self, task: str, job_input: dict[str, Any], response_format: str,
-                 stream: bool, granularities: tuple[str, ...]) -> None:  # fmt: skip
+    def __init__(
+        self,
+        task: str,
+        job_input: dict[str, Any],
+        response_format: str,
+        stream: bool,
+        granularities: tuple[str, ...],
+    ) -> None:
         self.task = task
         self.job_input = job_input
         self.response_format = response_format
@@ -189,8 +201,13 @@ def build_request(
     want_words = fmt == "verbose_json" and "word" in granularities
     if want_words:
         job["word_timestamps"] = True
-    outputs = {"json": ["text"], "text": ["text"], "srt": ["srt"], "vtt": ["vtt"],
-               "diarized_json": ["diarized_json"]}  # fmt: skip
+    outputs = {
+        "json": ["text"],
+        "text": ["text"],
+        "srt": ["srt"],
+        "vtt": ["vtt"],
+        "diarized_json": ["diarized_json"],
+    }
     job.setdefault("output", outputs.get(fmt, ["verbose_json", *(["words"] if want_words else [])]))
     return OpenAIRequest(task, job, fmt, stream, granularities)
 
@@ -261,10 +278,14 @@ def _speakers(fields: Mapping[str, Any]) -> dict[str, Any]:
     out: dict[str, Any] = {"diarize": True} if diarize else {}
     if names:
         out["known_speakers"] = [
-            {"name": n, "audio_url" if r.split(":", 1)[0].lower() in ("http", "https")
-             else "audio_base64": r}
+            {
+                "name": n,
+                "audio_url"
+                if r.split(":", 1)[0].lower() in ("http", "https")
+                else "audio_base64": r,
+            }
             for n, r in zip(names, refs, strict=True)
-        ]  # fmt: skip
+        ]
     return out
 
 
@@ -287,8 +308,12 @@ def passthrough_request(raw_input: Mapping[str, Any], loaded_models: list[str]) 
         raise _bad("openai_input must be an object")
     fields = dict(fields)
     audio = fields.pop("file", None)
-    req = build_request(str(raw_input["openai_route"]), fields, loaded_models=loaded_models,
-                        has_file=audio is not None)  # fmt: skip
+    req = build_request(
+        str(raw_input["openai_route"]),
+        fields,
+        loaded_models=loaded_models,
+        has_file=audio is not None,
+    )
     if req.stream:
         raise _bad("stream: use the endpoint's /stream for a queue job")
     if audio is not None:
@@ -316,8 +341,11 @@ def run_any_job(raw_input: Any, worker: Runtime, **options: Any) -> Any:
     return body
 
 
-SERVER_VAD_FIELDS = {"threshold": "threshold", "prefix_padding_ms": "speech_pad_ms",
-                     "silence_duration_ms": "min_silence_duration_ms"}  # fmt: skip
+SERVER_VAD_FIELDS = {
+    "threshold": "threshold",
+    "prefix_padding_ms": "speech_pad_ms",
+    "silence_duration_ms": "min_silence_duration_ms",
+}
 
 
 def _chunking(value: Any) -> dict[str, Any]:
@@ -399,8 +427,12 @@ HTTP_STATUS: dict[Code, int] = {
     Code.CANCELLED: 499,
     Code.INTERNAL: 500,
 }
-_TYPES = {400: "invalid_request_error", 413: "invalid_request_error",
-          415: "invalid_request_error", 422: "invalid_request_error"}  # fmt: skip
+_TYPES = {
+    400: "invalid_request_error",
+    413: "invalid_request_error",
+    415: "invalid_request_error",
+    422: "invalid_request_error",
+}
 
 
 def error_body(error: Mapping[str, Any]) -> tuple[int, dict[str, Any]]:

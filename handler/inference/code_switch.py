@@ -2,7 +2,7 @@
 
 Whisper decodes a window in one language, and a file's language is detected once: a
 conversation of English, French and Russian turns came back with the Russian turns
-translated into French and 12 s of speech without any segment (issue 31). With
+translated into French and 12 s of speech without any segment. With
 ``language: "multi"`` (Deepgram's name for the same thing) the speech is cut into regions
 at the VAD's pauses (``PAUSE_MS``, shorter than a turn-taking gap), each region's language
 is detected on its own (one batched encode of the regions, restricted to the allowed

@@ -135,8 +135,18 @@ def prepare(
         key += (language, task)
     ladder = temperatures(kwargs)
     fallback = dataclasses.replace(options, temperatures=ladder) if len(ladder) > 1 else None
-    return PreparedJob(features, metadata, chunks, tokenizer, options, prompt, language,
-                       float(probability), key, fallback)  # fmt: skip
+    return PreparedJob(
+        features,
+        metadata,
+        chunks,
+        tokenizer,
+        options,
+        prompt,
+        language,
+        float(probability),
+        key,
+        fallback,
+    )
 
 
 def _language(
@@ -245,11 +255,13 @@ def decode_batch(
     out: list[list[dict[str, Any]]] = [[] for _ in items]
     pending = [
         _Pending(
-            it, n, 0,
+            it,
+            n,
+            0,
             int(math.ceil(it.job.metadata[it.index]["duration"]) * model.frames_per_second),
         )
         for n, it in enumerate(items)
-    ]  # fmt: skip
+    ]
     for _ in range(1 + MAX_CONTINUATIONS):
         if alive is not None:
             pending = [p for p in pending if alive(p.slot)]
@@ -341,9 +353,11 @@ def _window_segments(
     job = p.item.job
     tok = job.tokenizer
     if job.fallback is not None and needs_fallback(
-        options, avg_logprob, get_compression_ratio(tok.decode(tokens).strip()),
+        options,
+        avg_logprob,
+        get_compression_ratio(tok.decode(tokens).strip()),
         result.no_speech_prob,
-    ):  # fmt: skip
+    ):
         # As WhisperModel.generate_with_fallback does for one window of a sequential
         # decode: the temperature ladder, on this window alone.
         result, avg_logprob, temperature, _ = model.generate_with_fallback(
@@ -450,13 +464,14 @@ def to_segments(window_outputs: Any, job: PreparedJob) -> Any:
                     text=seg["text"],
                     start=round(seg["start"], 3),
                     end=round(seg["end"], 3),
-                    words=[Word(**w) for w in seg["words"]] if job.options.word_timestamps
+                    words=[Word(**w) for w in seg["words"]]
+                    if job.options.word_timestamps
                     else None,
                     tokens=seg["tokens"],
                     avg_logprob=seg["avg_logprob"],
                     no_speech_prob=seg["no_speech_prob"],
                     compression_ratio=seg["compression_ratio"],
                     temperature=seg.get("temperature", job.options.temperatures[0]),
-                )  # fmt: skip
+                )
 
     return restore_speech_timestamps(numbered(), job.speech_chunks, SAMPLE_RATE)

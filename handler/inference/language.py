@@ -140,8 +140,10 @@ def speech_head(audio: np.ndarray, kwargs: dict[str, Any], limit: int) -> list[n
     end are not used until a longer prefix (or the whole) has been read.
     """
     options = vad_options(kwargs)
-    settle = int((options.min_silence_duration_ms + 2 * options.speech_pad_ms) / 1000
-                 * SAMPLE_RATE) + SAMPLE_RATE  # fmt: skip
+    settle = (
+        int((options.min_silence_duration_ms + 2 * options.speech_pad_ms) / 1000 * SAMPLE_RATE)
+        + SAMPLE_RATE
+    )
     n = HEAD_S * SAMPLE_RATE
     while True:
         whole = n >= len(audio)

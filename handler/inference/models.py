@@ -183,12 +183,19 @@ def _instances(spec: ModelSpec, settings: Settings, device: str, compute: str) -
         )
     try:
         return [
-            WhisperModel(spec.source, device=device, device_index=index, compute_type=compute,
-                         cpu_threads=cpu_threads, num_workers=settings.num_workers,
-                         download_root=settings.download_root, local_files_only=True)
+            WhisperModel(
+                spec.source,
+                device=device,
+                device_index=index,
+                compute_type=compute,
+                cpu_threads=cpu_threads,
+                num_workers=settings.num_workers,
+                download_root=settings.download_root,
+                local_files_only=True,
+            )
             for index in (settings.device_index if device == "cuda" else [0])
             for _ in range(settings.instances_per_device)
-        ]  # fmt: skip
+        ]
     except Exception as exc:
         reason = str(exc).splitlines()[0][:300] if str(exc) else type(exc).__name__
         if "local_files_only" in str(exc) or "snapshot folder" in str(exc):

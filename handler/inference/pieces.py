@@ -1,4 +1,4 @@
-"""Where to cut a long recording into pieces for other workers (``split``, issue 33).
+"""Where to cut a long recording into pieces for other workers (``split``).
 
 Cuts go in silences the VAD finds, each as near as it can be to an equal share of the
 recording: the middle of the longest pause within ``SEARCH`` of the share's end (of the
@@ -59,12 +59,16 @@ def speech(audio: np.ndarray, kwargs: dict[str, Any] | None = None, cores: int =
         a, b = edges[i], edges[i + 1]
         start = max(0, a - WARM_S * SAMPLE_RATE) // 512 * 512
         found = get_speech_timestamps(audio[start:b], options)
-        return [{"start": s["start"] + start, "end": s["end"] + start} for s in found
-                if s["end"] + start > a]  # fmt: skip
+        return [
+            {"start": s["start"] + start, "end": s["end"] + start}
+            for s in found
+            if s["end"] + start > a
+        ]
 
     with ThreadPoolExecutor(k, thread_name_prefix="vad") as pool:
-        found = sorted((s for part in pool.map(share, range(k)) for s in part),
-                       key=lambda s: s["start"])  # fmt: skip
+        found = sorted(
+            (s for part in pool.map(share, range(k)) for s in part), key=lambda s: s["start"]
+        )
     joined: Spans = []
     for s in found:
         if joined and s["start"] < joined[-1]["end"]:

@@ -231,18 +231,28 @@ def run_by_parts(
             if on_segment is not None:
                 on_segment(seg)
 
-        tr = run_part(audio[part.start : part.end], {**kwargs, "language": part.language},
-                      cancel=cancel, on_segment=placed, **rest)  # fmt: skip
+        tr = run_part(
+            audio[part.start : part.end],
+            {**kwargs, "language": part.language},
+            cancel=cancel,
+            on_segment=placed,
+            **rest,
+        )
         batch_wait += tr.batch_wait or 0.0
         batch_sizes += tr.batch_sizes or []
     main, probability = code_switch.main_language(plan) if plan else ("", 0.0)
-    return Transcript(segments=segments, language=main, language_probability=probability,
-                      seconds=time.perf_counter() - start, batch_wait=batch_wait,
-                      batch_sizes=batch_sizes,
-                      speech=[(r.start / fw_batch.SAMPLE_RATE, r.end / fw_batch.SAMPLE_RATE)
-                              for r in found],
-                      parts=[(p.start / fw_batch.SAMPLE_RATE,
-                      p.end / fw_batch.SAMPLE_RATE, p.language) for p in plan])  # fmt: skip
+    return Transcript(
+        segments=segments,
+        language=main,
+        language_probability=probability,
+        seconds=time.perf_counter() - start,
+        batch_wait=batch_wait,
+        batch_sizes=batch_sizes,
+        speech=[(r.start / fw_batch.SAMPLE_RATE, r.end / fw_batch.SAMPLE_RATE) for r in found],
+        parts=[
+            (p.start / fw_batch.SAMPLE_RATE, p.end / fw_batch.SAMPLE_RATE, p.language) for p in plan
+        ],
+    )
 
 
 def run_engine(

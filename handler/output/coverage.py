@@ -1,4 +1,4 @@
-"""Speech that no segment covers, said in a warning (issue 31: no speech silently dropped).
+"""Speech that no segment covers, said in a warning (no speech silently dropped).
 
 Whisper can skip speech: a turn in another language than the one it decodes in, a window
 it judged silent. The VAD's speech spans (the ones the transcription itself used) are

@@ -17,8 +17,26 @@ from typing import Any
 
 SENTENCE_END = (".", "?", "!", "。", "？", "！", "…")
 CLAUSE_END = (",", ";", ":", "，", "、")
-ABBREVIATIONS = frozenset({"mr.", "mrs.", "ms.", "dr.", "st.", "sr.", "jr.", "vs.", "etc.",
-                           "e.g.", "i.e.", "no.", "sra.", "m.", "mme.", "dott."})  # fmt: skip
+ABBREVIATIONS = frozenset(
+    {
+        "mr.",
+        "mrs.",
+        "ms.",
+        "dr.",
+        "st.",
+        "sr.",
+        "jr.",
+        "vs.",
+        "etc.",
+        "e.g.",
+        "i.e.",
+        "no.",
+        "sra.",
+        "m.",
+        "mme.",
+        "dott.",
+    }
+)
 """Words ending in a full stop that do not end a sentence."""
 PAUSE_S = 0.6
 _JOINERS = "-'’.,!?;:%)]}"
@@ -55,8 +73,15 @@ def _words(segments: Iterable[Any]) -> list[dict[str, Any]]:
                 prev["text"] = prev["raw"].strip()
                 prev["end"] = float(w["end"])
                 continue
-            out.append({"text": raw.strip(), "raw": raw, "start": float(w["start"]),
-                        "end": float(w["end"]), "speaker": speaker})  # fmt: skip
+            out.append(
+                {
+                    "text": raw.strip(),
+                    "raw": raw,
+                    "start": float(w["start"]),
+                    "end": float(w["end"]),
+                    "speaker": speaker,
+                }
+            )
     return out
 
 
@@ -112,8 +137,10 @@ def word_cues(segments: Iterable[Any], layout: Layout = Layout()) -> list[Cue]:
             close()
         if current and not fits([*current, w]):
             # Prefer to end the cue at its last clause break when it is not too early.
-            cut = max((k for k, c in enumerate(current[:-1]) if c["text"].endswith(CLAUSE_END)),
-                      default=-1)  # fmt: skip
+            cut = max(
+                (k for k, c in enumerate(current[:-1]) if c["text"].endswith(CLAUSE_END)),
+                default=-1,
+            )
             if cut >= len(current) // 2 and fits(current[cut + 1 :] + [w]):
                 rest = current[cut + 1 :]
                 del current[cut + 1 :]

@@ -97,8 +97,7 @@ class PieceStore:
 
         key = f"{self.prefix}{index + 1}.flac"
         try:
-            self._client().put_object(Bucket=bucket, Key=key, Body=data,
-                                      ContentType="audio/flac")  # fmt: skip
+            self._client().put_object(Bucket=bucket, Key=key, Body=data, ContentType="audio/flac")
         except (BotoCoreError, ClientError) as exc:
             log.warning("piece upload failed: %s", type(exc).__name__)
             raise WorkerError(
@@ -109,19 +108,25 @@ class PieceStore:
         self.keys.append(key)
         return f"s3://{bucket}/{key}"
 
-    def __exit__(self, kind: type[BaseException] | None, exc: BaseException | None,
-                 tb: TracebackType | None) -> None:  # fmt: skip
+    def __exit__(
+        self, kind: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
         if not self.keys:
             return
         from botocore.exceptions import BotoCoreError, ClientError
 
         objects = [{"Key": k} for k in self.keys]
         try:
-            self._client().delete_objects(Bucket=self.settings.piece_bucket,
-                                          Delete={"Objects": objects, "Quiet": True})  # fmt: skip
+            self._client().delete_objects(
+                Bucket=self.settings.piece_bucket, Delete={"Objects": objects, "Quiet": True}
+            )
         except (BotoCoreError, ClientError) as err:
-            log.warning("could not delete %d piece objects under %s: %s", len(self.keys),
-                        self.prefix, type(err).__name__)  # fmt: skip
+            log.warning(
+                "could not delete %d piece objects under %s: %s",
+                len(self.keys),
+                self.prefix,
+                type(err).__name__,
+            )
 
     def _client(self) -> Any:
         with self._lock:  # the pieces are put from several threads; one client serves all

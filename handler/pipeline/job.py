@@ -168,9 +168,12 @@ def _transcribe(
     if multi and job.diarize and not job.speaker_windows:
         options["breaks"] = _speaker_breaks(job, worker, call, audio, options["budget_s"])
     t = time.perf_counter()
-    with worker.memory_budget().reserve(job_bytes(duration), call.cancel,
-                                        what=f"{duration:.0f} s of audio"), \
-            speakers.beside(job, worker, call, audio.samples, options["budget_s"]):  # fmt: skip
+    with (
+        worker.memory_budget().reserve(
+            job_bytes(duration), call.cancel, what=f"{duration:.0f} s of audio"
+        ),
+        speakers.beside(job, worker, call, audio.samples, options["budget_s"]),
+    ):
         memory_wait = time.perf_counter() - t
         if batch_size > 1 and blocker is None:
             # the engine shares instances: no exclusive wait
@@ -181,13 +184,18 @@ def _transcribe(
             with worker.pool.acquire(model, call.cancel) as (instance, waited):
                 call.timings["queue_model"] = memory_wait + waited
                 if multi:
-                    tr = transcribe.run_by_parts(instance, audio.samples, kwargs,
-                                                 functools.partial(transcribe.run, instance),
-                                                 **options)  # fmt: skip
+                    tr = transcribe.run_by_parts(
+                        instance,
+                        audio.samples,
+                        kwargs,
+                        functools.partial(transcribe.run, instance),
+                        **options,
+                    )
                 else:
                     # Nothing reads the samples after this: the speech is gathered in them.
-                    tr = transcribe.run(instance, audio.samples, kwargs,
-                                        consume_audio=not job.diarize, **options)  # fmt: skip
+                    tr = transcribe.run(
+                        instance, audio.samples, kwargs, consume_audio=not job.diarize, **options
+                    )
     call.timings["transcribe"] = tr.seconds
     call.warnings += tr.warnings
     if tr.speech and (dropped := coverage.warning(tr.speech, tr.segments, multi)):
@@ -213,12 +221,14 @@ def _through_engine(
 ) -> transcribe.Transcript:
     """The engine's path: the whole job, or with ``"language": "multi"`` part by part."""
     if kwargs.get("language") != code_switch.MULTI:
-        return transcribe.run_engine(worker.engine, model, samples, kwargs,
-                                     batch_size=batch_size, **options)  # fmt: skip
+        return transcribe.run_engine(
+            worker.engine, model, samples, kwargs, batch_size=batch_size, **options
+        )
     instance, _ = worker.engine.scheduler_for(model.instances)
     part = functools.partial(transcribe.run_engine, worker.engine, model)
-    return transcribe.run_by_parts(instance, samples, kwargs, part, batch_size=batch_size,
-                                   **options)  # fmt: skip
+    return transcribe.run_by_parts(
+        instance, samples, kwargs, part, batch_size=batch_size, **options
+    )
 
 
 def _speaker_breaks(

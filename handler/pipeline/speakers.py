@@ -61,8 +61,9 @@ def _reference_samples(
     known: KnownSpeaker, settings: Settings, call: Call, where: str
 ) -> np.ndarray:
     try:
-        audio = read_audio(settings, audio_base64=known.audio_base64,
-                           audio_url=known.audio_url, cancel=call.cancel)  # fmt: skip
+        audio = read_audio(
+            settings, audio_base64=known.audio_base64, audio_url=known.audio_url, cancel=call.cancel
+        )
     except WorkerError as exc:
         raise WorkerError(exc.code, f"{where}: {exc.message}", retryable=exc.retryable) from None
     problem = f"{where}: {audio.duration:.1f} s; a reference clip is 2-10 s"
@@ -180,15 +181,17 @@ def _store(call: Call, box: dict[str, Any]) -> None:
 
 def _guard(stop: threading.Event | None, budget_s: float | None) -> Guard:
     deadline = None if budget_s is None else time.monotonic() + budget_s
-    return Guard(stop, deadline, Code.COMPUTE_BUDGET_EXCEEDED,
-                 "diarization used the job's compute budget")  # fmt: skip
+    return Guard(
+        stop, deadline, Code.COMPUTE_BUDGET_EXCEEDED, "diarization used the job's compute budget"
+    )
 
 
 def _count(job: JobInput) -> Any:
     from handler.inference.speakers.clusters import SpeakerCount
 
-    return SpeakerCount(job.num_speakers, job.min_speakers or 1,
-                        job.max_speakers or max(job.min_speakers or 1, 8))  # fmt: skip
+    return SpeakerCount(
+        job.num_speakers, job.min_speakers or 1, job.max_speakers or max(job.min_speakers or 1, 8)
+    )
 
 
 def from_pieces(
@@ -212,8 +215,10 @@ def from_pieces(
         parts = [Windows.from_json(w, diarizer.embedding_size).shifted(a) for a, w in pieces]
         whole = Windows.joined(parts, diarizer.embedding_size)
     except (ValueError, TypeError, KeyError) as exc:
-        log.warning("a piece's speaker windows are unusable (%s): embedding the whole here",
-                    type(exc).__name__)  # fmt: skip
+        log.warning(
+            "a piece's speaker windows are unusable (%s): embedding the whole here",
+            type(exc).__name__,
+        )
         whole = diarizer.windows_of(samples, guard, fine=False)
     call.diarization = diarizer.finish(samples, whole, _count(job), guard, call.references)
     call.timings["diarize"] = time.perf_counter() - t

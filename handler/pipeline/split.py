@@ -49,8 +49,9 @@ def run(
     spans = pieces.speech(samples, kwargs)
     bounds = list(pairwise([0, *pieces.cut_points(samples, n, kwargs, spans), len(samples)]))
     # A piece in which the VAD hears no speech would transcribe nothing: it is no job.
-    quiet = [bool(kwargs.get("vad_filter", True)) and not pieces.heard(spans, a, b)
-             for a, b in bounds]  # fmt: skip
+    quiet = [
+        bool(kwargs.get("vad_filter", True)) and not pieces.heard(spans, a, b) for a, b in bounds
+    ]
     stitch = Stitch(bounds, call, audio.duration)
     results = _run_pieces(child, samples, (bounds, quiet), worker, call, stitch, run_here, t)
     if job.diarize:
@@ -68,13 +69,21 @@ def run(
         out = res["output"]
         speech = sum(float(s["end"]) - float(s["start"]) for s in out.get("segments") or [])
         heard.setdefault(out.get("language") or "", []).append(
-            (speech, float(out.get("language_probability") or 0.0)))  # fmt: skip
+            (speech, float(out.get("language_probability") or 0.0))
+        )
         call.warnings += [f"piece {i + 1}: {w}" for w in out.get("warnings") or []]
-        call.pieces.append({"piece": i + 1, "start": round(a / SAMPLE_RATE, 3),
-                            "end": round(b / SAMPLE_RATE, 3), "speech": not quiet[i],
-                            "job_id": None if res.get("here") else res["job_id"],
-                            "ran_here": bool(res.get("here")), "tries": res["tries"],
-                            "seconds": (out.get("timings") or {}).get("total")})  # fmt: skip
+        call.pieces.append(
+            {
+                "piece": i + 1,
+                "start": round(a / SAMPLE_RATE, 3),
+                "end": round(b / SAMPLE_RATE, 3),
+                "speech": not quiet[i],
+                "job_id": None if res.get("here") else res["job_id"],
+                "ran_here": bool(res.get("here")),
+                "tries": res["tries"],
+                "seconds": (out.get("timings") or {}).get("total"),
+            }
+        )
     # Without speech anywhere: the first piece's (max keeps the first of equals).
     main = max(heard, key=lambda k: sum(speech for speech, _ in heard[k]))
     p = max(heard[main])[1] if detected is None else detected[1]
@@ -119,15 +128,21 @@ def _run_pieces(
     sent = [i for i, q in enumerate(quiet) if not q]
     results: dict[int, dict[str, Any]] = {
         i: {"output": quiet_output(child), "job_id": None, "tries": 0}
-        for i, q in enumerate(quiet) if q
-    }  # fmt: skip
+        for i, q in enumerate(quiet)
+        if q
+    }
     for i, res in results.items():
         stitch.done(i, res["output"])
 
     def here(j: int) -> dict[str, Any]:
         a, b = bounds[sent[j]]
-        return run_here(child, worker, job_id=f"{call.job_id}/{sent[j] + 1}", cancel=call.cancel,
-                        samples=samples[a:b])  # fmt: skip
+        return run_here(
+            child,
+            worker,
+            job_id=f"{call.job_id}/{sent[j] + 1}",
+            cancel=call.cancel,
+            samples=samples[a:b],
+        )
 
     with PieceStore(worker.settings) as store:
         inputs = _piece_inputs(child, samples, [bounds[i] for i in sent], store, worker.settings)
@@ -143,11 +158,14 @@ def _run_pieces(
 
 def quiet_output(child: dict[str, Any]) -> dict[str, Any]:
     """What a piece without speech would have answered: nothing heard, no speaker windows."""
-    out: dict[str, Any] = {"segments": [], "language": "", "language_probability": 0.0,
-                           "timings": {"total": 0.0}}  # fmt: skip
+    out: dict[str, Any] = {
+        "segments": [],
+        "language": "",
+        "language_probability": 0.0,
+        "timings": {"total": 0.0},
+    }
     if child.get("speaker_windows"):
-        out["speaker_windows"] = {"regions": [], "spans": [], "fine": [], "emb": "",
-                                  "fine_emb": ""}  # fmt: skip
+        out["speaker_windows"] = {"regions": [], "spans": [], "fine": [], "emb": "", "fine_emb": ""}
     return out
 
 
@@ -204,8 +222,9 @@ def _piece_inputs(
 def _piece_input(plan: Plan) -> dict[str, Any]:
     """The job's own options for each piece, asking for what stitching needs."""
     job, kwargs = plan.job, plan.kwargs
-    child = job.model_dump(exclude_unset=True, exclude={"audio_base64", "audio_url", "split",
-                                                         "output", "batch_size"})  # fmt: skip
+    child = job.model_dump(
+        exclude_unset=True, exclude={"audio_base64", "audio_url", "split", "output", "batch_size"}
+    )
     child = {k: v for k, v in child.items() if v is not None}
     child["output"] = ["segments"]
     if kwargs.get("word_timestamps"):
@@ -214,8 +233,13 @@ def _piece_input(plan: Plan) -> dict[str, Any]:
     if job.batch_size:
         child["batch_size"] = job.batch_size
     # The pieces embed their speech windows; the speakers are found on the whole (run).
-    for name in ("num_speakers", "min_speakers", "max_speakers", "known_speakers",
-                 "speaker_embeddings"):  # fmt: skip
+    for name in (
+        "num_speakers",
+        "min_speakers",
+        "max_speakers",
+        "known_speakers",
+        "speaker_embeddings",
+    ):
         child.pop(name, None)
     if job.diarize:
         child["speaker_windows"] = True
@@ -230,9 +254,13 @@ def _piece_segment(seg: dict[str, Any], offset: float, number: int) -> Segment:
     item["end"] = round(float(seg["end"]) + offset, 3)
     words = seg.get("words")
     item["words"] = (
-        [{**w, "start": round(w["start"] + offset, 3), "end": round(w["end"] + offset, 3)}
-         for w in words] if words else None
-    )  # fmt: skip
+        [
+            {**w, "start": round(w["start"] + offset, 3), "end": round(w["end"] + offset, 3)}
+            for w in words
+        ]
+        if words
+        else None
+    )
     if "language" in seg:
         item["language"] = seg["language"]
     if "speaker" in seg:

@@ -20,15 +20,21 @@ from tests.helpers import DATA
     "language, digits, spoken",
     [
         # conf-adminmenu-18.wav: plain faster-whisper wrote digits, the worker words
-        ("ru", "Нажмите 1, чтобы выключить микрофон, 2 чтобы...", "нажмите один чтобы выключить "
-         "микрофон два чтобы"),
-        ("it", "Premere 1 per preporre un messaggio o 2 per inoltrarlo", "premere uno per "
-         "preporre un messaggio o due per inoltrarlo"),
+        (
+            "ru",
+            "Нажмите 1, чтобы выключить микрофон, 2 чтобы...",
+            "нажмите один чтобы выключить микрофон два чтобы",
+        ),
+        (
+            "it",
+            "Premere 1 per preporre un messaggio o 2 per inoltrarlo",
+            "premere uno per preporre un messaggio o due per inoltrarlo",
+        ),
         ("es", "Marque 23 ahora", "marque veintitrés ahora"),
         ("fr", "Appuyez sur 4 ou 6", "appuyez sur quatre ou six"),
         ("en", "Press 1 or 21", "press one or twenty one"),
     ],
-)  # fmt: skip
+)
 def test_a_number_scores_the_same_as_digits_or_as_words(language, digits, spoken) -> None:
     assert normalise(digits, language) == normalise(spoken, language)
     if language != "en":  # Whisper's basic normaliser alone kept them apart (1 vs один)
@@ -75,8 +81,9 @@ def test_a_small_run_scores_the_worker_beside_plain(worker, tmp_path) -> None:
         Item(DATA / "jfk.wav", JFK_TEXT, "en", "read", "jfk"),
         Item(silence, "", "", "no_speech", "generated"),
     ]
-    plain = run_plain(WhisperModel(str(tiny_en_dir()), device="cpu", compute_type="int8"),
-                      items, lambda _: None)  # fmt: skip
+    plain = run_plain(
+        WhisperModel(str(tiny_en_dir()), device="cpu", compute_type="int8"), items, lambda _: None
+    )
     mine = run_worker("worker", worker, {}, items, lambda _: None)
     for run in (plain, mine):
         assert isinstance(run, Run) and len(run.outcomes) == 2

@@ -20,15 +20,25 @@ def test_every_bench_module_with_a_main_is_a_subcommand_in_help() -> None:
         if p.parent != ROOT / "bench" and "def main(" in p.read_text()
     }
     assert runnable == modules, runnable ^ modules
-    proc = subprocess.run([sys.executable, "-m", "bench", "--help"], capture_output=True,
-                          text=True, cwd=ROOT, timeout=60)  # fmt: skip
+    proc = subprocess.run(
+        [sys.executable, "-m", "bench", "--help"],
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+        timeout=60,
+    )
     assert proc.returncode == 0, proc.stderr
     for command in COMMANDS:
         assert f"    {command.name} " in proc.stdout or f"    {command.name}\n" in proc.stdout
 
 
 def test_a_subcommand_runs_its_module_from_the_table() -> None:
-    proc = subprocess.run([sys.executable, "-m", "bench", "memory", "--help"],
-                          capture_output=True, text=True, cwd=ROOT, timeout=120)  # fmt: skip
+    proc = subprocess.run(
+        [sys.executable, "-m", "bench", "memory", "--help"],
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+        timeout=120,
+    )
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert proc.stdout.startswith("usage: python -m bench memory")

@@ -162,7 +162,7 @@ def test_local_command_writes_json_table_and_plots(tmp_path: Path, capsys) -> No
         == 0
     )
     assert (out / "both-cost.png").read_bytes()[:8] == PNG
-    # Every run named gets its own latency and billed plots (issue 13 item 8), not the first only.
+    # Every run named gets its own latency and billed plots, not the first only.
     assert (out / "both-t-latency.png").exists() and (out / "both-t-billed.png").exists()
 
 
@@ -175,7 +175,7 @@ def _closed_port() -> int:
 
 
 def test_remote_run_that_reached_nothing_fails_loudly(tmp_path: Path, capsys, monkeypatch) -> None:
-    """Issue 13 item 3: against an unreachable endpoint the table used to say ``failed
+    """Against an unreachable endpoint the table used to say ``failed
     jobs 0``, the run exited 0 and drew empty plots. Real client, a closed 127.0.0.1 port."""
     monkeypatch.setenv("RUNPOD_API_KEY", "not-a-key")
     out = tmp_path / "out"
@@ -208,7 +208,7 @@ def test_remote_run_that_reached_nothing_fails_loudly(tmp_path: Path, capsys, mo
 
 
 def test_cost_plot_reads_as_money_and_names_every_run() -> None:
-    """Issue 13 item 8: the cost plot's ticks read as money and loads (it had ``6x10^0``
+    """The cost plot's ticks read as money and loads (it had ``6x10^0``
     ticks) and every measured run is labelled (its points were anonymous)."""
     from bench.common.plots import cost_figure
     from bench.cost.cost import summarize

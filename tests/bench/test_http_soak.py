@@ -1,4 +1,4 @@
-"""The short HTTP soak (issue 20): the real ``python -m handler serve`` on 127.0.0.1 under
+"""The short HTTP soak: the real ``python -m handler serve`` on 127.0.0.1 under
 a seeded mix from four clients: good uploads, streams and jobs, every bad-input class,
 disconnects mid-upload, mid-transcription and mid-stream, a burst past admission. Every
 answer right, none lost, every slot free afterwards and full concurrency served, the

@@ -1,4 +1,4 @@
-"""The short fault soak (issue 12): a few dozen jobs through real workers under the real
+"""The short fault soak: a few dozen jobs through real workers under the real
 SDK loop and the emulator, every bad-input class, job-done 5xx before and after commit,
 a worker SIGKILLed and one SIGTERMed mid-run and replaced. Nothing lost by a live worker,
 nothing wrong or duplicated, no temp file or fd left. ``python -m bench soak`` is the

@@ -72,7 +72,7 @@ def _cut(x: np.ndarray, count: SpeakerCount, threshold: float) -> np.ndarray:
     """Cut at ``threshold``, the few-window clusters (overlapped speech and noises make such
     outliers) absorbed: the answer without a hint. A count the job gave (or bounds) only
     moves that answer to the count: when it already has that many speakers it stands (a
-    hint never makes it worse: issue 31); with too many, the nearest clusters are merged
+    hint never makes it worse); with too many, the nearest clusters are merged
     (``merge_to``); with too few, the dendrogram is cut at the count (``cut_at_count``)."""
     merges = linkage(x)
     n = len(x)
@@ -232,9 +232,12 @@ def _chain(dist: np.ndarray, size: np.ndarray) -> list[tuple[int, int, float]]:
 
 
 def clusters_at(
-    merges: list[tuple[int, int, float]], n: int, *, k: int | None = None,
+    merges: list[tuple[int, int, float]],
+    n: int,
+    *,
+    k: int | None = None,
     threshold: float | None = None,
-) -> np.ndarray:  # fmt: skip
+) -> np.ndarray:
     """Labels after the merges closer than ``threshold``, or after all but the last k-1."""
     ordered = sorted(merges, key=lambda m: m[2])
     if k is not None:

@@ -124,8 +124,9 @@ class Diarizer:
             return Windows(regions, [], empty, fine_spans, empty, {"vad": t1 - t0})
         noise = speaker_features.noise_floor(samples)
         emb = self._embed_spans(samples, spans, guard, noise=noise)
-        fine_emb = (self._embed_spans(samples, fine_spans, guard, FINE_WINDOW_S, noise)
-                    if fine else None)  # fmt: skip
+        fine_emb = (
+            self._embed_spans(samples, fine_spans, guard, FINE_WINDOW_S, noise) if fine else None
+        )
         timings = {"vad": t1 - t0, "embed": time.perf_counter() - t1}
         return Windows(regions, spans, emb, fine_spans, fine_emb, timings, noise)
 
@@ -136,8 +137,9 @@ class Diarizer:
         guard: Guard | None = None,
         references: dict[str, np.ndarray] | None = None,
     ) -> Diarization:
-        return self.finish(samples, self.windows_of(samples, guard, fine=False), count,
-                           guard, references)  # fmt: skip
+        return self.finish(
+            samples, self.windows_of(samples, guard, fine=False), count, guard, references
+        )
 
     def finish(
         self,
@@ -168,8 +170,14 @@ class Diarizer:
         speakers = list(dict.fromkeys(t.speaker for t in turns))
         timings.update({"cluster": t3 - t2, "relabel": t4 - t3})
         voices = {names[i]: [round(float(v), 5) for v in c] for i, c in enumerate(centres)}
-        return Diarization(turns, speakers, sum(timings.values()), timings, round(snr, 1),
-                           {s: voices[s] for s in speakers if s in voices})  # fmt: skip
+        return Diarization(
+            turns,
+            speakers,
+            sum(timings.values()),
+            timings,
+            round(snr, 1),
+            {s: voices[s] for s in speakers if s in voices},
+        )
 
     def _relabel(
         self,
@@ -227,8 +235,11 @@ def _session(
     if device == "cuda":
         if CUDA not in onnxruntime.get_available_providers():
             version = onnxruntime.__version__
-            log.info("diarizer on the CPU: this onnxruntime (%s) has no CUDA provider "
-                     "(an image built with DIARIZER_GPU=true has)", version)  # fmt: skip
+            log.info(
+                "diarizer on the CPU: this onnxruntime (%s) has no CUDA provider "
+                "(an image built with DIARIZER_GPU=true has)",
+                version,
+            )
         else:
             _preload_cuda_libraries(onnxruntime)
             providers = [(CUDA, {"device_id": device_index}), CPU]
@@ -236,8 +247,10 @@ def _session(
             used = session.get_providers()[0]
             if used == CUDA:
                 return session, used
-            log.warning("diarizer on the CPU: onnxruntime's CUDA provider did not load "
-                        "(cuDNN 9, cuFFT, cuRAND or cuBLAS 12 missing?)")  # fmt: skip
+            log.warning(
+                "diarizer on the CPU: onnxruntime's CUDA provider did not load "
+                "(cuDNN 9, cuFFT, cuRAND or cuBLAS 12 missing?)"
+            )
             return session, used
     return onnxruntime.InferenceSession(path, options, providers=[CPU]), CPU
 
@@ -302,6 +315,10 @@ def load(model_dir: str, threads: int = 0, device: str = "cpu", device_index: in
     t = time.perf_counter()
     diarizer = Diarizer(model_dir, threads, device, device_index)
     diarizer.warm_up()
-    log.info("diarizer loaded from %s on %s in %.2fs", model_dir, diarizer.provider,
-             time.perf_counter() - t)  # fmt: skip
+    log.info(
+        "diarizer loaded from %s on %s in %.2fs",
+        model_dir,
+        diarizer.provider,
+        time.perf_counter() - t,
+    )
     return diarizer

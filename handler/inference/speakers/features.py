@@ -99,8 +99,10 @@ def noise_floor(samples: np.ndarray, block_s: float = 60.0) -> np.ndarray:
     power, one frame in NOISE_EVERY (every 100 ms), a minute at a time (an hour holds
     36,000 x 80 floats, 11.5 MB)."""
     block = int(block_s * SAMPLE_RATE)
-    parts = [mel_energies(samples[i : i + block + FRAME], NOISE_EVERY)
-             for i in range(0, len(samples), block)]  # fmt: skip
+    parts = [
+        mel_energies(samples[i : i + block + FRAME], NOISE_EVERY)
+        for i in range(0, len(samples), block)
+    ]
     frames = np.concatenate([p for p in parts if len(p)] or [np.zeros((1, MEL_BINS))])
     return np.percentile(frames, 10, axis=0).astype(np.float32)
 

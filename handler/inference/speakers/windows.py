@@ -28,7 +28,7 @@ VAD_CHUNK_S = 300.0
 class Windows:
     """A recording's speech regions and windows with their voice embeddings (sample
     positions): the costly half of diarizing. A split job's pieces compute theirs and the
-    whole clusters them all at once (issue 33). ``fine_emb`` None: not computed yet."""
+    whole clusters them all at once. ``fine_emb`` None: not computed yet."""
 
     regions: list[tuple[int, int]]
     spans: list[tuple[int, int]]
@@ -43,8 +43,9 @@ class Windows:
         def move(xs: list[tuple[int, int]]) -> list[tuple[int, int]]:
             return [(a + offset, b + offset) for a, b in xs]
 
-        return Windows(move(self.regions), move(self.spans), self.emb, move(self.fine),
-                       self.fine_emb)  # fmt: skip
+        return Windows(
+            move(self.regions), move(self.spans), self.emb, move(self.fine), self.fine_emb
+        )
 
     @staticmethod
     def joined(parts: list[Windows], dim: int) -> Windows:
@@ -65,8 +66,13 @@ class Windows:
             x = np.zeros((0, 0)) if x is None else x
             return base64.b64encode(x.astype("<f2").tobytes()).decode()
 
-        return {"regions": self.regions, "spans": self.spans, "fine": self.fine,
-                "emb": pack(self.emb), "fine_emb": pack(self.fine_emb)}  # fmt: skip
+        return {
+            "regions": self.regions,
+            "spans": self.spans,
+            "fine": self.fine,
+            "emb": pack(self.emb),
+            "fine_emb": pack(self.fine_emb),
+        }
 
     @classmethod
     def from_json(cls, data: Any, dim: int) -> Windows:
@@ -85,8 +91,9 @@ class Windows:
             return x.reshape(n, dim)
 
         win, fine = spans("spans"), spans("fine")
-        return cls(spans("regions"), win, unpack("emb", len(win)), fine,
-                   unpack("fine_emb", len(fine)))  # fmt: skip
+        return cls(
+            spans("regions"), win, unpack("emb", len(win)), fine, unpack("fine_emb", len(fine))
+        )
 
 
 def speech_regions(samples: np.ndarray, guard: Guard | None = None) -> list[tuple[int, int]]:
@@ -94,8 +101,7 @@ def speech_regions(samples: np.ndarray, guard: Guard | None = None) -> list[tupl
     VAD_CHUNK_S at a time (its working memory grows with the audio it is given)."""
     from faster_whisper.vad import VadOptions, get_speech_timestamps
 
-    options = VadOptions(min_silence_duration_ms=300, speech_pad_ms=100,
-                         min_speech_duration_ms=200)  # fmt: skip
+    options = VadOptions(min_silence_duration_ms=300, speech_pad_ms=100, min_speech_duration_ms=200)
     chunk = int(VAD_CHUNK_S * SAMPLE_RATE)
     out: list[tuple[int, int]] = []
     for offset in range(0, len(samples), chunk):
