@@ -145,7 +145,9 @@ def _nothing_to_transcribe(plan: Plan, call: Call) -> transcribe.Transcript:
     call.warnings.append(f"audio is shorter than {MIN_AUDIO_SECONDS} s; nothing was transcribed")
     call.timings["queue_model"] = 0.0
     call.timings["transcribe"] = 0.0
-    return transcribe.Transcript([], plan.job.language or "", 0.0, 0.0)
+    # A language the job named is the answer; "multi" is an option, never a language.
+    lang = plan.kwargs.get("language") or ""
+    return transcribe.Transcript([], "" if lang == code_switch.MULTI else lang, 0.0, 0.0)
 
 
 def _transcribe(
