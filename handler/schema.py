@@ -121,6 +121,16 @@ class KnownSpeaker(BaseModel):
         return self
 
 
+class PieceSeal(BaseModel):
+    """A split job's piece in the piece bucket: its digest, the seal's expiry (Unix
+    seconds) and the seal (handler.audio.seal); set by the worker that cut it."""
+
+    model_config = ConfigDict(extra="forbid")
+    sha256: str = Field(pattern=r"^[0-9a-f]{64}$")
+    expires: int = Field(ge=0)
+    sig: str = Field(pattern=r"^[0-9a-f]{64}$")
+
+
 class JobInput(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
@@ -162,6 +172,9 @@ class JobInput(BaseModel):
     speaker_embeddings: bool | None = None
     """Return each speaker's voice embedding (192 numbers, unit length) under
     ``speaker_embeddings``: to match speakers across recordings."""
+    piece: PieceSeal | None = None
+    """A split job's piece read from the piece bucket: the seal its parent signed (set by
+    the worker; a job without a valid one cannot read that bucket)."""
     speaker_windows: bool | None = None
     """A split job's piece: return the speech windows and their voice embeddings under
     ``speaker_windows`` instead of speakers, for the whole recording to cluster."""
@@ -413,6 +426,7 @@ DECODING_OPTIONS: frozenset[str] = frozenset(
         "known_speakers",
         "speaker_embeddings",
         "speaker_windows",
+        "piece",
         "split",
     }
 )
