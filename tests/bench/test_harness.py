@@ -212,7 +212,7 @@ def test_cost_plot_reads_as_money_and_names_every_run() -> None:
     ticks) and every measured run is labelled (its points were anonymous)."""
     from bench.common.plots import cost_figure
     from bench.cost.cost import summarize
-    from tests.test_report import PLACEHOLDER, RECORD
+    from tests.bench.test_report import PLACEHOLDER, RECORD
 
     cost = summarize(RECORD, PLACEHOLDER, active_workers=1)
     fig = cost_figure([cost, cost], labels=["low-load", "high-load"])
