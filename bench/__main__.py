@@ -57,6 +57,8 @@ COMMANDS: tuple[Command, ...] = (
             "short clips packed into one window against alone"),
     Command("diarization", "bench.accuracy.diarization",
             "who spoke when: DER, attribution, speed, memory, WER"),
+    Command("known-speakers", "bench.accuracy.known_speakers",
+            "known speakers' names: right and wrong rates on real voices; counts"),
     Command("corpus", "bench.common.eval_corpus",
             "fetch and check the evaluation corpus (real speech, five languages)"),
     # Speed and memory.

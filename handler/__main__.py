@@ -64,7 +64,9 @@ def queue_worker(settings: Settings) -> int:
         print(f"whisper-worker: {exc}", file=sys.stderr)
         return 1
     # A job's `split` submits its pieces to this endpoint with the endpoint's own key.
-    worker.fan_out = fanout.Platform.from_env(queue_wait_s=settings.piece_queue_wait_s)
+    worker.fan_out = fanout.Platform.from_env(
+        settings=settings, queue_wait_s=settings.piece_queue_wait_s
+    )
     handler, stream_handler = make_handlers(worker)
     # The SDK's local test mode does not iterate generators: stream only in the real loop.
     streaming = settings.stream and bool(os.environ.get("RUNPOD_WEBHOOK_GET_JOB"))

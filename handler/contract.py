@@ -19,6 +19,32 @@ SAMPLE_RATE: Final = 16000
 TERMINAL_JOB_STATES: Final = frozenset({"COMPLETED", "FAILED", "CANCELLED", "TIMED_OUT"})
 """RunPod job states after which a job never changes again (``/status``)."""
 
+OPENAI_TRANSCRIPTION_MODELS: Final = frozenset(
+    {
+        "whisper-1",
+        "gpt-transcribe",
+        "gpt-live-transcribe",
+        "gpt-4o-transcribe",
+        "gpt-4o-mini-transcribe",
+        "gpt-4o-mini-transcribe-2025-12-15",
+        "gpt-4o-transcribe-diarize",
+        "gpt-realtime-whisper",
+    }
+)
+"""OpenAI's transcription model names (its API reference and the openai SDK's
+``AudioTranscription.model``, 2026-12; LiveKit's and Pipecat's defaults among them): each
+one is this worker's default model, on every face. A later ``gpt-*transcribe*`` or
+``gpt-*whisper*`` name is taken the same way (:func:`is_openai_model`)."""
+
+
+def is_openai_model(name: str) -> bool:
+    """Whether ``name`` is one of OpenAI's transcription models (now or later)."""
+    n = name.lower()
+    return n in OPENAI_TRANSCRIPTION_MODELS or (
+        n.startswith("gpt-") and ("transcribe" in n or "whisper" in n)
+    )
+
+
 STARTUP_LOG_TAG: Final = "startup"
 """The word before the JSON of the worker's one start-up timing line (``startup {...}``)."""
 

@@ -14,8 +14,10 @@ so the library's defaults apply and are not restated here.
 
 from __future__ import annotations
 
+import json
 import math
-from typing import Annotated, Any, Literal
+import types
+from typing import Annotated, Any, Literal, Union, get_args, get_origin
 
 from pydantic import (
     BaseModel,
@@ -119,6 +121,16 @@ class KnownSpeaker(BaseModel):
         return self
 
 
+class PieceSeal(BaseModel):
+    """A split job's piece in the piece bucket: its digest, the seal's expiry (Unix
+    seconds) and the seal (handler.audio.seal); set by the worker that cut it."""
+
+    model_config = ConfigDict(extra="forbid")
+    sha256: str = Field(pattern=r"^[0-9a-f]{64}$")
+    expires: int = Field(ge=0)
+    sig: str = Field(pattern=r"^[0-9a-f]{64}$")
+
+
 class JobInput(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
@@ -160,6 +172,9 @@ class JobInput(BaseModel):
     speaker_embeddings: bool | None = None
     """Return each speaker's voice embedding (192 numbers, unit length) under
     ``speaker_embeddings``: to match speakers across recordings."""
+    piece: PieceSeal | None = None
+    """A split job's piece read from the piece bucket: the seal its parent signed (set by
+    the worker; a job without a valid one cannot read that bucket)."""
     speaker_windows: bool | None = None
     """A split job's piece: return the speech windows and their voice embeddings under
     ``speaker_windows`` instead of speakers, for the whole recording to cluster."""
@@ -230,6 +245,7 @@ class JobInput(BaseModel):
                 if new in data:
                     raise ValueError(f"give either '{old}' or '{new}', not both")
                 data[new] = data.pop(old)
+        _refuse_coercion(data)
         # The official worker's own Hub test sends "plain text"; it meant plain_text.
         for key in ("transcription", "translation"):
             if isinstance(data.get(key), str):
@@ -410,9 +426,73 @@ DECODING_OPTIONS: frozenset[str] = frozenset(
         "known_speakers",
         "speaker_embeddings",
         "speaker_windows",
+        "piece",
         "split",
     }
 )
+
+
+def _scalar_kinds() -> dict[str, tuple[type, frozenset[str]]]:
+    """Each field that takes a bool, an int or a float: that type, and the strings its
+    type also allows (``split``'s ``"auto"``)."""
+
+    def flat(t: Any) -> list[Any]:
+        origin = get_origin(t)
+        if origin is Annotated:
+            return flat(get_args(t)[0])
+        if origin in (Union, types.UnionType):
+            return [x for a in get_args(t) for x in flat(a)]
+        return [t]
+
+    kinds: dict[str, tuple[type, frozenset[str]]] = {}
+    for name, info in JobInput.model_fields.items():
+        parts = flat(info.annotation)
+        literals = frozenset(
+            v for p in parts if get_origin(p) is Literal for v in get_args(p) if isinstance(v, str)
+        )
+        for kind in (bool, int, float):
+            if kind in parts and str not in parts:
+                kinds[name] = (kind, literals)
+                break
+    return kinds
+
+
+def _refuse_coercion(data: dict[str, Any]) -> None:
+    """A JSON job's booleans and numbers come as JSON booleans and numbers: ``"split": true``
+    would run unsplit and ``"num_speakers": "2"`` or ``true`` pass as 2 or 1, so each is
+    refused by its field's name (HTTP form fields are typed first: :func:`typed_form`)."""
+    for name, value in data.items():
+        kind, literals = SCALAR_KINDS.get(name, (None, frozenset()))
+        if kind is None or (isinstance(value, str) and value in literals):
+            continue
+        if isinstance(value, str) or (isinstance(value, bool) and kind is not bool):
+            want = {bool: "true or false", int: "an integer", float: "a number"}[kind]
+            raise ValueError(f"{name}: {want}, not {json.dumps(value)}")
+
+
+def typed_form(fields: dict[str, Any]) -> dict[str, Any]:
+    """HTTP form fields (always text) as the job's types: ``"true"``/``"false"`` for a
+    bool, digits for an int, a number for a float; text that is none of these is left as
+    is, for the schema to refuse by the field's name."""
+    out = dict(fields)
+    for name, value in fields.items():
+        kind, literals = SCALAR_KINDS.get(name, (None, frozenset()))
+        if kind is None or not isinstance(value, str) or value in literals:
+            continue
+        text = value.strip().lower()
+        if kind is bool and text in ("true", "1", "false", "0"):
+            out[name] = text in ("true", "1")
+        elif kind is int and text.lstrip("-").isdigit():
+            out[name] = int(text)
+        elif kind is float:
+            try:
+                out[name] = float(text)
+            except ValueError:
+                pass
+    return out
+
+
+SCALAR_KINDS = _scalar_kinds()
 
 
 def parse_job_input(data: Any, *, audio_given: bool = False) -> JobInput:

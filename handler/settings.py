@@ -163,6 +163,10 @@ class Settings(BaseModel):
     """Bucket for a split job's pieces too large to travel inline (each piece's job then
     reads it as s3://; it must be in s3_allowed_buckets too); the objects are deleted when
     the job ends. Unset: such a split fails with INPUT_TOO_LARGE (ask for more pieces)."""
+    piece_secret: SecretStr | None = Field(None, min_length=16, max_length=512)
+    """Signs a split job's pieces in piece_bucket (an HMAC of each piece's URL, digest and
+    expiry), so that a job reads only pieces a job of this endpoint cut, unchanged. Unset:
+    the endpoint's RUNPOD_API_KEY (which a split needs anyway). Never logged."""
     piece_inline_bytes: int = Field(9_000_000, ge=0, le=9_500_000)
     """A split job's piece up to this many bytes of base64 travels inline in its job (the
     platform takes 10 MB on /run); a larger one goes through piece_bucket."""

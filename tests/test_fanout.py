@@ -25,7 +25,7 @@ from handler.errors import Code
 from handler.pipeline.job import run_job
 from runpod_emulator import Emulator
 from speech_assets.clips import long_clip
-from tests.helpers import wait_for, wer
+from tests.helpers import DATA, JFK_TEXT, make_settings, wait_for, wer
 from tests.test_platform import long_job
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -411,8 +411,11 @@ def test_large_pieces_travel_through_the_piece_bucket_and_are_deleted(one_job_wo
     assert status["status"] == "COMPLETED", status
     out = status["output"]
     assert wer(clip.text, out["text"]) <= 0.15
-    urls = [c.input.get("audio_url", "") for c in _children(em, parent)]
+    kids = _children(em, parent)
+    urls = [c.input.get("audio_url", "") for c in kids]
     assert urls and all(u.startswith("s3://pieces/pieces/") for u in urls), urls
+    # Each piece carries its parent's seal: the digest of the piece as cut, signed.
+    assert all(set(c.input["piece"]) == {"sha256", "expires", "sig"} for c in kids)
     assert any(not p["ran_here"] for p in out["pieces"])  # read from S3 by the other worker
     assert s3.list_objects_v2(Bucket="pieces").get("KeyCount") == 0
 
@@ -494,17 +497,87 @@ def test_a_piece_result_over_the_size_limit_is_read_back(one_job_workers) -> Non
     URL that does not answer counts as a failed piece (submitted again), never a hole."""
     from handler.faces.fanout import Platform
 
-    em, s3, _ = one_job_workers
+    em, s3, url = one_job_workers
     full = {"text": "ask not", "segments": [{"id": 1, "start": 0.0, "end": 1.0}]}
     s3.put_object(Bucket="pieces", Key="results/piece.json", Body=json.dumps(full).encode())
     try:
         link = s3.generate_presigned_url(
             "get_object", Params={"Bucket": "pieces", "Key": "results/piece.json"}, ExpiresIn=60
         )
-        platform = Platform(em.base_url, em.config.endpoint_id, em.api_key)
+        own = make_settings(s3_endpoint_url=url)
+        platform = Platform(em.base_url, em.config.endpoint_id, em.api_key, settings=own)
         assert platform._whole({"result_url": link, "language": "en"}) == full
         gone = link.replace("piece.json", "other.json")
         assert platform._whole({"result_url": gone, "language": "en"}) is None
         assert platform._whole({"text": "inline"}) == {"text": "inline"}
     finally:
         s3.delete_object(Bucket="pieces", Key="results/piece.json")
+
+
+def test_a_piece_results_url_goes_through_the_audio_url_guard(one_job_workers) -> None:
+    """The probe: the parent fetched a piece's result_url on a loopback address. Only the
+    deployment's own S3 endpoint may be private; any other private address is refused (a
+    failed piece: submitted again, then PIECE_FAILED), as an audio URL would be."""
+    from handler.faces.fanout import Platform
+    from tests.httpserver import LocalServer, respond
+
+    em, _, url = one_job_workers
+    body = json.dumps({"text": "from an internal service"}).encode()
+    with LocalServer() as inside:
+        inside.route("/result.json", lambda h: respond(h, 200, body))
+        own = make_settings(s3_endpoint_url=url)
+        platform = Platform(em.base_url, em.config.endpoint_id, em.api_key, settings=own)
+        assert platform._whole({"result_url": inside.url("/result.json")}) is None
+        assert inside.hits["/result.json"] == 0  # refused before any request was made
+        opened = make_settings(allow_private_urls="true")
+        lax = Platform(em.base_url, em.config.endpoint_id, em.api_key, settings=opened)
+        assert lax._whole({"result_url": inside.url("/result.json")}) == json.loads(body)
+
+
+def _sealed_job(s3: Any, key: str, audio: bytes, secret: str) -> dict[str, Any]:
+    from handler.audio.seal import seal
+
+    url = f"s3://pieces/{key}"
+    s3.put_object(Bucket="pieces", Key=key, Body=audio)
+    return {"audio_url": url, "piece": seal(url, audio, 600, secret.encode())}
+
+
+def test_only_sealed_unchanged_pieces_are_read_from_the_piece_bucket(
+    one_job_workers, tiny_pool, monkeypatch
+) -> None:
+    """The probe: any job could read any object of the piece bucket by its key, and a
+    piece overwritten while its job ran was stitched in unchecked."""
+    from handler.pipeline.runtime import Runtime
+
+    _, s3, url = one_job_workers
+    for name in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY"):
+        monkeypatch.setenv(name, "testing")
+    monkeypatch.setenv("AWS_DEFAULT_REGION", "us-east-1")
+    secret = "s" * 32
+    settings = make_settings(
+        device="cpu",
+        s3_endpoint_url=url,
+        s3_allowed_buckets="pieces",
+        piece_bucket="pieces",
+        piece_secret=secret,
+    )
+    worker = Runtime(settings=settings, pool=tiny_pool)
+    jfk = (DATA / "jfk.wav").read_bytes()
+    try:
+        good = _sealed_job(s3, "pieces/a/1.flac", jfk, secret)
+        assert wer(JFK_TEXT, run_job(good, worker)["text"]) < 0.2
+        no_seal = run_job({"audio_url": good["audio_url"]}, worker)
+        assert no_seal["error_code"] == "URL_NOT_ALLOWED" and not no_seal["retryable"]
+        forged = {**good, "piece": {**good["piece"], "sig": "0" * 64}}
+        assert run_job(forged, worker)["error_code"] == "URL_NOT_ALLOWED"
+        other_key = {**good, "audio_url": "s3://pieces/pieces/b/1.flac"}
+        assert run_job(other_key, worker)["error_code"] == "URL_NOT_ALLOWED"
+        wrong_secret = _sealed_job(s3, "pieces/c/1.flac", jfk, "t" * 32)
+        assert run_job(wrong_secret, worker)["error_code"] == "URL_NOT_ALLOWED"
+        # Overwritten after the seal: the bytes no longer match the digest.
+        s3.put_object(Bucket="pieces", Key="pieces/a/1.flac", Body=jfk[:-1000])
+        changed = run_job(good, worker)
+        assert changed["error_code"] == "INVALID_INPUT" and "changed" in changed["error"]
+    finally:
+        for key in ("pieces/a/1.flac", "pieces/c/1.flac"):
+            s3.delete_object(Bucket="pieces", Key=key)

@@ -22,6 +22,7 @@ import srt
 import webvtt
 from openai.types.audio import Transcription, TranscriptionVerbose
 
+from handler.contract import is_openai_model
 from handler.errors import Code, WorkerError
 from handler.faces import openai_api
 from tests import media
@@ -575,8 +576,8 @@ def test_openais_newer_fields_map_onto_the_job() -> None:
         has_file=True,
     )
     assert auto.job_input["vad_filter"] is True
-    assert openai_api.is_openai_model("gpt-4o-mini-transcribe")
-    assert not openai_api.is_openai_model("tiny")
+    assert is_openai_model("gpt-4o-mini-transcribe") and is_openai_model("gpt-realtime-whisper")
+    assert not is_openai_model("tiny")
 
 
 def test_every_error_code_has_an_http_status() -> None:

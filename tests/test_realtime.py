@@ -81,8 +81,24 @@ def test_deltas_carry_only_words_two_decodes_agree_on_and_never_take_text_back()
     assert turn.agreed_delta("and so my fellow".split()) == "and"  # the last 3 words wait
     assert turn.agreed_delta("and so my fellow Americans".split()) == " so my fellow"
     assert turn.agreed_delta("and so am I fellow".split()) == ""  # disagreement: wait
-    assert turn.final_delta("and so my fellow Americans ask".split()) == " Americans ask"
-    assert turn.final_delta("something else".split()) == ""  # never contradicts a delta
+    delta, transcript = turn.final("and so my fellow Americans ask".split())
+    assert (delta, transcript) == (" Americans ask", "and so my fellow Americans ask")
+
+
+def test_a_turns_deltas_add_up_to_its_transcript_when_the_final_decode_differs() -> None:
+    """The probe's case: "that agent" sent, the final decode "That agent is already logged
+    on." The transcript keeps what was sent; the last delta carries the rest."""
+    turn = LiveItem("item_1", 0)
+    sent = [turn.agreed_delta("that agent is".split()), turn.agreed_delta("that agent was".split())]
+    assert "".join(sent) == "that agent"
+    delta, transcript = turn.final("That agent is already logged on.".split())
+    assert "".join(sent) + delta == transcript == "that agent is already logged on."
+    # A word dropped or inserted by the final decode, punctuation moved: still one text.
+    for final in ("That, agent already logged on.", "So that agent is logged on.", "", "that"):
+        item = LiveItem("item_2", 0)
+        first = item.agreed_delta("that agent is logged".split())
+        last, text = item.final(final.split())
+        assert first + last == text, final
 
 
 @pytest.mark.model
@@ -141,11 +157,12 @@ def feed(append: Any, pcm: bytes) -> None:
 
 @pytest.mark.e2e
 def test_the_openai_sdks_realtime_client_gets_turns_and_transcripts(live: Server) -> None:
-    # JFK and a LibriVox reading, 1.5 s apart: at least two turns, each transcribed.
-    jfk, read = clips()[0], clips()[1]
-    audio = np.concatenate([silence(0.5), jfk.samples, silence(1.5), read.samples, silence(1.5)])
+    # JFK and three LibriVox readings, 1.5 s apart: a turn each at least, each transcribed.
+    spoken = clips()[:4]
+    audio = np.concatenate([silence(0.5)] + [x for c in spoken for x in (c.samples, silence(1.5))])
     client = live.client()
     transcripts: dict[str, str] = {}
+    deltas: dict[str, str] = {}
     order: list[tuple[str, str]] = []
     with client.realtime.connect(extra_query={"intent": "transcription"}) as conn:
         assert conn.recv().type == "session.created"
@@ -157,10 +174,14 @@ def test_the_openai_sdks_realtime_client_gets_turns_and_transcripts(live: Server
             ev = conn.recv()
             item = getattr(ev, "item_id", "") or ""
             order.append((ev.type, item))
+            if ev.type == "conversation.item.input_audio_transcription.delta":
+                deltas[item] = deltas.get(item, "") + ev.delta
             if ev.type == "conversation.item.input_audio_transcription.completed":
                 transcripts[item] = ev.transcript
                 assert ev.usage.type == "duration" and ev.usage.seconds > 0  # type: ignore[union-attr]
-            finished = not feeder.is_alive() and len(transcripts) >= 2 and _all_done(order)
+                # A turn's deltas add up to its transcript (OpenAI's behaviour).
+                assert deltas.get(item, "") == ev.transcript, (deltas.get(item), ev.transcript)
+            finished = not feeder.is_alive() and len(transcripts) >= 4 and _all_done(order)
             if ev.type == "error" and ev.error.code == "idle_timeout" and finished:
                 # The last transcript came while the trailing silence was still being sent
                 # (a fast machine): nothing more to say, so the server closes the idle session.
@@ -169,7 +190,7 @@ def test_the_openai_sdks_realtime_client_gets_turns_and_transcripts(live: Server
             if finished:
                 break
         feeder.join()
-    assert len(transcripts) >= 2, order
+    assert len(transcripts) >= 4, order
     for item in transcripts:  # each item: started, stopped, committed, then its transcript
         kinds = [k for k, i in order if i == item]
         assert (
@@ -184,7 +205,7 @@ def test_the_openai_sdks_realtime_client_gets_turns_and_transcripts(live: Server
             (i, None) for k, i in order if k == "input_audio_buffer.committed"
         )
     )
-    assert wer(JFK_TEXT + " " + read.text, text) < 0.25, text
+    assert wer(" ".join(c.text for c in spoken), text) < 0.25, text
 
 
 def _all_done(order: list[tuple[str, str]]) -> bool:
@@ -254,6 +275,13 @@ def test_the_async_client_gets_deltas_before_a_long_turn_ends(live: Server) -> N
         (e["type"], e.get("audio_start_ms"), e.get("audio_end_ms")) for e in events
     ]
     assert wer(reference, transcript) < 0.25, transcript
+    for done in (e for e in events if e["type"].endswith("transcription.completed")):
+        sent = "".join(
+            e["delta"]
+            for e in events
+            if e["type"].endswith("transcription.delta") and e["item_id"] == done["item_id"]
+        )
+        assert sent == done["transcript"], (sent, done["transcript"])
 
 
 def raw(srv: Server, query: str = "?intent=transcription") -> Any:
@@ -279,7 +307,7 @@ def events_until(ws: Any, kind: str, timeout: float = 60) -> list[dict[str, Any]
 def test_protocol_edge_cases_get_error_events_and_the_session_goes_on(live: Server) -> None:
     with raw(live) as ws:
         events_until(ws, "session.created")
-        semantic = {"audio": {"input": {"turn_detection": {"type": "semantic_vad"}}}}
+        unknown_vad = {"audio": {"input": {"turn_detection": {"type": "magic_vad"}}}}
         cases = [
             ("{not json", "invalid_json"),
             ('["a list"]', "invalid_event"),
@@ -287,7 +315,7 @@ def test_protocol_edge_cases_get_error_events_and_the_session_goes_on(live: Serv
             ('{"type": "input_audio_buffer.append", "audio": "!!"}', "invalid_base64"),
             ('{"type": "input_audio_buffer.commit"}', "input_audio_buffer_commit_empty"),
             ('{"type": "session.update", "session": {"type": "realtime"}}', "unsupported"),
-            (json.dumps({"type": "session.update", "session": semantic}), "unsupported"),
+            (json.dumps({"type": "session.update", "session": unknown_vad}), "invalid_value"),
         ]
         for bad, code in cases:
             ws.send(bad)
@@ -377,3 +405,171 @@ def test_turns_committed_faster_than_transcribed_are_all_answered(live: Server) 
     done = [e["item_id"] for e in seen if e["type"].endswith("transcription.completed")]
     assert len(committed) == 7 and sorted(done) == sorted(committed)
     assert not [e for e in seen if e["type"] == "error"]
+
+
+# --- what voice-agent clients and an attacker send ------------------------------------------
+
+
+def _update(ws: Any, session: dict[str, Any], kind: str = "session.update") -> dict[str, Any]:
+    """Send one update; its answer: session.updated (or the older shape's) or an error."""
+    ws.send(json.dumps({"type": kind, "session": session}))
+    while True:
+        ev = json.loads(ws.recv(timeout=60))
+        if ev["type"] in ("error", "session.updated", "transcription_session.updated"):
+            return ev
+
+
+def test_every_transcription_model_the_openai_sdk_names_is_the_default_model() -> None:
+    """The model names come from the real client: the openai SDK's own type for a live
+    session's transcription model (Pipecat sends gpt-realtime-whisper, LiveKit whisper-1
+    or gpt-4o-transcribe), and the HTTP face's audio model type."""
+    import typing
+
+    from openai.types.audio_model import AudioModel
+    from openai.types.realtime.audio_transcription import AudioTranscription
+
+    from handler.faces.openai_api import resolve_model
+
+    live = typing.get_args(AudioTranscription.model_fields["model"].annotation)
+    names = {a for t in live for a in typing.get_args(t) if isinstance(a, str)}
+    names |= set(typing.get_args(AudioModel))
+    assert {"gpt-realtime-whisper", "whisper-1", "gpt-4o-transcribe"} <= names
+    for name in sorted(names):
+        assert resolve_model(name, ["tiny.en"]) is None, name
+    with pytest.raises(WorkerError):
+        resolve_model("nova-3", ["tiny.en"])
+
+
+@pytest.mark.e2e
+def test_options_voice_agent_clients_send_are_served_not_errors(live: Server) -> None:
+    """Pipecat's OpenAIRealtimeSTTService (model gpt-realtime-whisper, noise_reduction) and
+    LiveKit's streaming STT (languages ["en"], keywords []): one update each, answered by
+    session.updated saying what is applied; an error event would end their streams."""
+    with raw(live) as ws:
+        events_until(ws, "session.created")
+        pipecat = {
+            "type": "transcription",
+            "audio": {
+                "input": {
+                    "format": {"type": "audio/pcm", "rate": 24000},
+                    "noise_reduction": {"type": "near_field"},
+                    "transcription": {"model": "gpt-realtime-whisper", "delay": "low"},
+                    "turn_detection": {"type": "server_vad", "silence_duration_ms": 500},
+                }
+            },
+            "include": ["item.input_audio_transcription.logprobs"],
+        }
+        ev = _update(ws, pipecat)
+        assert ev["type"] == "session.updated", ev
+        audio_in = ev["session"]["audio"]["input"]
+        assert audio_in["noise_reduction"] is None  # accepted, none applied: said so
+        assert audio_in["transcription"]["model"] == "gpt-realtime-whisper"
+        assert audio_in["turn_detection"]["silence_duration_ms"] == 500
+        livekit = {
+            "type": "transcription",
+            "audio": {
+                "input": {
+                    "noise_reduction": None,
+                    "transcription": {
+                        "model": "gpt-4o-transcribe",
+                        "languages": ["en"],
+                        "keywords": [],
+                    },
+                    "turn_detection": {"type": "semantic_vad", "eagerness": "high"},
+                }
+            },
+        }
+        ev = _update(ws, livekit)
+        assert ev["type"] == "session.updated", ev
+        t = ev["session"]["audio"]["input"]["transcription"]
+        assert t["language"] == "en" and t["languages"] == ["en"]
+        assert ev["session"]["audio"]["input"]["turn_detection"]["type"] == "server_vad"
+        ev = _update(ws, {"audio": {"input": {"transcription": {"keywords": ["Kubernetes"]}}}})
+        assert ev["session"]["audio"]["input"]["transcription"]["keywords"] == ["Kubernetes"]
+        far = {"audio": {"input": {"noise_reduction": {"type": "far_field"}}}}
+        assert _update(ws, far)["type"] == "session.updated"
+    assert "Traceback" not in live.logs()
+
+
+@pytest.mark.e2e
+def test_a_refused_update_changes_nothing_and_a_rate_change_rebuilds_the_decoder(
+    live: Server,
+) -> None:
+    """The probe: a rate change beside a bad field was half-applied (the rate changed, the
+    decoder did not), then the same valid update was "no change": 13 s of 16-kHz audio was
+    decoded as 24 kHz and words were lost."""
+    manual = {"turn_detection": None, "transcription": {"model": "whisper-1", "language": "en"}}
+    with raw(live) as ws:
+        events_until(ws, "session.created")
+        assert _update(ws, {"audio": {"input": manual}})["type"] == "session.updated"
+        bad = {
+            "audio": {
+                "input": {
+                    "format": {"type": "audio/pcm", "rate": 16000},
+                    "turn_detection": {"threshold": 5},
+                }
+            }
+        }
+        ev = _update(ws, bad)
+        assert ev["type"] == "error" and "threshold" in ev["error"]["message"], ev
+        ev = _update(ws, {"audio": {"input": {}}})
+        assert ev["session"]["audio"]["input"]["format"]["rate"] == 24000  # unchanged
+        assert ev["session"]["audio"]["input"]["turn_detection"] is None  # kept from before
+        good = {"audio": {"input": {"format": {"type": "audio/pcm", "rate": 16000}}}}
+        assert _update(ws, good)["session"]["audio"]["input"]["format"]["rate"] == 16000
+        jfk = clips()[0].samples
+        pcm16 = (np.clip(jfk, -1, 1) * 32767).astype("<i2").tobytes()
+        for i in range(0, len(pcm16), 32000):
+            chunk = base64.b64encode(pcm16[i : i + 32000]).decode()
+            ws.send(json.dumps({"type": "input_audio_buffer.append", "audio": chunk}))
+        ws.send(json.dumps({"type": "input_audio_buffer.commit"}))
+        done = events_until(ws, "conversation.item.input_audio_transcription.completed")[-1]
+        assert done["usage"]["seconds"] == pytest.approx(len(jfk) / 16000, abs=0.2)
+        assert wer(JFK_TEXT, done["transcript"]) < 0.2, done["transcript"]
+
+
+@pytest.mark.e2e
+def test_wrong_shapes_and_unknown_languages_are_invalid_requests_naming_the_field(
+    live: Server,
+) -> None:
+    cases = [
+        ({"audio": {"input": {"format": ["audio/pcm"]}}}, "session.audio.input.format"),
+        ({"audio": "pcm"}, "session.audio"),
+        ({"audio": {"input": {"transcription": "whisper-1"}}}, "transcription"),
+        ({"audio": {"input": {"transcription": {"language": "zz"}}}}, "language"),
+        ({"audio": {"input": {"transcription": {"languages": ["en", "zz"]}}}}, "languages"),
+        ({"audio": {"input": {"transcription": {"keywords": "one"}}}}, "keywords"),
+        ({"audio": {"input": {"noise_reduction": {"type": "studio"}}}}, "noise_reduction"),
+        ({"audio": {"input": {"turn_detection": ["server_vad"]}}}, "turn_detection"),
+    ]
+    with raw(live) as ws:
+        events_until(ws, "session.created")
+        for session, field in cases:
+            ev = _update(ws, session)
+            assert ev["type"] == "error", (session, ev)
+            assert ev["error"]["type"] == "invalid_request_error", ev
+            assert field in ev["error"]["message"], (field, ev)
+        for legacy in ({"input_audio_transcription": "x"}, {"input_audio_format": 7}):
+            ev = _update(ws, legacy, "transcription_session.update")
+            assert ev["error"]["type"] == "invalid_request_error", ev
+        # The session still serves: a valid update after all of them.
+        assert _update(ws, {"audio": {"input": {}}})["type"] == "session.updated"
+    assert "Traceback" not in live.logs() and "an event failed" not in live.logs()
+
+
+@pytest.mark.e2e
+def test_a_deeply_nested_event_is_refused_with_an_error_and_a_close_code(live: Server) -> None:
+    from websockets.exceptions import ConnectionClosed
+
+    with raw(live) as ws:
+        events_until(ws, "session.created")
+        # 60 kB, under this server's message cap (the probe's was 400 kB under the default)
+        ws.send("[" * 30_000 + "]" * 30_000)
+        ev = json.loads(ws.recv(timeout=30))
+        assert ev["type"] == "error" and ev["error"]["code"] == "invalid_event", ev
+        with pytest.raises(ConnectionClosed) as closed:
+            ws.recv(timeout=30)
+        assert closed.value.rcvd is not None and closed.value.rcvd.code == 1008
+    assert "nested" in live.logs()
+    with raw(live) as ws:  # the server goes on
+        events_until(ws, "session.created")

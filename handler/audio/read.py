@@ -10,6 +10,7 @@ import time
 from pathlib import Path
 
 from handler.audio.decode import DecodedAudio, decode_audio
+from handler.audio.seal import verify_file
 from handler.audio.sources import JOB_DIR_PREFIX, decode_base64, fetch_to_file
 from handler.settings import Settings
 
@@ -22,9 +23,11 @@ def read_audio(
     audio_url: str | None = None,
     cancel: threading.Event | None = None,
     timings: dict[str, float] | None = None,
+    sha256: str | None = None,
 ) -> DecodedAudio:
     """The audio of exactly one of ``data``, ``audio_base64`` or ``audio_url`` as 16-kHz
-    samples; ``timings`` gets its ``fetch`` and ``decode`` seconds."""
+    samples; ``timings`` gets its ``fetch`` and ``decode`` seconds. ``sha256``: the bytes
+    must have this digest (a sealed piece, handler.audio.seal)."""
     with tempfile.TemporaryDirectory(prefix=JOB_DIR_PREFIX) as tmp:
         src = Path(tmp) / "audio"
         t = time.perf_counter()
@@ -34,6 +37,8 @@ def read_audio(
             src.write_bytes(decode_base64(audio_base64, settings.max_inline_bytes))
         elif audio_url is not None:
             fetch_to_file(audio_url, src, settings, cancel=cancel)
+        if sha256 is not None:
+            verify_file(src, sha256)
         fetched = time.perf_counter()
         audio = decode_audio(src, settings, cancel=cancel)
         if timings is not None:

@@ -23,17 +23,23 @@ from __future__ import annotations
 import json
 import logging
 import os
+import tempfile
 import threading
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit
 
 import requests
 
+from handler.audio.netfetch import fetch_url
+from handler.audio.sources import JOB_DIR_PREFIX
 from handler.contract import TERMINAL_JOB_STATES
 from handler.errors import Code, WorkerError
 from handler.pipeline.runtime import PieceDone
+from handler.settings import Settings, load_settings
 
 log = logging.getLogger(__name__)
 
@@ -72,11 +78,13 @@ class Platform:
         endpoint_id: str,
         api_key: str,
         *,
+        settings: Settings | None = None,
         poll_s: float = 1.0,
         piece_timeout_s: float = PIECE_TIMEOUT_S,
         queue_wait_s: float = QUEUE_WAIT_S,
     ) -> None:
         self.url = f"{base_url.rstrip('/')}/{endpoint_id}"
+        self.settings = settings if settings is not None else load_settings({})
         self.poll_s = poll_s
         self.piece_timeout_s = piece_timeout_s
         self.queue_wait_s = queue_wait_s
@@ -85,7 +93,11 @@ class Platform:
 
     @classmethod
     def from_env(
-        cls, env: Mapping[str, str] | None = None, *, queue_wait_s: float = QUEUE_WAIT_S
+        cls,
+        env: Mapping[str, str] | None = None,
+        *,
+        settings: Settings | None = None,
+        queue_wait_s: float = QUEUE_WAIT_S,
     ) -> Platform | None:
         """From the worker's environment; None without a key or an endpoint id."""
         env = os.environ if env is None else env
@@ -93,7 +105,7 @@ class Platform:
         if not key or not endpoint:
             return None
         base = env.get("RUNPOD_ENDPOINT_BASE_URL") or DEFAULT_BASE_URL
-        return cls(base, endpoint, key, queue_wait_s=queue_wait_s)
+        return cls(base, endpoint, key, settings=settings, queue_wait_s=queue_wait_s)
 
     def __call__(
         self,
@@ -202,20 +214,25 @@ class Platform:
 
     def _whole(self, output: dict[str, Any] | None) -> dict[str, Any] | None:
         """A piece's result as its worker made it: one over the platform's size limit was
-        uploaded to the result bucket and is read back from its presigned URL."""
+        uploaded to the result bucket and is read back from its presigned URL, through the
+        same guard as audio URLs (no private address but the deployment's own S3 endpoint,
+        a byte cap, a deadline)."""
         if output is None or "result_url" not in output:
             return output
-        try:
-            with requests.get(
-                str(output["result_url"]), timeout=REQUEST_TIMEOUT_S, stream=True
-            ) as r:
-                r.raise_for_status()
-                body = r.raw.read(MAX_PIECE_RESULT_BYTES + 1, decode_content=True)
-            if len(body) > MAX_PIECE_RESULT_BYTES:
+        url = str(output["result_url"])
+        bounded = self.settings.model_copy(update={"max_download_bytes": MAX_PIECE_RESULT_BYTES})
+        own_s3 = self.settings.s3_endpoint_url
+        trusted = own_s3 is not None and _origin(url) == _origin(own_s3)
+        with tempfile.TemporaryDirectory(prefix=JOB_DIR_PREFIX) as tmp:
+            dest = Path(tmp) / "result.json"
+            try:
+                fetch_url(url, dest, bounded, trusted_origin=trusted, display="a piece's result")
+                return dict(json.loads(dest.read_bytes()))
+            except WorkerError as exc:
+                log.warning("a piece's result could not be read: %s", exc.code.value)
+                return None  # failed: submitted again, then PIECE_FAILED
+            except (ValueError, TypeError):
                 return None
-            return dict(json.loads(body))
-        except (requests.RequestException, ValueError, TypeError):
-            return None  # failed: submitted again, then PIECE_FAILED
 
     def _failed(self, p: Piece, why: str) -> None:
         p.errors.append(why)
@@ -249,3 +266,11 @@ def _error_of(status: Mapping[str, Any]) -> str:
     code = output.get("error_code") if isinstance(output, dict) else None
     state = str(status.get("status"))
     return f"{state}: {code}" if code else state
+
+
+def _origin(url: str) -> tuple[str, str, int | None]:
+    try:
+        parts = urlsplit(url)
+        return parts.scheme.lower(), (parts.hostname or "").lower(), parts.port
+    except ValueError:
+        return "", "", None

@@ -34,17 +34,14 @@ import json
 from collections.abc import Iterable, Mapping
 from typing import Any
 
+from handler.contract import is_openai_model
 from handler.errors import Code, WorkerError
 from handler.pipeline.job import run_job
 from handler.pipeline.runtime import Runtime
+from handler.schema import typed_form
 
 ROUTES = {"/v1/audio/transcriptions": "transcribe", "/v1/audio/translations": "translate"}
 RESPONSE_FORMATS = ("json", "text", "srt", "vtt", "verbose_json", "diarized_json")
-OPENAI_MODEL_NAMES = frozenset(
-    {"whisper-1", "gpt-4o-transcribe", "gpt-4o-mini-transcribe", "gpt-4o-transcribe-diarize"}
-)
-"""OpenAI's transcription models when this was written; :func:`is_openai_model` takes
-every later ``gpt-*transcribe*`` name the same way."""
 # OpenAI's own request fields; every other field is one of our job options.
 OPENAI_FIELDS = frozenset(
     {
@@ -135,12 +132,6 @@ def _bool(name: str, value: Any) -> bool:
     raise _bad(f"{name}: must be true or false")
 
 
-def is_openai_model(name: str) -> bool:
-    """Whether ``name`` is one of OpenAI's transcription models (now or later)."""
-    n = name.lower()
-    return n in OPENAI_MODEL_NAMES or (n.startswith("gpt-") and "transcribe" in n)
-
-
 def resolve_model(name: Any, loaded: list[str]) -> str | None:
     """Our model for OpenAI's ``model`` field: None (the default) for OpenAI's names."""
     if name is None or name == "":
@@ -188,9 +179,9 @@ def build_request(
     _refuse(fields)
     fmt, granularities = _format(fields)
     stream = _bool("stream", fields.get("stream", False))
-    job: dict[str, Any] = {
-        k: v for k, v in fields.items() if k not in OPENAI_FIELDS and v is not None
-    }
+    job: dict[str, Any] = typed_form(
+        {k: v for k, v in fields.items() if k not in OPENAI_FIELDS and v is not None}
+    )
     if has_file and ("audio_url" in job or "audio_base64" in job or "audio" in job):
         raise _bad("give either file or audio_url, not both")
     if task == "translate":

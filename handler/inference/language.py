@@ -11,6 +11,7 @@ from __future__ import annotations
 from typing import Any
 
 import numpy as np
+from faster_whisper.tokenizer import _LANGUAGE_CODES
 from faster_whisper.vad import get_speech_timestamps
 
 from handler.errors import Code, WorkerError
@@ -35,6 +36,9 @@ def plan(
     English-only model, INVALID_INPUT otherwise), or a job list that leaves none.
     """
     if job_allow:
+        if nonsense := sorted(set(job_allow) - set(_LANGUAGE_CODES)):
+            what = f"languages: {', '.join(nonsense)}: not a language Whisper knows"
+            raise WorkerError(Code.INVALID_INPUT, what)
         unknown = sorted(set(job_allow) - set(model.languages))
         if unknown and model.multilingual:
             raise WorkerError(

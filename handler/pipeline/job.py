@@ -16,6 +16,7 @@ from typing import Any
 
 import numpy as np
 
+from handler.audio import seal
 from handler.audio.decode import DecodedAudio
 from handler.audio.read import read_audio
 from handler.contract import SAMPLE_RATE, Segment
@@ -131,6 +132,9 @@ def _fetch_and_decode(plan: Plan, settings: Settings, call: Call) -> DecodedAudi
         call.timings["fetch"] = call.timings["decode"] = 0.0
         return DecodedAudio(call.samples, seconds, None, "live")
     job = plan.job
+    sealed = None
+    if job.audio_url is not None and seal.in_piece_bucket(job.audio_url, settings):
+        sealed = seal.check(job.audio_url, job.piece, settings)
     return read_audio(
         settings,
         data=call.audio,
@@ -138,6 +142,7 @@ def _fetch_and_decode(plan: Plan, settings: Settings, call: Call) -> DecodedAudi
         audio_url=job.audio_url,
         cancel=call.cancel,
         timings=call.timings,
+        sha256=sealed,
     )
 
 
@@ -145,7 +150,9 @@ def _nothing_to_transcribe(plan: Plan, call: Call) -> transcribe.Transcript:
     call.warnings.append(f"audio is shorter than {MIN_AUDIO_SECONDS} s; nothing was transcribed")
     call.timings["queue_model"] = 0.0
     call.timings["transcribe"] = 0.0
-    return transcribe.Transcript([], plan.job.language or "", 0.0, 0.0)
+    # A language the job named is the answer; "multi" is an option, never a language.
+    lang = plan.kwargs.get("language") or ""
+    return transcribe.Transcript([], "" if lang == code_switch.MULTI else lang, 0.0, 0.0)
 
 
 def _transcribe(

@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from handler.audio.read import read_audio
+from handler.contract import SAMPLE_RATE
 from handler.errors import Code, WorkerError
 from handler.guard import Guard
 from handler.schema import JobInput, KnownSpeaker
@@ -33,6 +34,8 @@ MIN_REFERENCE_S = 2.0
 MAX_REFERENCE_S = 10.0
 REFERENCE_SLACK_S = 0.25
 """Clips cut by hand run a little over or under; this much is forgiven either way."""
+MIN_REFERENCE_SPEECH_S = 1.5
+"""Speech a reference clip must hold (the VAD's): a voice is told apart on 1.5-s windows."""
 MAX_REFERENCE_BYTES = 20 * 2**20
 """A reference clip's file: 10 s of audio in any sane format is far below this."""
 
@@ -51,10 +54,28 @@ def references(
     t = time.perf_counter()
     out: dict[str, np.ndarray] = {}
     for i, known in enumerate(job.known_speakers or []):
-        samples = _reference_samples(known, bounded, call, f"known_speakers[{i}]")
-        out[known.name] = diarizer.clip_embedding(samples)
+        where = f"known_speakers[{i}]"
+        samples = _reference_samples(known, bounded, call, where)
+        regions = _speech_of(samples, where)
+        out[known.name] = diarizer.clip_embedding(samples, regions)
     call.timings["references"] = time.perf_counter() - t
     return out
+
+
+def _speech_of(samples: np.ndarray, where: str) -> list[tuple[int, int]]:
+    """The clip's speech (the VAD's regions): a clip of silence, noise, a tone or music
+    names no one (its embedding matched every voice alike)."""
+    from handler.inference.speakers.windows import speech_regions
+
+    regions = speech_regions(samples)
+    speech = sum(b - a for a, b in regions) / SAMPLE_RATE
+    if speech < MIN_REFERENCE_SPEECH_S:
+        raise WorkerError(
+            Code.INVALID_INPUT,
+            f"{where}: {speech:.1f} s of speech heard; a reference clip is 2-10 s of the "
+            f"speaker talking (at least {MIN_REFERENCE_SPEECH_S:g} s of speech)",
+        )
+    return regions
 
 
 def _reference_samples(

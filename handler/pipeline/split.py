@@ -17,15 +17,20 @@ from typing import Any
 
 import numpy as np
 
+from handler.audio import seal
 from handler.audio.decode import DecodedAudio
 from handler.audio.encode import to_flac
 from handler.contract import SAMPLE_RATE, SEGMENT_FIELDS, Segment
+from handler.errors import Code, WorkerError
 from handler.inference import language, pieces, threads, transcribe
 from handler.output.offload import PieceStore
 from handler.pipeline import speakers
 from handler.pipeline.runtime import Call, Plan, Runtime, compute_budget
 from handler.settings import Settings
 
+SEAL_S = 7200.0
+"""How long a piece's seal lets its job read it (the parent waits 30 min for a piece; its
+objects are deleted when the job ends, whichever comes first)."""
 LocalRun = Callable[..., dict[str, Any]]
 """``run_job``: a piece run on this worker (``run_here(input, worker, job_id=, cancel=,
 samples=)``)."""
@@ -212,7 +217,15 @@ def _piece_inputs(
         flac = to_flac(samples[a:b])
         if len(flac) * 4 / 3 <= settings.piece_inline_bytes:
             return {**child, "audio_base64": base64.b64encode(flac).decode()}
-        return {**child, "audio_url": store.put(i, flac, len(bounds))}
+        secret = seal.secret_of(settings)
+        if secret is None:
+            raise WorkerError(
+                Code.SPLIT_UNAVAILABLE,
+                "pieces in the piece bucket are sealed with WHISPER_PIECE_SECRET (else "
+                "RUNPOD_API_KEY): neither is set on this worker",
+            )
+        url = store.put(i, flac, len(bounds))
+        return {**child, "audio_url": url, "piece": seal.seal(url, flac, SEAL_S, secret)}
 
     cores = min(len(bounds), threads.usable_cpus())
     with ThreadPoolExecutor(max(1, cores), thread_name_prefix="piece") as pool:
@@ -223,7 +236,8 @@ def _piece_input(plan: Plan) -> dict[str, Any]:
     """The job's own options for each piece, asking for what stitching needs."""
     job, kwargs = plan.job, plan.kwargs
     child = job.model_dump(
-        exclude_unset=True, exclude={"audio_base64", "audio_url", "split", "output", "batch_size"}
+        exclude_unset=True,
+        exclude={"audio_base64", "audio_url", "split", "piece", "output", "batch_size"},
     )
     child = {k: v for k, v in child.items() if v is not None}
     child["output"] = ["segments"]

@@ -4,16 +4,32 @@ is answered with."""
 
 from __future__ import annotations
 
+import copy
 import secrets
 from typing import Any
 
 from handler.audio.live import LEGACY_FORMATS, LiveDecoder
 from handler.errors import WorkerError
 from handler.faces.openai_api import resolve_model
+from handler.inference import language
 from handler.inference.live_vad import TurnRules
+from handler.inference.models import ModelPool
+from handler.settings import Settings
 
 MIN_COMMIT_S = 0.1
 """OpenAI refuses to commit less than 100 ms of audio; so does this server."""
+MAX_EVENT_DEPTH = 16
+"""The deepest nesting of brackets an event may have (OpenAI's events nest 5 deep): deeper
+JSON is refused before it is parsed, and the session closed (1008)."""
+NOISE_REDUCTION = (None, "near_field", "far_field")
+"""``noise_reduction.type`` values a client may send: accepted, none applied (no denoiser
+was measured to help Whisper's WER here: docs/http.md), and said so in session.updated."""
+DELAYS = ("minimal", "low", "medium", "high", "xhigh")
+"""``transcription.delay`` (OpenAI's gpt-realtime-whisper): accepted; interim text here
+comes at its own cadence (INTERIM_EVERY_S)."""
+SEMANTIC_SILENCE_MS = {"low": 1500, "medium": 800, "auto": 800, "high": 500}
+"""``semantic_vad`` served as server VAD: its eagerness as the silence that ends a turn."""
+MAX_KEYWORDS_CHARS = 1000
 
 
 def new_id(prefix: str) -> str:
@@ -45,13 +61,18 @@ class SessionError(Exception):
 
 
 class Config:
-    """A transcription session's settings, as OpenAI's session object names them."""
+    """A transcription session's settings, as OpenAI's session object names them.
 
-    def __init__(self, loaded_models: list[str]) -> None:
-        self.loaded_models = loaded_models
+    ``update``/``update_legacy`` validate a whole ``session.update`` and return a new
+    Config: a refused update changes nothing (not the rate, not the model)."""
+
+    def __init__(self, pool: ModelPool, settings: Settings) -> None:
+        self.pool, self.settings = pool, settings
         self.format, self.rate = "audio/pcm", 24000
         self.model, self.prompt = "whisper-1", ""
         self.language: str | None = None
+        self.languages: list[str] | None = None
+        self.keywords: list[str] | None = None
         self.turns: TurnRules | None = TurnRules()
 
     def session(self, session_id: str, expires_at: int) -> dict[str, Any]:
@@ -73,14 +94,16 @@ class Config:
             "id": session_id,
             "object": "realtime.transcription_session",
             "expires_at": expires_at,
-            "include": None,
+            "include": None,  # logprobs: none are served
             "audio": {
                 "input": {
                     "format": fmt,
-                    "noise_reduction": None,
+                    "noise_reduction": None,  # none applied (NOISE_REDUCTION)
                     "transcription": {
                         "model": self.model,
                         "language": self.language,
+                        "languages": self.languages,
+                        "keywords": self.keywords,
                         "prompt": self.prompt,
                     },
                     "turn_detection": turn,
@@ -88,81 +111,110 @@ class Config:
             },
         }
 
-    def update(self, session: Any) -> None:
-        """Apply ``session.update``'s session (the current shape)."""
-        if not isinstance(session, dict):
-            raise SessionError("session: an object")
+    def update(self, session: Any) -> Config:
+        """``session.update``'s session (the current shape), applied to a copy."""
+        session = _object(session, "session")
         if session.get("type", "transcription") != "transcription":
             raise SessionError(
                 "only transcription sessions are served here (intent="
                 "transcription): not conversations",
                 "unsupported",
             )
-        if session.get("include"):
-            raise SessionError(
-                "include: logprobs are not served (the decoder keeps one "
-                "log-probability per segment)",
-                "unsupported",
-            )
-        audio_in = (session.get("audio") or {}).get("input") or {}
-        if not isinstance(audio_in, dict):
-            raise SessionError("session.audio.input: an object")
-        if audio_in.get("noise_reduction") is not None:
-            raise SessionError("noise_reduction is not served here", "unsupported")
+        _include(session.get("include"))
+        audio = _object(session.get("audio"), "session.audio")
+        audio_in = _object(audio.get("input"), "session.audio.input")
+        _noise(audio_in.get("noise_reduction"), "session.audio.input.noise_reduction")
+        new = copy.copy(self)
         if "format" in audio_in:
-            fmt = audio_in["format"] or {}
-            self._format(fmt.get("type", "audio/pcm"), fmt.get("rate"))
+            new._format(audio_in["format"], "session.audio.input.format")
         if "transcription" in audio_in:
-            self._transcription(audio_in["transcription"] or {})
+            t = _object(audio_in["transcription"], "session.audio.input.transcription")
+            new._transcription(t, "session.audio.input.transcription")
         if "turn_detection" in audio_in:
-            self._turns(audio_in["turn_detection"])
+            new._turns(audio_in["turn_detection"], "session.audio.input.turn_detection")
+        return new
 
-    def update_legacy(self, session: Any) -> None:
-        """Apply the older ``transcription_session.update`` shape."""
-        if not isinstance(session, dict):
-            raise SessionError("session: an object")
-        if session.get("include"):
-            raise SessionError("include: logprobs are not served", "unsupported")
+    def update_legacy(self, session: Any) -> Config:
+        """The older ``transcription_session.update`` shape, applied to a copy."""
+        session = _object(session, "session")
+        _include(session.get("include"))
+        _noise(session.get("input_audio_noise_reduction"), "session.input_audio_noise_reduction")
+        new = copy.copy(self)
         if "input_audio_format" in session:
-            name = session["input_audio_format"]
-            if name not in LEGACY_FORMATS:
-                raise SessionError(f"input_audio_format: one of {', '.join(LEGACY_FORMATS)}")
-            self._format(LEGACY_FORMATS[name], None)
+            new._format(session["input_audio_format"], "session.input_audio_format")
         if "input_audio_transcription" in session:
-            self._transcription(session["input_audio_transcription"] or {})
+            where = "session.input_audio_transcription"
+            new._transcription(_object(session["input_audio_transcription"], where), where)
         if "turn_detection" in session:
-            self._turns(session["turn_detection"])
+            new._turns(session["turn_detection"], "session.turn_detection")
+        return new
 
-    def _format(self, fmt: str, rate: Any) -> None:
+    def _format(self, fmt: Any, where: str) -> None:
+        if isinstance(fmt, str):  # the older shape's names, or a bare type
+            kind, rate = LEGACY_FORMATS.get(fmt, fmt), None
+        else:
+            fmt = _object(fmt, where)
+            kind, rate = fmt.get("type", "audio/pcm"), fmt.get("rate")
+        if not isinstance(kind, str) or (rate is not None and type(rate) is not int):
+            raise SessionError(f"{where}: {{type: audio/pcm | audio/pcmu | audio/pcma, rate}}")
         try:
-            LiveDecoder(fmt, rate)  # validates the pair
+            decoder = LiveDecoder(kind, rate)  # validates the pair
         except WorkerError as exc:
-            raise SessionError(exc.message) from None
-        self.format = fmt
-        self.rate = LiveDecoder(fmt, rate).rate
+            raise SessionError(f"{where}: {exc.message}") from None
+        self.format, self.rate = kind, decoder.rate
 
-    def _transcription(self, t: dict[str, Any]) -> None:
+    def _transcription(self, t: dict[str, Any], where: str) -> None:
         model = t.get("model", self.model)
         try:
-            resolve_model(model, self.loaded_models)
+            resolve_model(model, self.pool.names)
         except WorkerError as exc:
-            raise SessionError(exc.message, "invalid_model") from None
-        language, prompt = t.get("language"), t.get("prompt") or ""
-        if language is not None and not (isinstance(language, str) and 2 <= len(language) <= 8):
-            raise SessionError("transcription.language: a language code such as en")
+            raise SessionError(f"{where}.model: {exc.message}", "invalid_model") from None
+        lang, langs = t.get("language"), _strings(t.get("languages"), f"{where}.languages", 100)
+        if lang is not None and not (isinstance(lang, str) and 2 <= len(lang) <= 8):
+            raise SessionError(f"{where}.language: a language code such as en")
+        keywords = _strings(t.get("keywords"), f"{where}.keywords", 100)
+        if keywords and len(", ".join(keywords)) > MAX_KEYWORDS_CHARS:
+            raise SessionError(f"{where}.keywords: at most {MAX_KEYWORDS_CHARS} characters")
+        prompt = t.get("prompt") or ""
         if not isinstance(prompt, str) or len(prompt) > 2000:
-            raise SessionError("transcription.prompt: a string of at most 2000 characters")
-        self.model, self.language, self.prompt = model, language, prompt
+            raise SessionError(f"{where}.prompt: a string of at most 2000 characters")
+        if t.get("delay") not in (None, *DELAYS):
+            raise SessionError(f"{where}.delay: one of {', '.join(DELAYS)}")
+        if lang is None and langs and len(langs) == 1:
+            lang = langs[0]  # detection among one language is that language
+        self._languages_served(model, lang, langs, where)
+        self.model, self.language, self.languages = model, lang, langs or None
+        self.keywords, self.prompt = keywords or None, prompt
 
-    def _turns(self, td: Any) -> None:
+    def _languages_served(
+        self, model: str, lang: str | None, langs: list[str] | None, where: str
+    ) -> None:
+        """Refused now, as a file job would be, not turn after turn: a language the
+        model does not know, or a list of which the deployment allows none."""
+        loaded = self.pool.get(resolve_model(model, self.pool.names))
+        kwargs = {"language": lang} if lang else {}
+        try:
+            language.plan(loaded, kwargs, None, self.settings.languages, langs or None)
+        except WorkerError as exc:
+            field = "language" if lang and lang in exc.message else "languages"
+            raise SessionError(f"{where}.{field}: {exc.message}") from None
+
+    def _turns(self, td: Any, where: str) -> None:
         if td is None:
             self.turns = None
             return
-        if not isinstance(td, dict) or td.get("type", "server_vad") != "server_vad":
-            raise SessionError(
-                "turn_detection: server_vad or null (semantic_vad is not served)", "unsupported"
-            )
+        td = _object(td, where)
+        kind = td.get("type", "server_vad")
         rules = TurnRules()
+        if kind == "semantic_vad":
+            eagerness = td.get("eagerness", "auto")
+            if eagerness not in SEMANTIC_SILENCE_MS:
+                raise SessionError(f"{where}.eagerness: one of {', '.join(SEMANTIC_SILENCE_MS)}")
+            rules.silence_duration_ms = SEMANTIC_SILENCE_MS[eagerness]
+            self.turns = rules
+            return
+        if kind != "server_vad":
+            raise SessionError(f"{where}.type: server_vad, semantic_vad or null")
         for name, lo, hi in (
             ("threshold", 0.0, 1.0),
             ("prefix_padding_ms", 0, 5000),
@@ -171,19 +223,86 @@ class Config:
             value = td.get(name)
             if value is None:
                 continue
-            if not isinstance(value, (int, float)) or not lo <= value <= hi:
-                raise SessionError(f"turn_detection.{name}: from {lo} to {hi}")
+            if type(value) not in (int, float) or not lo <= value <= hi:
+                raise SessionError(f"{where}.{name}: from {lo} to {hi}")
             setattr(rules, name, type(getattr(rules, name))(value))
         self.turns = rules
 
     def job_input(self) -> dict[str, Any]:
         job: dict[str, Any] = {"output": ["text"]}
-        model = resolve_model(self.model, self.loaded_models)
+        model = resolve_model(self.model, self.pool.names)
         if model is not None:
             job["model"] = model
         if self.language and self.language != "multi":
             # "multi": each live turn is a part of its own, its language detected alone.
             job["language"] = self.language
+        elif self.languages and not self.language:
+            job["languages"] = self.languages
         if self.prompt:
             job["initial_prompt"] = self.prompt
+        if self.keywords:
+            job["hotwords"] = ", ".join(self.keywords)
         return job
+
+
+def _object(value: Any, where: str) -> dict[str, Any]:
+    """An object field (absent or null: empty); another shape is refused by its name."""
+    if value is None:
+        return {}
+    if not isinstance(value, dict):
+        raise SessionError(f"{where}: an object, not {type(value).__name__}")
+    return value
+
+
+def _strings(value: Any, where: str, most: int) -> list[str] | None:
+    if value is None:
+        return None
+    if not isinstance(value, list) or len(value) > most:
+        raise SessionError(f"{where}: a list of at most {most} strings")
+    if not all(isinstance(v, str) and 0 < len(v) <= 100 for v in value):
+        raise SessionError(f"{where}: strings of 1-100 characters")
+    return list(value)
+
+
+def _include(value: Any) -> None:
+    """``include`` (logprobs): accepted, none sent (the decoder keeps one log-probability
+    per segment, not per token); session.updated says ``include: null``."""
+    if value is not None and not (
+        isinstance(value, list) and all(isinstance(v, str) and len(v) <= 200 for v in value)
+    ):
+        raise SessionError("session.include: a list of strings")
+
+
+def _noise(value: Any, where: str) -> None:
+    kind = _object(value, where).get("type") if value is not None else None
+    if kind not in NOISE_REDUCTION:
+        raise SessionError(f"{where}.type: near_field, far_field, or null for none")
+
+
+def event_depth(text: str) -> int:
+    """How deep the brackets of a JSON text nest, strings skipped (before it is parsed:
+    a 200,000-deep array is a few hundred kilobytes). Audio chunks hold no brackets, so
+    most events are passed by counting them."""
+    if text.count("[") + text.count("{") <= MAX_EVENT_DEPTH:
+        return text.count("[") + text.count("{")
+    depth = deepest = 0
+    in_string = escaped = False
+    for ch in text:
+        if in_string:
+            if escaped:
+                escaped = False
+            elif ch == "\\":
+                escaped = True
+            elif ch == '"':
+                in_string = False
+        elif ch == '"':
+            in_string = True
+        elif ch in "[{":
+            depth += 1
+            if depth > deepest:
+                deepest = depth
+                if deepest > MAX_EVENT_DEPTH:
+                    return deepest
+        elif ch in "]}":
+            depth -= 1
+    return deepest

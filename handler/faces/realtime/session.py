@@ -4,6 +4,7 @@ commits), the interim and final decodes of each turn through the job pipeline.""
 from __future__ import annotations
 
 import asyncio
+import difflib
 import json
 import logging
 import threading
@@ -21,10 +22,12 @@ from handler.contract import SAMPLE_RATE
 from handler.errors import WorkerError
 from handler.faces.realtime.buffer import LiveBuffer
 from handler.faces.realtime.protocol import (
+    MAX_EVENT_DEPTH,
     MIN_COMMIT_S,
     Config,
     SessionError,
     error_event,
+    event_depth,
     new_id,
 )
 from handler.inference.live_vad import StreamVad, TurnDetector, TurnRules
@@ -82,8 +85,17 @@ class LiveItem:
             agreed += 1
         return self._advance(words[:agreed])
 
-    def final_delta(self, words: list[str]) -> str:
-        return self._advance(words)
+    def final(self, words: list[str]) -> tuple[str, str]:
+        """(the turn's last delta, its completed transcript) from the final decode's
+        words. The deltas of a turn add up to its transcript exactly, as OpenAI's do: the
+        words already sent stand (a final decode may change their case or punctuation:
+        "that agent" sent, "That agent is..." decoded), and the final decode gives what
+        follows them, found by aligning the two (difflib, on words without case or
+        punctuation)."""
+        rest = words[_end_of(self.emitted, words) :]
+        delta = (" " if self.emitted else "") + " ".join(rest) if rest else ""
+        self.emitted = self.emitted + rest
+        return delta, " ".join(self.emitted)
 
     def _advance(self, words: list[str]) -> str:
         n = len(self.emitted)
@@ -92,6 +104,30 @@ class LiveItem:
         new = words[n:]
         self.emitted = list(words)
         return (" " if n else "") + " ".join(new)
+
+
+def _bare(word: str) -> str:
+    return "".join(c for c in word.lower() if c.isalnum())
+
+
+def _end_of(sent: list[str], words: list[str]) -> int:
+    """Where in ``words`` the words ``sent`` end: after the last word matched with one of
+    them, counting any unmatched ones after it one for one."""
+    if not sent:
+        return 0
+    matcher = difflib.SequenceMatcher(
+        None, [_bare(w) for w in sent], [_bare(w) for w in words], autojunk=False
+    )
+    best = None
+    for a, b, size in matcher.get_matching_blocks():
+        if size and a < len(sent):
+            best = (a, b, size)
+    if best is None:
+        return min(len(sent), len(words))
+    a, b, size = best
+    if a + size >= len(sent):
+        return b + (len(sent) - a)
+    return min(len(words), b + size + (len(sent) - a - size))
 
 
 class Session:
@@ -109,7 +145,7 @@ class Session:
         self.live, self.on_result = live, on_result
         self.id = new_id("sess")
         self.started = time.monotonic()
-        self.config = Config(worker.pool.names)
+        self.config = Config(worker.pool, settings)
         self.decoder = LiveDecoder()
         self.vad: StreamVad | None = None
         self.detector = TurnDetector()
@@ -147,7 +183,8 @@ class Session:
                     continue
                 if message["type"] == "websocket.disconnect":
                     return
-                await self.receive(message)
+                if not await self.receive(message):
+                    return
         except (WebSocketDisconnect, RuntimeError):
             return  # the client vanished
         finally:
@@ -155,18 +192,25 @@ class Session:
             for task in list(self.tasks):
                 task.cancel()
 
-    async def receive(self, message: Any) -> None:
+    async def receive(self, message: Any) -> bool:
+        """Handle one message; False when the session is over (closed by this server)."""
         if message.get("text") is None:
             await self.send(error_event("send JSON text events, not binary", "binary_unsupported"))
-            return
+            return True
+        if (depth := event_depth(message["text"])) > MAX_EVENT_DEPTH:
+            log.warning("live session %s: closed, an event nested %d deep", self.id, depth)
+            text = f"an event nests deeper than {MAX_EVENT_DEPTH}: the session is closed"
+            await self.send(error_event(text, "invalid_event"))
+            await self.ws.close(code=1008)
+            return False
         try:
             event = json.loads(message["text"])
         except ValueError:
             await self.send(error_event("the message is not JSON", "invalid_json"))
-            return
+            return True
         if not isinstance(event, dict) or not isinstance(event.get("type"), str):
             await self.send(error_event("an event is a JSON object with a type", "invalid_event"))
-            return
+            return True
         try:
             await self.dispatch(event)
         except SessionError as exc:
@@ -181,6 +225,7 @@ class Session:
             log.exception("live session %s: an event failed", self.id)
             message = "internal error while handling the event"
             await self.send(error_event(message, "internal", "server_error", event.get("event_id")))
+        return True
 
     async def dispatch(self, event: dict[str, Any]) -> None:
         kind = event["type"]
@@ -206,10 +251,11 @@ class Session:
         else:
             raise SessionError(f"unknown event type {kind[:80]!r}", "unknown_event")
 
-    def _reconfigure(self, update: Callable[[Any], None], session: Any) -> None:
-        before = (self.config.format, self.config.rate)
-        update(session)
-        if (self.config.format, self.config.rate) != before:
+    def _reconfigure(self, update: Callable[[Any], Config], session: Any) -> None:
+        """A whole update validated first (``update`` returns a new Config, or raises with
+        nothing changed), then applied whole: another format or rate, another decoder."""
+        self.config = update(session)
+        if (self.config.format, self.config.rate) != (self.decoder.format, self.decoder.rate):
             self.decoder = LiveDecoder(self.config.format, self.config.rate)
         self.detector = TurnDetector(self.config.turns or TurnRules(), self.audio.received_ms)
         self.vad = None
@@ -406,8 +452,7 @@ class Session:
                 }
             )
             return
-        text = result["text"]
-        delta = turn.final_delta(text.split())
+        delta, text = turn.final(result["text"].split())
         if delta:
             await self._delta(turn, delta)
         await self.send(

@@ -102,9 +102,13 @@ class Diarizer:
     def embed(self, feats: np.ndarray) -> np.ndarray:
         return np.asarray(self.session.run(None, {"fbank": feats})[0])
 
-    def clip_embedding(self, samples: np.ndarray) -> np.ndarray:
-        """One embedding for a reference clip: the mean of its windows'."""
-        spans = windows([(0, len(samples))])
+    def clip_embedding(
+        self, samples: np.ndarray, regions: list[tuple[int, int]] | None = None
+    ) -> np.ndarray:
+        """One embedding for a reference clip: the mean of its speech's windows' (the
+        clip's speech regions: its silence or noise says nothing of the voice)."""
+        regions = speech_regions(samples) if regions is None else regions
+        spans = windows(regions) or windows([(0, len(samples))])
         noise = speaker_features.noise_floor(samples)
         return speaker_clusters.unit(
             self._embed_spans(samples, spans, None, noise=noise).mean(axis=0)
