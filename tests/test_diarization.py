@@ -438,6 +438,54 @@ def test_known_speakers_name_the_voices(dworker, sample) -> None:
     assert said == {"Diane"}, out["segments"]
 
 
+def _clip(x: np.ndarray) -> str:
+    return base64.b64encode(wav_bytes(x.astype(np.float32))).decode()
+
+
+def test_a_reference_clip_without_speech_names_no_one(dworker, sample) -> None:
+    """The probe: a clip of silence, white noise or a 1-kHz tone gave its name to
+    whoever spoke (cosine 0.40-0.51 against the threshold 0.35). A clip must hold speech."""
+    t = np.arange(4 * RATE) / RATE
+    rng = np.random.default_rng(0)
+    for what, x in {
+        "silence": np.zeros(4 * RATE),
+        "white noise": 0.1 * rng.standard_normal(4 * RATE),
+        "a 1-kHz tone": 0.3 * np.sin(2 * np.pi * 1000 * t),
+    }.items():
+        known = [{"name": "Ghost", "audio_base64": _clip(x)}]
+        out = run_job(sample_job(sample, known_speakers=known), dworker)
+        assert out.get("error_code") == "INVALID_INPUT", (what, out)
+        assert "known_speakers[0]" in out["error"] and "speech" in out["error"], out
+
+
+def test_a_reference_of_another_voice_names_no_one(dworker, sample) -> None:
+    """JFK's voice is not in the telephone call: his name goes to no one there, while the
+    call's own speaker still gets hers."""
+    jfk = read_wav(DATA / "jfk.wav")[: 8 * RATE]
+    known = [
+        {"name": "Kennedy", "audio_base64": _clip(jfk)},
+        {"name": "Diane", "audio_base64": _clip(cut(sample[0], 10.6, 14.45))},
+    ]
+    out = run_job(sample_job(sample, known_speakers=known, output=["segments"]), dworker)
+    assert "error" not in out, out
+    names = {s["speaker"] for s in out["speakers"]}
+    assert "Kennedy" not in names and "Diane" in names, names
+
+
+def test_a_count_the_voices_cannot_support_is_warned(dworker, sample) -> None:
+    """The probe: num_speakers 2 or 20 on one voice invented speakers without a word."""
+    jfk = {"audio_base64": _clip(read_wav(DATA / "jfk.wav")), "diarize": True}
+    for n in (2, 20):
+        out = run_job({**jfk, "num_speakers": n}, dworker)
+        assert "error" not in out, out
+        doubts = [w for w in out.get("warnings", []) if f"num_speakers is {n}" in w]
+        assert doubts, out.get("warnings")
+    audio, _ = three_voices(sample)
+    three = {"audio_base64": _clip(audio), "diarize": True, "num_speakers": 3}
+    out = run_job(three, dworker)
+    assert not [w for w in out.get("warnings", []) if "num_speakers" in w], out.get("warnings")
+
+
 def test_hostile_reference_clips_get_the_audio_codes(dworker, sample, no_leaks) -> None:
     long = base64.b64encode(wav_bytes(np.tile(sample[0][: 6 * RATE], 2))).decode()
     short = base64.b64encode(wav_bytes(sample[0][RATE * 11 : RATE * 12])).decode()

@@ -50,7 +50,7 @@ CHUNK_BYTES = 64 * 1024
 _REDIRECT_STATUSES = frozenset({301, 302, 303, 307, 308})
 _RETRY_BACKOFF_S = (0.3, 0.9)  # two retries of a 5xx, bounded by the total deadline
 _WATCHDOG_POLL_S = 0.05
-_USER_AGENT = "whisper-worker/0.1"
+USER_AGENT = "whisper-worker/0.1"
 _HOST_RE = re.compile(r"[A-Za-z0-9._-]+")
 
 _CGNAT = ipaddress.ip_network("100.64.0.0/10")
@@ -135,7 +135,7 @@ def blocked_reason(ip: str, allow_private: bool = False) -> str | None:
 
 
 @dataclasses.dataclass(frozen=True)
-class _Target:
+class Target:
     scheme: str
     host: str  # IDNA/ASCII host, no brackets
     port: int
@@ -145,7 +145,7 @@ class _Target:
     redacted: str
 
 
-def _parse_target(url: str) -> _Target:
+def parse_target(url: str) -> Target:
     red = redact_url(url)
     try:
         parts = urlsplit(url.strip())
@@ -175,13 +175,13 @@ def _parse_target(url: str) -> _Target:
     if parts.username is not None:
         creds = f"{unquote(parts.username)}:{unquote(parts.password or '')}".encode()
         auth = "Basic " + base64.b64encode(creds).decode("ascii")
-    return _Target(scheme, host, port or default, host_header, path, auth, red)
+    return Target(scheme, host, port or default, host_header, path, auth, red)
 
 
 # --------------------------------------------------------------------------- deadline/cancel
 
 
-class _Watchdog:
+class Watchdog:
     """Shuts the current socket down at the deadline or on cancel, unblocking any read."""
 
     def __init__(self, deadline: float, cancel: threading.Event | None) -> None:
@@ -193,7 +193,7 @@ class _Watchdog:
         self._done = threading.Event()
         self._thread = threading.Thread(target=self._run, name="fetch-watchdog", daemon=True)
 
-    def __enter__(self) -> _Watchdog:
+    def __enter__(self) -> Watchdog:
         self._thread.start()
         return self
 
@@ -263,8 +263,8 @@ def _shutdown(sock: socket.socket) -> None:
 _DNS_POOL = concurrent.futures.ThreadPoolExecutor(max_workers=4, thread_name_prefix="fetch-dns")
 
 
-def _resolve(
-    t: _Target, settings: Settings, wd: _Watchdog, trusted: bool = False
+def resolve(
+    t: Target, settings: Settings, wd: Watchdog, trusted: bool = False
 ) -> list[tuple[int, tuple]]:
     """Every address of the host, each checked; any blocked address refuses the whole host
     (``trusted``: the operator's own S3 endpoint, not checked)."""
@@ -336,7 +336,7 @@ def _ca_file() -> str | None:
         return None
 
 
-def _connect(t: _Target, addrs: list[tuple[int, tuple]], settings: Settings, wd: _Watchdog):
+def connect(t: Target, addrs: list[tuple[int, tuple]], settings: Settings, wd: Watchdog):
     """A connected (and, for https, verified) socket to one of the checked addresses."""
     for family, sockaddr in addrs:
         wd.check(t.redacted)
@@ -362,8 +362,8 @@ def _connect(t: _Target, addrs: list[tuple[int, tuple]], settings: Settings, wd:
     raise WorkerError(Code.SOURCE_UNREACHABLE, f"could not connect to the source: {t.redacted}")
 
 
-def _request(t: _Target, settings: Settings, wd: _Watchdog, trusted: bool = False):
-    sock = _connect(t, _resolve(t, settings, wd, trusted), settings, wd)
+def _request(t: Target, settings: Settings, wd: Watchdog, trusted: bool = False):
+    sock = connect(t, resolve(t, settings, wd, trusted), settings, wd)
     conn = http.client.HTTPConnection(t.host, t.port)
     conn.sock = sock  # already connected to the pinned address; no second lookup
     try:
@@ -372,7 +372,7 @@ def _request(t: _Target, settings: Settings, wd: _Watchdog, trusted: bool = Fals
         conn.putheader("Host", t.host_header)
         # identity: a gzip bomb stays compressed on disk and its raw bytes are what we count.
         conn.putheader("Accept-Encoding", "identity")
-        conn.putheader("User-Agent", _USER_AGENT)
+        conn.putheader("User-Agent", USER_AGENT)
         conn.putheader("Accept", "*/*")
         conn.putheader("Connection", "close")
         if t.auth:
@@ -409,7 +409,7 @@ def fetch_url(
     red = display or redact_url(url)
     try:
         end = started + settings.download_timeout_s if deadline is None else deadline
-        with _Watchdog(end, cancel) as wd:
+        with Watchdog(end, cancel) as wd:
             size = _fetch(url, dest, settings, wd, trusted_origin, display)
     except BaseException as exc:
         pathlib.Path(dest).unlink(missing_ok=True)
@@ -424,12 +424,12 @@ def _fetch(
     url: str,
     dest: pathlib.Path,
     settings: Settings,
-    wd: _Watchdog,
+    wd: Watchdog,
     trusted_origin: bool = False,
     display: str | None = None,
 ) -> int:
     current, seen, hops, retries = url, set(), 0, 0
-    t = _parse_target(current)
+    t = parse_target(current)
     if display:
         t = dataclasses.replace(t, redacted=display)
     trusted = (t.scheme, t.host, t.port) if trusted_origin else None
@@ -453,7 +453,7 @@ def _fetch(
                         Code.URL_NOT_ALLOWED,
                         f"more than {settings.max_redirects} redirects, last from {t.redacted}",
                     )
-                prev, current, t = t, nxt, _parse_target(nxt)
+                prev, current, t = t, nxt, parse_target(nxt)
                 if (t.scheme, t.host, t.port) != (prev.scheme, prev.host, prev.port):
                     t = dataclasses.replace(t, auth=None)  # credentials stay with their host
                 log.info("following HTTP %d redirect to %s", status, t.redacted)
@@ -478,7 +478,7 @@ def _fetch(
             conn.close()
 
 
-def _stream_body(resp, dest: pathlib.Path, settings: Settings, wd: _Watchdog, red: str) -> int:
+def _stream_body(resp, dest: pathlib.Path, settings: Settings, wd: Watchdog, red: str) -> int:
     cap = settings.max_download_bytes
     declared = None if resp.chunked else resp.length  # parsed Content-Length, captured first
     if declared is not None and declared > cap:

@@ -198,6 +198,7 @@ def _store(call: Call, box: dict[str, Any]) -> None:
         call.speaker_windows = box["windows"]
     else:
         call.diarization = box["result"]
+        call.warnings += box["result"].warnings
 
 
 def _guard(stop: threading.Event | None, budget_s: float | None) -> Guard:
@@ -242,4 +243,5 @@ def from_pieces(
         )
         whole = diarizer.windows_of(samples, guard, fine=False)
     call.diarization = diarizer.finish(samples, whole, _count(job), guard, call.references)
+    call.warnings += call.diarization.warnings
     call.timings["diarize"] = time.perf_counter() - t

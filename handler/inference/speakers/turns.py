@@ -38,6 +38,8 @@ class Diarization:
     centroids: dict[str, list[float]] = field(default_factory=dict)
     """Each speaker's voice: the unit mean of its windows' embeddings (what
     ``speaker_embeddings`` returns)."""
+    warnings: list[str] = field(default_factory=list)
+    """What the job's ``warnings`` should say (a count the voices do not support)."""
 
 
 def to_turns(
