@@ -189,6 +189,22 @@ class Settings(BaseModel):
     <key>` (at least 16 characters: make one with `openssl rand -hex 32`; compared in
     constant time; never logged). Unset: open, as on RunPod, whose platform authenticates
     callers itself."""
+    endpoint_id: str | None = Field(None, max_length=128, pattern=r"^[A-Za-z0-9_-]+$")
+    """HTTP mode: the endpoint id RunPod's job API answers under (`/v2/{endpoint_id}/run`);
+    unset: any id (a client of RunPod's API keeps its id unchanged)."""
+    result_ttl_s: float = Field(1800.0, ge=10, le=7 * 86_400)
+    """HTTP mode: a job's status and result are kept this long after it ends (RunPod's
+    /run keeps 30 min)."""
+    result_max_jobs: int = Field(10_000, ge=1, le=1_000_000)
+    """HTTP mode: jobs kept at once (queued, running and ended); the oldest ended ones go
+    first, and past it a new job gets 429."""
+    result_max_bytes: int = Field(512 * 2**20, ge=2**20)
+    """HTTP mode: bytes of queued jobs' inputs and ended jobs' results kept at once."""
+    webhook_secret: SecretStr | None = Field(None, min_length=16, max_length=512)
+    """HTTP mode: signs each webhook POST (X-Whisper-Signature: HMAC-SHA256 of
+    "<X-Whisper-Timestamp>.<body>"). Never logged."""
+    webhook_retry_s: float = Field(10.0, ge=0.1, le=600)
+    """HTTP mode: seconds between the 3 tries of a job's webhook."""
     realtime_max_sessions: int = Field(8, ge=0, le=1000)
     """HTTP mode: live sessions on `/v1/realtime` at once; the next gets an `error` event and
     a close (1013, try again later). 0 turns the route off."""

@@ -7,6 +7,8 @@ handler``) serves, on ``PORT``:
   (``file``, ``model``, ``language``, ``prompt``, ``response_format``, ``temperature``,
   ``timestamp_granularities[]``, ``stream``) plus our job options as extra fields;
 - ``GET /v1/models``: the loaded models (and ``whisper-1``, OpenAI's name for the default);
+- ``/v2/{endpoint_id}/run``, ``runsync``, ``status``, ``stream``, ``cancel``, ``health``,
+  ``purge-queue``: RunPod's job API, jobs that outlive a request (handler.faces.runpod_api);
 - ``POST /v1/jobs``: our own job JSON (``{"input": {...}}``, as a queue job), answering the
   same output object;
 - ``HEALTH_CHECK_PATH`` (default ``/ping``) on ``PORT_HEALTH`` (default ``PORT``): 204
@@ -41,6 +43,7 @@ from handler.errors import Code, WorkerError
 from handler.faces import openai_api, realtime
 from handler.faces.auth import ApiKey
 from handler.faces.metrics import Metrics, RequestMetrics
+from handler.faces.runpod_api import add_runpod_routes
 from handler.pipeline.job import run_job
 from handler.pipeline.runtime import Runtime
 from handler.settings import Settings
@@ -152,6 +155,7 @@ def create_app(state: ServerState, *, health_path: str = "/ping") -> FastAPI:
     add_health_route(app, state, health_path)
     add_service_routes(app, state)
     add_job_routes(app, state)
+    add_runpod_routes(app, state, _settle)
     return app
 
 

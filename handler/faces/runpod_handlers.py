@@ -83,7 +83,7 @@ def make_handlers(worker: Runtime) -> tuple[Callable, Callable]:
     return handler, stream_handler
 
 
-def _stream_item(seg: Segment) -> dict[str, Any]:
+def stream_item(seg: Segment) -> dict[str, Any]:
     """One streamed segment: its text and times, far below the platform's item limits."""
     return {
         "segment": {
@@ -102,7 +102,7 @@ async def _stream(worker: Runtime, submit: Submit, job: dict[str, Any]) -> Async
     items: asyncio.Queue = asyncio.Queue()
 
     def on_segment(seg: Segment) -> None:
-        loop.call_soon_threadsafe(items.put_nowait, _stream_item(seg))
+        loop.call_soon_threadsafe(items.put_nowait, stream_item(seg))
 
     future = submit(job, cancel, on_segment)
     future.add_done_callback(lambda _f: loop.call_soon_threadsafe(items.put_nowait, None))

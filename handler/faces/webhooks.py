@@ -1,0 +1,72 @@
+"""A job's ``webhook``: its status object POSTed when the job ends, as RunPod does.
+
+Tried 3 times in all, ``WHISPER_WEBHOOK_RETRY_S`` (10 s) apart, until it answers 2xx;
+through the same guard as audio URLs (handler.audio.netpost: no private address unless
+``WHISPER_ALLOW_PRIVATE_URLS``). With ``WHISPER_WEBHOOK_SECRET`` set, each POST carries
+``X-Whisper-Timestamp`` (Unix seconds) and ``X-Whisper-Signature: sha256=<hex>``, the
+HMAC-SHA256 of ``"<timestamp>.<body>"`` with the secret, so the receiver can tell the
+worker's calls from anyone's and refuse replays. The job's status then says how it went
+(``webhook``: ``delivered`` or ``failed``, the tries). The URL is never logged.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+import json
+import logging
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any, Protocol
+
+from handler.audio.netpost import post_json
+from handler.errors import WorkerError
+from handler.settings import Settings
+
+log = logging.getLogger(__name__)
+
+TRIES = 3
+_POOL = ThreadPoolExecutor(max_workers=4, thread_name_prefix="webhook")
+
+
+class Ended(Protocol):
+    id: str
+    webhook: str | None
+    webhook_report: dict[str, Any] | None
+
+    def status_object(self) -> dict[str, Any]: ...
+
+
+def signed_headers(body: bytes, secret: str, now: float | None = None) -> dict[str, str]:
+    stamp = str(int(time.time() if now is None else now))
+    mac = hmac.new(secret.encode(), stamp.encode() + b"." + body, hashlib.sha256).hexdigest()
+    return {"X-Whisper-Timestamp": stamp, "X-Whisper-Signature": f"sha256={mac}"}
+
+
+def deliver(rec: Ended, settings: Settings, stop: threading.Event | None = None) -> None:
+    """Post in the background; ``rec.webhook_report`` says how it went."""
+    body = json.dumps(rec.status_object(), ensure_ascii=False).encode()
+    rec.webhook_report = {"status": "pending", "tries": 0}
+    _POOL.submit(_send, rec, body, settings, stop or threading.Event())
+
+
+def _send(rec: Ended, body: bytes, settings: Settings, stop: threading.Event) -> None:
+    assert rec.webhook is not None
+    secret = settings.webhook_secret
+    last = ""
+    for n in range(1, TRIES + 1):
+        headers = signed_headers(body, secret.get_secret_value()) if secret else {}
+        try:
+            status = post_json(rec.webhook, body, settings, headers=headers)
+            last = f"HTTP {status}"
+            if 200 <= status < 300:
+                rec.webhook_report = {"status": "delivered", "tries": n}
+                return
+        except WorkerError as exc:
+            last = exc.code.value
+        rec.webhook_report = {"status": "pending", "tries": n, "last": last}
+        if n < TRIES and stop.wait(settings.webhook_retry_s):
+            break
+    log.warning("job %s: its webhook failed %d times (last: %s)", rec.id, TRIES, last)
+    rec.webhook_report = {"status": "failed", "tries": TRIES, "last": last}

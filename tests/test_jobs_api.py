@@ -1,0 +1,230 @@
+"""RunPod's job API on the HTTP face (e2e tier): the real ``python -m handler serve`` on
+127.0.0.1 with tiny.en and no broker (the embedded engine), driven by the real runpod SDK's
+``Endpoint`` (``runpod.endpoint_url_base`` set to the server's ``/v2``), by whisper_client
+and by plain HTTP; webhooks to a real receiver on 127.0.0.1."""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+import hmac
+import json
+import time
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+import requests
+
+from speech_assets.clips import long_clip, wav_bytes
+from tests.helpers import DATA, JFK_TEXT, b64, wait_for, wer
+from tests.httpserver import LocalServer, respond
+from tests.test_http import Server
+
+pytestmark = [pytest.mark.e2e, pytest.mark.model]
+
+KEY = "k" * 32
+SECRET = "s" * 32
+
+
+@pytest.fixture(scope="module")
+def api() -> Iterator[Server]:
+    srv = Server(
+        {
+            "WHISPER_API_KEY": KEY,
+            "WHISPER_WEBHOOK_SECRET": SECRET,
+            "WHISPER_WEBHOOK_RETRY_S": "0.3",
+            "WHISPER_MAX_CONCURRENCY": "2",
+            "WHISPER_MAX_UPLOAD_BYTES": str(16 * 2**20),
+        }
+    )
+    yield srv
+    srv.stop()
+
+
+def call(srv: Server, method: str, path: str, body: Any = None, key: str = KEY) -> Any:
+    return requests.request(
+        method,
+        f"{srv.url}/v2/my-endpoint/{path}",
+        json=body,
+        headers={"Authorization": f"Bearer {key}"},
+        timeout=120,
+    )
+
+
+def ended(srv: Server, job_id: str, timeout: float = 120) -> dict[str, Any]:
+    def done() -> dict[str, Any] | None:
+        st = call(srv, "GET", f"status/{job_id}").json()
+        return st if st["status"] in ("COMPLETED", "FAILED", "CANCELLED", "TIMED_OUT") else None
+
+    return wait_for(done, timeout, f"job {job_id} to end")
+
+
+def long_input(seconds: float = 60) -> dict[str, Any]:
+    return {"audio_base64": base64.b64encode(wav_bytes(long_clip(seconds).samples)).decode()}
+
+
+def test_the_runpod_sdks_endpoint_runs_streams_and_cancels_jobs(api: Server) -> None:
+    import runpod
+
+    runpod.api_key = KEY
+    runpod.endpoint_url_base = api.url + "/v2"
+    endpoint = runpod.Endpoint("any-endpoint-id")
+    job = endpoint.run({"audio_base64": b64(DATA / "jfk.wav")})
+    out = wait_for(lambda: job.status() == "COMPLETED" and job.output(), 120, "the job")
+    assert wer(JFK_TEXT, out["text"]) < 0.2
+    sync = endpoint.run_sync({"audio_base64": b64(DATA / "jfk.wav")}, timeout=120)
+    assert wer(JFK_TEXT, sync["text"]) < 0.2
+    streamed = endpoint.run(long_input(40))
+    items = list(streamed.stream())
+    assert items and all("segment" in i for i in items), items[:3]
+    assert wer(long_clip(40).text, " ".join(i["segment"]["text"] for i in items)) < 0.3
+    assert streamed.status() == "COMPLETED"
+    doomed = endpoint.run(long_input(120))
+    wait_for(lambda: doomed.status() in ("IN_QUEUE", "IN_PROGRESS"), 30, "the long job")
+    doomed.cancel()
+    assert doomed.status() == "CANCELLED"
+
+
+def test_whisper_client_against_a_self_hosted_url(api: Server) -> None:
+    from whisper_client.client import Client
+
+    with Client("self-hosted", api_key=KEY, base_url=api.url + "/v2") as client:
+        job_id = client.run({"audio_base64": b64(DATA / "jfk.wav")})
+        status = wait_for(
+            lambda: client.status(job_id)["status"] == "COMPLETED" and client.status(job_id),
+            120,
+            "the job",
+        )
+        assert wer(JFK_TEXT, status["output"]["text"]) < 0.2
+        assert status["delayTime"] >= 0 and status["executionTime"] > 0
+        health = client.health()
+        assert health["jobs"]["completed"] >= 1 and set(health["workers"]) == {"idle", "running"}
+        first = client.stream(job_id)["stream"]  # each segment handed out once
+        assert first and "segment" in first[0]["output"] and client.stream(job_id)["stream"] == []
+        result = client.transcribe(DATA / "jfk.wav", output=["text"])
+        assert wer(JFK_TEXT, result["text"]) < 0.2
+
+
+def test_bad_requests_on_every_new_route(api: Server) -> None:
+    assert call(api, "GET", "status/no-such-job").status_code == 404
+    assert call(api, "GET", "status/no-such-job").json() == {"error": "job not found"}
+    for route in ("stream/x", "cancel/x"):
+        method = "POST" if route.startswith("cancel") else "GET"
+        assert call(api, method, route).status_code == 404
+    raw = requests.post(
+        f"{api.url}/v2/e/run",
+        data=b"{not json",
+        timeout=30,
+        headers={"Authorization": f"Bearer {KEY}"},
+    )
+    assert raw.status_code == 400 and "JSON" in raw.json()["error"]
+    assert call(api, "POST", "run", {"no": "input"}).status_code == 400
+    big = {"input": {"audio_base64": "A" * (17 * 2**20)}}
+    assert call(api, "POST", "run", big).status_code == 413
+    for key in ("", "wrong-" + KEY):
+        assert call(api, "GET", "health", key=key).status_code == 401
+    assert call(api, "POST", "run", {"input": {}, "webhook": "ftp://x/"}).status_code == 400
+    # A job that can never succeed: FAILED with its code, never retried.
+    job = call(api, "POST", "run", {"input": {"audio_base64": "bm90IGF1ZGlv"}}).json()
+    st = ended(api, job["id"])
+    assert st["status"] == "FAILED" and st["output"]["retryable"] is False
+    assert st["output"]["error_code"] == "UNSUPPORTED_OR_CORRUPT_MEDIA", st
+    purged = call(api, "POST", "purge-queue").json()
+    assert purged["status"] == "completed" and purged["removed"] >= 0
+
+
+def test_a_webhook_gets_the_signed_status_and_a_dead_one_is_said_failed(api: Server) -> None:
+    seen: list[tuple[dict[str, str], bytes]] = []
+    answers = iter([500, 200])
+
+    def hook(h: Any) -> None:
+        body = h.rfile.read(int(h.headers["Content-Length"]))
+        seen.append((dict(h.headers), body))
+        respond(h, next(answers, 200))
+
+    with LocalServer() as receiver:
+        receiver.route("/hook", hook)
+        job = call(
+            api,
+            "POST",
+            "run",
+            {"input": {"audio_base64": b64(DATA / "jfk.wav")}, "webhook": receiver.url("/hook")},
+        ).json()
+        wait_for(lambda: len(seen) >= 2, 120, "the webhook's second try")
+    headers, body = seen[-1]
+    mac = hmac.new(
+        SECRET.encode(), headers["X-Whisper-Timestamp"].encode() + b"." + body, hashlib.sha256
+    ).hexdigest()
+    assert headers["X-Whisper-Signature"] == f"sha256={mac}"
+    posted = json.loads(body)
+    assert posted["id"] == job["id"] and posted["status"] == "COMPLETED"
+    assert wer(JFK_TEXT, posted["output"]["text"]) < 0.2
+    status = wait_for(
+        lambda: (
+            call(api, "GET", f"status/{job['id']}").json()["webhook"]["status"] == "delivered"
+            and call(api, "GET", f"status/{job['id']}").json()
+        ),
+        30,
+        "delivered",
+    )
+    assert status["webhook"]["tries"] == 2
+    # A receiver that is down: 3 tries, then the status says so; the result is kept.
+    with LocalServer() as gone:
+        dead = gone.url("/hook")
+    job = call(
+        api, "POST", "run", {"input": {"audio_base64": b64(DATA / "jfk.wav")}, "webhook": dead}
+    ).json()
+    st = wait_for(
+        lambda: (
+            (s := call(api, "GET", f"status/{job['id']}").json()).get("webhook", {}).get("status")
+            == "failed"
+            and s
+        ),
+        120,
+        "the webhook to fail",
+    )
+    assert st["webhook"]["tries"] == 3 and wer(JFK_TEXT, st["output"]["text"]) < 0.2
+    assert dead.split("?")[0] not in api.logs()
+
+
+def test_a_webhook_to_a_private_address_is_refused_by_the_guard() -> None:
+    srv = Server({"WHISPER_ALLOW_PRIVATE_URLS": "false", "WHISPER_WEBHOOK_RETRY_S": "0.1"})
+    try:
+        with LocalServer() as inside:
+            inside.route("/hook", lambda h: respond(h, 200))
+            body = {
+                "input": {"audio_base64": b64(DATA / "jfk.wav")},
+                "webhook": inside.url("/hook"),
+            }
+            job = requests.post(f"{srv.url}/v2/e/run", json=body, timeout=60).json()
+            st = wait_for(
+                lambda: (
+                    (s := requests.get(f"{srv.url}/v2/e/status/{job['id']}", timeout=30).json())
+                    .get("webhook", {})
+                    .get("status")
+                    == "failed"
+                    and s
+                ),
+                120,
+                "the refused webhook",
+            )
+            assert inside.hits["/hook"] == 0 and st["webhook"]["last"] == "URL_NOT_ALLOWED"
+    finally:
+        srv.stop()
+
+
+def test_an_endpoint_id_is_checked_when_one_is_configured() -> None:
+    srv = Server({"WHISPER_ENDPOINT_ID": "mine"})
+    try:
+        assert requests.get(f"{srv.url}/v2/other/health", timeout=30).status_code == 404
+        assert requests.get(f"{srv.url}/v2/mine/health", timeout=30).status_code == 200
+    finally:
+        srv.stop()
+
+
+def test_runsync_answers_the_status_when_its_wait_runs_out(api: Server) -> None:
+    started = time.monotonic()
+    st = call(api, "POST", "runsync?wait=1000", {"input": long_input(90)}).json()
+    assert st["status"] in ("IN_QUEUE", "IN_PROGRESS") and time.monotonic() - started < 30
+    assert call(api, "POST", f"cancel/{st['id']}").json()["status"] == "CANCELLED"
