@@ -447,3 +447,58 @@ def test_one_jobs_chunk_length_does_not_leak_into_the_next(worker):
     t.start()
     t.join(30)
     assert seen == [500] and fe.nb_max_frames == 3000
+
+
+@pytest.mark.parametrize(
+    "extra",
+    [
+        {"split": True},
+        {"diarize": True, "num_speakers": "2"},
+        {"diarize": True, "num_speakers": True},
+        {"diarize": True, "speaker_windows": "true"},
+        {"beam_size": "5"},
+        {"word_timestamps": "yes"},
+    ],
+)
+def test_wrong_types_are_refused_not_coerced(worker, extra) -> None:
+    """The probe: ``split: true`` ran unsplit, ``num_speakers: "2"`` or ``true`` and
+    ``speaker_windows: "true"`` were taken; the docs say INVALID_INPUT."""
+    out = run_job({"audio_base64": b64(DATA / "jfk.wav"), **extra}, worker)
+    assert out.get("error_code") == "INVALID_INPUT", out
+    assert next(iter(extra if len(extra) == 1 else set(extra) - {"diarize"})) in out["error"]
+
+
+def test_http_form_fields_are_typed_before_the_schema_sees_them() -> None:
+    from handler.schema import typed_form
+
+    assert typed_form(
+        {
+            "beam_size": "5",
+            "word_timestamps": "true",
+            "split": "auto",
+            "temperature": "0.2",
+            "language": "en",
+        }
+    ) == {
+        "beam_size": 5,
+        "word_timestamps": True,
+        "split": "auto",
+        "temperature": 0.2,
+        "language": "en",
+    }
+
+
+def test_multi_on_audio_too_short_answers_no_language(tiny_pool, base_model_dir) -> None:
+    """The probe: "language": "multi" on audio under 0.1 s answered "language": "multi"."""
+    import numpy as np
+
+    from handler.pipeline.runtime import Runtime
+    from handler.startup import start_worker
+    from speech_assets.clips import wav_bytes
+
+    base = start_worker(make_settings(device="cpu", model=str(base_model_dir))).pool
+    runtime = Runtime(settings=make_settings(device="cpu"), pool=base)
+    short = base64.b64encode(wav_bytes(np.zeros(800, dtype=np.float32))).decode()
+    out = run_job({"audio_base64": short, "language": "multi"}, runtime)
+    assert "error" not in out, out
+    assert out["language"] is None and out["text"] == ""
