@@ -228,3 +228,44 @@ def test_runsync_answers_the_status_when_its_wait_runs_out(api: Server) -> None:
     st = call(api, "POST", "runsync?wait=1000", {"input": long_input(90)}).json()
     assert st["status"] in ("IN_QUEUE", "IN_PROGRESS") and time.monotonic() - started < 30
     assert call(api, "POST", f"cancel/{st['id']}").json()["status"] == "CANCELLED"
+
+
+def test_the_store_is_bounded_by_count_bytes_and_time() -> None:
+    """The embedded store on its own (no model: the run is a stand-in that ends when
+    told, so the bounds are what is under test): a full store refuses (429 upstream),
+    ended jobs make room oldest first, and expire after the TTL."""
+    import asyncio
+    import threading
+
+    from handler.faces.jobs import Jobs, StoreFull
+    from tests.helpers import make_settings
+
+    release = threading.Event()
+
+    def fake_run(job_input: Any, worker: Any, **_: Any) -> dict[str, Any]:
+        release.wait(10)
+        return {"text": job_input["say"]}
+
+    async def run_in_slot(job: Any, cancel: Any) -> Any:
+        return await asyncio.get_running_loop().run_in_executor(None, job, cancel)
+
+    async def scenario() -> None:
+        settings = make_settings(result_max_jobs=2, result_max_bytes=2**20, result_ttl_s=10)
+        jobs = Jobs(settings, lambda: object(), run_in_slot, run=fake_run)  # type: ignore[arg-type]
+        a = jobs.submit({"say": "a"}, 10, None)
+        b = jobs.submit({"say": "b"}, 10, None)
+        with pytest.raises(StoreFull):
+            jobs.submit({"say": "c"}, 10, None)  # two live jobs: no room
+        release.set()
+        await asyncio.wait_for(asyncio.gather(a.task, b.task), 10)  # type: ignore[arg-type]
+        assert a.status_object()["output"] == {"text": "a"} and b.ended
+        c = jobs.submit({"say": "c"}, 10, None)  # room made: the oldest ended job went
+        assert jobs.get(a.id) is None and jobs.get(b.id) is b
+        with pytest.raises(StoreFull):
+            jobs.submit({"say": "d"}, 2**21, None)  # over the byte bound on its own
+        await asyncio.wait_for(c.task, 10)  # type: ignore[arg-type]
+        for rec in (b, c):
+            rec.finished = time.time() - 11  # past the TTL
+        assert jobs.get(b.id) is None and jobs.health()["jobs"]["completed"] == 0
+
+    asyncio.run(scenario())
