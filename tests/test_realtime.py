@@ -78,8 +78,8 @@ def test_turn_rules_start_and_stop_as_server_vad_says() -> None:
 
 def test_deltas_carry_only_words_two_decodes_agree_on_and_never_take_text_back() -> None:
     turn = LiveItem("item_1", 0)
-    assert turn.agreed_delta("and so my fellow".split()) == "and"  # the last 3 words wait
-    assert turn.agreed_delta("and so my fellow Americans".split()) == " so my fellow"
+    assert turn.agreed_delta("and so my fellow".split()) == ""  # one decode alone: wait
+    assert turn.agreed_delta("and so my fellow Americans".split()) == "and so my fellow"
     assert turn.agreed_delta("and so am I fellow".split()) == ""  # disagreement: wait
     delta, transcript = turn.final("and so my fellow Americans ask".split())
     assert (delta, transcript) == (" Americans ask", "and so my fellow Americans ask")
@@ -90,6 +90,7 @@ def test_a_turns_deltas_add_up_to_its_transcript_when_the_final_decode_differs()
     on." The transcript keeps what was sent; the last delta carries the rest."""
     turn = LiveItem("item_1", 0)
     sent = [turn.agreed_delta("that agent is".split()), turn.agreed_delta("that agent was".split())]
+    assert sent == ["", "that agent"]
     assert "".join(sent) == "that agent"
     delta, transcript = turn.final("That agent is already logged on.".split())
     assert "".join(sent) + delta == transcript == "that agent is already logged on."

@@ -17,12 +17,11 @@ jobs, round-robin), and answered with OpenAI's events. Served:
   ``audio_end_ms``), ``.committed``, ``.cleared``, ``conversation.item.added``,
   ``conversation.item.input_audio_transcription.delta`` (interim text of a turn still being
   spoken, re-decoded every ``INTERIM_EVERY_S`` of new audio; only words two decodes agree
-  on are sent, and from the first decode all but its last words, so deltas do not take
-  text back; the completed transcript is the final word), ``...completed`` (the transcript and
-  ``usage``), ``...failed``, and ``error`` (OpenAI's error body; the session goes on).
+  on are sent, so deltas do not take text back; a turn's deltas add up to its completed
+  transcript), ``...completed`` (the transcript and ``usage``), ``...failed``, and ``error`` (OpenAI's error body; the session goes on).
 
 Refused with an ``error`` event: conversation sessions (this is transcription only),
-``semantic_vad``, noise reduction, logprobs, binary messages. Bounded by the
+binary messages, an event nested deeper than 16 (then closed, 1008). Bounded by the
 ``WHISPER_REALTIME_*`` settings: sessions at once, session length, idle time, audio
 buffered per turn, message size (uvicorn closes an oversized message with 1009). A client
 that vanishes cancels its turns at their next cancel check.
