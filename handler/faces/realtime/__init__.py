@@ -18,7 +18,8 @@ jobs, round-robin), and answered with OpenAI's events. Served:
   ``conversation.item.input_audio_transcription.delta`` (interim text of a turn still being
   spoken, re-decoded every ``INTERIM_EVERY_S`` of new audio; only words two decodes agree
   on are sent, so deltas do not take text back; a turn's deltas add up to its completed
-  transcript), ``...completed`` (the transcript and ``usage``), ``...failed``, and ``error`` (OpenAI's error body; the session goes on).
+  transcript), ``...completed`` (the transcript and ``usage``), ``...failed``, and
+  ``error`` (OpenAI's error body; the session goes on).
 
 Refused with an ``error`` event: conversation sessions (this is transcription only),
 binary messages, an event nested deeper than 16 (then closed, 1008). Bounded by the
