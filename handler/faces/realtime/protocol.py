@@ -283,8 +283,8 @@ def event_depth(text: str) -> int:
     """How deep the brackets of a JSON text nest, strings skipped (before it is parsed:
     a 200,000-deep array is a few hundred kilobytes). Audio chunks hold no brackets, so
     most events are passed by counting them."""
-    if text.count("[") + text.count("{") <= MAX_EVENT_DEPTH:
-        return text.count("[") + text.count("{")
+    if (opened := text.count("[") + text.count("{")) <= MAX_EVENT_DEPTH:
+        return opened
     depth = deepest = 0
     in_string = escaped = False
     for ch in text:
