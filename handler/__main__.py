@@ -4,7 +4,8 @@ The model load and warm-up run in a thread while ``import runpod`` (seconds on i
 runs here, so the two overlap (handler.startup.Loader; the thread imports nothing). No job
 is taken before the model is loaded; a setting or a model that cannot be loaded exits the
 process with status 1 and one line saying what was tried. ``serve`` (or
-``WHISPER_MODE=http``) starts HTTP mode instead.
+``WHISPER_MODE=http``) starts HTTP mode instead; ``consume`` (or ``WHISPER_MODE=consume``)
+takes jobs from the broker (handler.broker.consumer).
 """
 
 from __future__ import annotations
@@ -29,6 +30,10 @@ def main(argv: list[str] | None = None) -> int:
         from handler.serve import serve
 
         return serve(settings)
+    if argv[:1] == ["consume"] or settings.mode == "consume":
+        from handler.broker.consumer import supervise
+
+        return supervise(settings)
     # Other arguments are the runpod SDK's own (--test_input, --rp_serve_api, ...).
     return queue_worker(settings)
 

@@ -177,6 +177,24 @@ def cmd_serve(args: argparse.Namespace) -> int:
     return serve()
 
 
+def cmd_consume(_args: argparse.Namespace) -> int:
+    from handler.broker.consumer import supervise
+    from handler.settings import SettingsError, load_settings
+
+    try:
+        settings = load_settings()
+    except SettingsError as exc:
+        print(f"whisper-worker: {exc}", file=sys.stderr)
+        return 1
+    if settings.broker_url is None:
+        print(
+            "whisper-worker: consume needs WHISPER_BROKER_URL (redis://HOST:PORT/DB)",
+            file=sys.stderr,
+        )
+        return 2
+    return supervise(settings)
+
+
 def _transcribe_parser(sub: Any, common: argparse.ArgumentParser) -> None:
     t = sub.add_parser(
         "transcribe",
@@ -243,6 +261,15 @@ def build_parser() -> argparse.ArgumentParser:
     )
     s.add_argument("--port", type=int, help="listen on this port (default: $PORT, else 80)")
     s.set_defaults(func=cmd_serve)
+
+    c = sub.add_parser(
+        "consume",
+        parents=[common],
+        help="take jobs from the broker at $WHISPER_BROKER_URL (docs/broker.md)",
+        description="Load the model once, then take jobs from the Celery queue on "
+        "$WHISPER_BROKER_URL (Redis) several at a time; SIGTERM finishes the jobs in hand.",
+    )
+    c.set_defaults(func=cmd_consume)
 
     j = sub.add_parser(
         "job",

@@ -1,5 +1,7 @@
 """HTTP mode's entry (``python -m handler serve`` or ``WHISPER_MODE=http``): start the
 server at once (the health route answers 204), load the model meanwhile, then serve.
+With ``WHISPER_BROKER_URL`` it is a gateway instead: no model, jobs queued on the broker
+(handler.broker.gateway) for ``whisper-worker consume``.
 
 The routes live in handler.faces.http_server; this module owns the process: ports from
 ``PORT``, ``PORT_HEALTH`` (a second server for RunPod's load balancer when it differs),
@@ -34,6 +36,11 @@ def serve(settings: Settings | None = None) -> int:
     import uvicorn  # in this thread, before the loader starts (the loader imports nothing)
 
     state = ServerState(loader.settings)
+    gateway = loader.settings.broker_url is not None
+    if gateway:
+        from handler.broker.gateway import BrokerJobs
+
+        state.gateway = BrokerJobs(loader.settings)
     port = int(os.environ.get("PORT") or 80)
     health_port = int(os.environ.get("PORT_HEALTH") or port)
     health_path = os.environ.get("HEALTH_CHECK_PATH") or "/ping"
@@ -76,7 +83,10 @@ def serve(settings: Settings | None = None) -> int:
         # worker as starting rather than unreachable.
         while not all(s.started for s in servers) and not any(t.done() for t in tasks):
             await asyncio.sleep(0.01)
-        loader.start(on_ready=ready, on_error=failed)
+        if gateway:  # a gateway loads no model: it queues jobs for the consumers
+            log.info("gateway serving on port %d (health %s on %d)", port, health_path, health_port)
+        else:
+            loader.start(on_ready=ready, on_error=failed)
         await asyncio.gather(*tasks)
 
     asyncio.run(main())

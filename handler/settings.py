@@ -178,9 +178,19 @@ class Settings(BaseModel):
     log_level: Literal["DEBUG", "INFO", "WARNING", "ERROR"] = "INFO"
     """Level of the worker's own log lines (transcripts are never logged at any level)."""
 
-    mode: Literal["queue", "http"] = "queue"
+    mode: Literal["queue", "http", "consume"] = "queue"
     """queue: the RunPod queue worker. http: the OpenAI-compatible HTTP server on PORT (as
-    `python -m handler serve`), for RunPod load-balancing endpoints, Kubernetes and others."""
+    `python -m handler serve`), for RunPod load-balancing endpoints, Kubernetes and others;
+    with WHISPER_BROKER_URL set, a gateway that loads no model. consume: take jobs from
+    WHISPER_BROKER_URL's queue (as `whisper-worker consume`)."""
+    broker_url: SecretStr | None = Field(None, max_length=2048)
+    """A Redis URL (`redis://[:PASSWORD@]HOST:PORT/DB`, `rediss://` for TLS): HTTP mode
+    becomes a gateway that queues jobs there (Celery) and keeps their records there;
+    `consume` takes them. Unset: HTTP mode runs jobs in its own engine."""
+    broker_visibility_s: float | None = Field(None, ge=30, le=7 * 86_400)
+    """Broker mode: seconds before a job taken by a consumer that died goes to another.
+    Unset: the download and decode timeouts plus the compute floor plus a minute (780 s by
+    default). A longer job is safe: its consumer's lease keeps others from running it."""
     http_max_queue: int = Field(16, ge=0, le=10_000)
     """HTTP mode: requests that may wait for a free slot beyond the max_concurrency running;
     past it a request gets 429 with Retry-After at once."""
@@ -243,6 +253,15 @@ class Settings(BaseModel):
     loaded model."""
     max_rss_mb: int = Field(0, ge=0)
     """Ask for a fresh worker when resident memory grows past this (MiB); 0 never."""
+
+    @field_validator("broker_url", mode="after")
+    @classmethod
+    def _redis_url(cls, v: SecretStr | None) -> SecretStr | None:
+        if v is not None and not v.get_secret_value().startswith(
+            ("redis://", "rediss://", "unix://")
+        ):
+            raise ValueError("a Redis URL: redis://HOST:PORT/DB (rediss:// for TLS)")
+        return v
 
     @field_validator("api_key", mode="after")
     @classmethod

@@ -1,7 +1,9 @@
 """RunPod's job API on the HTTP face (e2e tier): the real ``python -m handler serve`` on
-127.0.0.1 with tiny.en and no broker (the embedded engine), driven by the real runpod SDK's
-``Endpoint`` (``runpod.endpoint_url_base`` set to the server's ``/v2``), by whisper_client
-and by plain HTTP; webhooks to a real receiver on 127.0.0.1."""
+127.0.0.1 with tiny.en, driven by the real runpod SDK's ``Endpoint``
+(``runpod.endpoint_url_base`` set to the server's ``/v2``), by whisper_client and by plain
+HTTP; webhooks to a real receiver on 127.0.0.1. The tests taking ``api`` run twice: on the
+embedded engine (no broker), and on a gateway with two real consumer processes behind a
+real Redis (Celery; tests/broker_parts.py)."""
 
 from __future__ import annotations
 
@@ -27,22 +29,44 @@ KEY = "k" * 32
 SECRET = "s" * 32
 
 
-@pytest.fixture(scope="module")
-def api() -> Iterator[Server]:
-    srv = Server(
-        {
-            "WHISPER_API_KEY": KEY,
-            "WHISPER_WEBHOOK_SECRET": SECRET,
-            "WHISPER_WEBHOOK_RETRY_S": "0.3",
-            "WHISPER_MAX_CONCURRENCY": "2",
-            "WHISPER_MAX_UPLOAD_BYTES": str(16 * 2**20),
-        }
-    )
+ENV = {
+    "WHISPER_API_KEY": KEY,
+    "WHISPER_WEBHOOK_SECRET": SECRET,
+    "WHISPER_WEBHOOK_RETRY_S": "0.3",
+    "WHISPER_MAX_CONCURRENCY": "2",
+    "WHISPER_MAX_UPLOAD_BYTES": str(16 * 2**20),
+}
+
+
+class Behind:
+    """A gateway with its Redis and consumers: answers as Server does, logs of all."""
+
+    def __init__(self, consumers: int = 2) -> None:
+        from tests.broker_parts import ConsumerProc, RedisServer
+
+        self.redis = RedisServer()
+        self.consumers = [ConsumerProc(self.redis.url, **ENV) for _ in range(consumers)]
+        self.gateway = Server({**ENV, "WHISPER_BROKER_URL": self.redis.url})
+        self.url = self.gateway.url
+
+    def logs(self) -> str:
+        return self.gateway.logs() + "".join(c.logs() for c in self.consumers)
+
+    def stop(self) -> None:
+        self.gateway.stop()
+        for c in self.consumers:
+            c.stop()
+        self.redis.close()
+
+
+@pytest.fixture(scope="module", params=["embedded", "broker"])
+def api(request: pytest.FixtureRequest) -> Iterator[Any]:
+    srv: Any = Server(ENV) if request.param == "embedded" else Behind()
     yield srv
     srv.stop()
 
 
-def call(srv: Server, method: str, path: str, body: Any = None, key: str = KEY) -> Any:
+def call(srv: Any, method: str, path: str, body: Any = None, key: str = KEY) -> Any:
     return requests.request(
         method,
         f"{srv.url}/v2/my-endpoint/{path}",
@@ -52,7 +76,7 @@ def call(srv: Server, method: str, path: str, body: Any = None, key: str = KEY) 
     )
 
 
-def ended(srv: Server, job_id: str, timeout: float = 120) -> dict[str, Any]:
+def ended(srv: Any, job_id: str, timeout: float = 120) -> dict[str, Any]:
     def done() -> dict[str, Any] | None:
         st = call(srv, "GET", f"status/{job_id}").json()
         return st if st["status"] in ("COMPLETED", "FAILED", "CANCELLED", "TIMED_OUT") else None
@@ -64,7 +88,7 @@ def long_input(seconds: float = 60) -> dict[str, Any]:
     return {"audio_base64": base64.b64encode(wav_bytes(long_clip(seconds).samples)).decode()}
 
 
-def test_the_runpod_sdks_endpoint_runs_streams_and_cancels_jobs(api: Server) -> None:
+def test_the_runpod_sdks_endpoint_runs_streams_and_cancels_jobs(api: Any) -> None:
     import runpod
 
     runpod.api_key = KEY
@@ -86,7 +110,7 @@ def test_the_runpod_sdks_endpoint_runs_streams_and_cancels_jobs(api: Server) -> 
     assert doomed.status() == "CANCELLED"
 
 
-def test_whisper_client_against_a_self_hosted_url(api: Server) -> None:
+def test_whisper_client_against_a_self_hosted_url(api: Any) -> None:
     from whisper_client.client import Client
 
     with Client("self-hosted", api_key=KEY, base_url=api.url + "/v2") as client:
@@ -106,7 +130,7 @@ def test_whisper_client_against_a_self_hosted_url(api: Server) -> None:
         assert wer(JFK_TEXT, result["text"]) < 0.2
 
 
-def test_bad_requests_on_every_new_route(api: Server) -> None:
+def test_bad_requests_on_every_new_route(api: Any) -> None:
     assert call(api, "GET", "status/no-such-job").status_code == 404
     assert call(api, "GET", "status/no-such-job").json() == {"error": "job not found"}
     for route in ("stream/x", "cancel/x"):
@@ -134,7 +158,7 @@ def test_bad_requests_on_every_new_route(api: Server) -> None:
     assert purged["status"] == "completed" and purged["removed"] >= 0
 
 
-def test_a_webhook_gets_the_signed_status_and_a_dead_one_is_said_failed(api: Server) -> None:
+def test_a_webhook_gets_the_signed_status_and_a_dead_one_is_said_failed(api: Any) -> None:
     seen: list[tuple[dict[str, str], bytes]] = []
     answers = iter([500, 200])
 
@@ -223,7 +247,7 @@ def test_an_endpoint_id_is_checked_when_one_is_configured() -> None:
         srv.stop()
 
 
-def test_runsync_answers_the_status_when_its_wait_runs_out(api: Server) -> None:
+def test_runsync_answers_the_status_when_its_wait_runs_out(api: Any) -> None:
     started = time.monotonic()
     st = call(api, "POST", "runsync?wait=1000", {"input": long_input(90)}).json()
     assert st["status"] in ("IN_QUEUE", "IN_PROGRESS") and time.monotonic() - started < 30

@@ -116,6 +116,8 @@ class ServerState:
     executor: ThreadPoolExecutor = field(init=False)
     slots: asyncio.Semaphore | None = None
     metrics: Metrics = field(default_factory=Metrics)
+    gateway: Any = None
+    """With a broker: the job API's store in Redis (handler.broker.gateway); no model here."""
     live: realtime.LiveState = field(init=False)
     """What the live sessions share: their count, their thread pool."""
 
@@ -304,19 +306,25 @@ def add_service_routes(app: FastAPI, state: ServerState) -> None:
 def add_health_route(app: FastAPI, state: ServerState, path: str) -> None:
     @app.get(path)
     async def ping() -> Response:
-        if state.worker is None:
+        if state.worker is None and state.gateway is None:
             return Response(status_code=204)  # loading: the load balancer waits
         return JSONResponse({"status": "healthy"})
 
     @app.get("/ready")
     async def ready() -> Response:
         # For probes that take any 2xx as ready (Kubernetes): 503 until the model serves.
-        if state.worker is None:
+        if state.worker is None and state.gateway is None:
             return JSONResponse({"status": "loading"}, status_code=503)
         return JSONResponse({"status": "ready"})
 
 
 def _ready_worker(state: ServerState) -> Runtime | Response:
+    if state.gateway is not None:
+        return _error(
+            Code.NOT_READY,
+            "this server is a gateway to a job broker and loads no model: submit jobs to "
+            "/v2/{endpoint_id}/run or /runsync",
+        )
     if state.worker is None:
         return _error(Code.NOT_READY, "the model is still loading; retry shortly")
     return state.worker

@@ -123,8 +123,8 @@ class Jobs:
         self.expire()
         return self.records.get(job_id)
 
-    async def wait(self, rec: Record, timeout_s: float) -> None:
-        """Until ``rec`` ends or ``timeout_s`` passes (``/runsync``)."""
+    async def wait(self, rec: Record, timeout_s: float) -> Record:
+        """Until ``rec`` ends or ``timeout_s`` passes (``/runsync``); ``rec``."""
         deadline = time.monotonic() + timeout_s
         while not rec.ended and (left := deadline - time.monotonic()) > 0:
             rec.changed.clear()
@@ -132,6 +132,7 @@ class Jobs:
                 await asyncio.wait_for(rec.changed.wait(), left)
             except asyncio.TimeoutError:
                 break
+        return rec
 
     async def take_stream(self, rec: Record) -> dict[str, Any]:
         """Items not handed out yet (each once), waiting briefly for one while it runs."""

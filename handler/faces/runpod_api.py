@@ -12,7 +12,8 @@ whisper_client, plain HTTP) work unchanged against a self-hosted URL:
 
 Statuses, ``output``, ``error``, ``delayTime`` and ``executionTime`` as RunPod's. Any
 endpoint id is taken unless ``WHISPER_ENDPOINT_ID`` names one; ``WHISPER_API_KEY`` guards
-these routes as every other. The jobs run in this server's engine (handler.faces.jobs).
+these routes as every other. The jobs run in this server's engine (handler.faces.jobs),
+or, with ``WHISPER_BROKER_URL``, on the broker's consumers (handler.broker.gateway).
 """
 
 from __future__ import annotations
@@ -27,10 +28,12 @@ from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response
 
 from handler.audio.netpost import check_url
+from handler.broker.gateway import BrokerDown
 from handler.errors import WorkerError
-from handler.faces.jobs import Jobs, Record, StoreFull
+from handler.faces.jobs import Jobs, StoreFull
 
 RUNSYNC_WAIT_MS = 90_000
+BROKER_DOWN = "the job broker (Redis) cannot be reached; nothing was queued; retry later"
 
 
 def _answer(status: int, body: dict[str, Any], retry: bool = False) -> JSONResponse:
@@ -42,8 +45,17 @@ class RunPodApi:
 
     def __init__(self, state: Any, settle: Callable[[Any], Any]) -> None:
         self.state, self.settle = state, settle
-        self.jobs = Jobs(state.settings, lambda: state.worker, self.run_in_slot)
+        self.jobs: Any = state.gateway or Jobs(
+            state.settings, lambda: state.worker, self.run_in_slot
+        )
         self.own = state.settings.endpoint_id
+
+    async def call(self, method: str, *args: Any) -> Any:
+        """``self.jobs.<method>(*args)``: in a thread when the store is on the network."""
+        fn = getattr(self.jobs, method)
+        if getattr(self.jobs, "blocking", False):
+            return await asyncio.to_thread(fn, *args)
+        return fn(*args)
 
     async def run_in_slot(
         self, job: Callable[[threading.Event], Any], cancel: threading.Event
@@ -71,13 +83,14 @@ class RunPodApi:
             return _answer(404, {"error": f"endpoint {endpoint_id[:64]!r} not found"})
         return None
 
-    def job(self, endpoint_id: str, job_id: str) -> Record | Response:
+    async def job(self, endpoint_id: str, job_id: str) -> Any:
+        """The job's record (or snapshot), or the answer: 404 in RunPod's shape, 503."""
         if (bad := self.known(endpoint_id)) is not None:
             return bad
-        rec = self.jobs.get(job_id)
+        rec = await self.call("get", job_id)
         return _answer(404, {"error": "job not found"}) if rec is None else rec
 
-    async def submit(self, request: Request, endpoint_id: str) -> Record | Response:
+    async def submit(self, request: Request, endpoint_id: str) -> Any:
         if (bad := self.known(endpoint_id)) is not None:
             return bad
         body = await request.body()
@@ -89,10 +102,7 @@ class RunPodApi:
             return _answer(400, {"error": 'a job is {"input": {...}}'})
         if (refused := _webhook_refused(payload.get("webhook"))) is not None:
             return refused
-        try:
-            return self.jobs.submit(payload["input"], len(body), payload.get("webhook"))
-        except StoreFull:
-            return _answer(429, {"error": "too many jobs held here; retry later"}, retry=True)
+        return await self.call("submit", payload["input"], len(body), payload.get("webhook"))
 
     async def run(self, request: Request, endpoint_id: str) -> Response:
         rec = await self.submit(request, endpoint_id)
@@ -108,32 +118,32 @@ class RunPodApi:
             wait_ms = int(request.query_params.get("wait") or RUNSYNC_WAIT_MS)
         except ValueError:
             wait_ms = RUNSYNC_WAIT_MS
-        await self.jobs.wait(rec, min(max(wait_ms, 1000), 300_000) / 1000)
+        rec = await self.jobs.wait(rec, min(max(wait_ms, 1000), 300_000) / 1000)
         return _answer(200, rec.status_object())
 
     async def status(self, endpoint_id: str, job_id: str) -> Response:
-        rec = self.job(endpoint_id, job_id)
-        return rec if not isinstance(rec, Record) else _answer(200, rec.status_object())
+        rec = await self.job(endpoint_id, job_id)
+        return rec if isinstance(rec, Response) else _answer(200, rec.status_object())
 
     async def stream(self, endpoint_id: str, job_id: str) -> Response:
-        rec = self.job(endpoint_id, job_id)
-        if not isinstance(rec, Record):
+        rec = await self.job(endpoint_id, job_id)
+        if isinstance(rec, Response):
             return rec
         return _answer(200, await self.jobs.take_stream(rec))
 
     async def cancel(self, endpoint_id: str, job_id: str) -> Response:
-        rec = self.job(endpoint_id, job_id)
-        return rec if not isinstance(rec, Record) else _answer(200, self.jobs.cancel(rec))
+        rec = await self.job(endpoint_id, job_id)
+        return rec if isinstance(rec, Response) else _answer(200, await self.call("cancel", rec))
 
     async def health(self, endpoint_id: str) -> Response:
         bad = self.known(endpoint_id)
-        return bad if bad is not None else _answer(200, self.jobs.health())
+        return bad if bad is not None else _answer(200, await self.call("health"))
 
     async def purge(self, endpoint_id: str) -> Response:
         bad = self.known(endpoint_id)
         if bad is not None:
             return bad
-        return _answer(200, {"removed": self.jobs.purge(), "status": "completed"})
+        return _answer(200, {"removed": await self.call("purge"), "status": "completed"})
 
 
 def _webhook_refused(webhook: Any) -> Response | None:
@@ -148,9 +158,18 @@ def _webhook_refused(webhook: Any) -> Response | None:
     return None
 
 
-def add_runpod_routes(app: FastAPI, state: Any, settle: Callable[[Any], Any]) -> Jobs:
-    """RunPod's job API on ``app``; its jobs."""
+def add_runpod_routes(app: FastAPI, state: Any, settle: Callable[[Any], Any]) -> Any:
+    """RunPod's job API on ``app``; its jobs' store."""
     api = RunPodApi(state, settle)
+
+    @app.exception_handler(StoreFull)
+    async def _full(_request: Request, _exc: StoreFull) -> Response:
+        return _answer(429, {"error": "too many jobs held here; retry later"}, retry=True)
+
+    @app.exception_handler(BrokerDown)
+    async def _down(_request: Request, _exc: BrokerDown) -> Response:
+        return _answer(503, {"error": BROKER_DOWN}, retry=True)
+
     base = "/v2/{endpoint_id}"
     app.add_api_route(f"{base}/run", api.run, methods=["POST"])
     app.add_api_route(f"{base}/runsync", api.runsync, methods=["POST"])

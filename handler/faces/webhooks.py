@@ -28,6 +28,8 @@ log = logging.getLogger(__name__)
 
 TRIES = 3
 _POOL = ThreadPoolExecutor(max_workers=4, thread_name_prefix="webhook")
+_pending = 0
+_idle = threading.Condition()
 
 
 class Ended(Protocol):
@@ -48,7 +50,26 @@ def deliver(rec: Ended, settings: Settings, stop: threading.Event | None = None)
     """Post in the background; ``rec.webhook_report`` says how it went."""
     body = json.dumps(rec.status_object(), ensure_ascii=False).encode()
     rec.webhook_report = {"status": "pending", "tries": 0}
-    _POOL.submit(_send, rec, body, settings, stop or threading.Event())
+    global _pending
+    with _idle:
+        _pending += 1
+    _POOL.submit(_counted, rec, body, settings, stop or threading.Event())
+
+
+def wait_idle(timeout: float) -> bool:
+    """Until no delivery is under way (a consumer about to exit); False on timeout."""
+    with _idle:
+        return _idle.wait_for(lambda: _pending == 0, timeout)
+
+
+def _counted(rec: Ended, body: bytes, settings: Settings, stop: threading.Event) -> None:
+    global _pending
+    try:
+        _send(rec, body, settings, stop)
+    finally:
+        with _idle:
+            _pending -= 1
+            _idle.notify_all()
 
 
 def _send(rec: Ended, body: bytes, settings: Settings, stop: threading.Event) -> None:

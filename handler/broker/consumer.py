@@ -1,0 +1,262 @@
+"""``whisper-worker consume`` (or ``WHISPER_MODE=consume``): take jobs from the broker.
+
+A supervisor (``supervise``, no model) runs one consumer process at a time and starts a
+fresh one when it recycles itself or dies; ``SIGTERM`` to the supervisor is passed on, and
+the consumer stops taking jobs, finishes those in hand, stores their results and exits.
+
+The consumer (``python -m handler.broker.consumer``) loads the model once, then runs a
+Celery worker with a thread pool of ``WHISPER_MAX_CONCURRENCY`` (the same number the HTTP
+face admits), so jobs from the queue meet in the same batching engine. Each job:
+
+1. ``start``: skipped when it has ended already (a redelivered copy), put back for later
+   when another live consumer holds its lease, failed as WORKER_LOST after ``MAX_TRIES``
+   consumers died running it (a job that kills its worker must not kill every worker);
+2. runs through the job pipeline, streaming segments and progress into Redis; a cancel
+   seen in Redis stops it at the engine's next check;
+3. ``end``: its one result stored (with the TTL), then its webhook, then the message is
+   acknowledged (Celery's late ack).
+
+After ``WHISPER_REFRESH_AFTER_JOBS`` jobs or past ``WHISPER_MAX_RSS_MB`` the consumer
+stops taking jobs, finishes those in hand and exits with ``RECYCLE_EXIT``; the
+supervisor starts the next.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+from typing import Any
+
+from handler.broker.queue import TASK, make_celery, redis_client
+from handler.broker.store import LEASE_S, EndedJob, JobStore, split_result
+from handler.errors import Code
+from handler.settings import Settings, SettingsError, load_settings
+
+log = logging.getLogger(__name__)
+
+RECYCLE_EXIT = 75
+"""The consumer's exit status when it recycled itself (the supervisor starts another)."""
+MAX_TRIES = 3
+"""Consumers that may die running one job before it fails as WORKER_LOST."""
+WATCH_S = 0.5
+"""How often a consumer looks for cancels of the jobs in its hands (seconds)."""
+BEAT_S = 5
+"""A consumer's heartbeat in Redis (for ``/health``); it lives three beats."""
+
+
+class Consumer:
+    """The jobs in one consumer's hands, over the loaded model (``worker``)."""
+
+    def __init__(self, worker: Any, settings: Settings, store: JobStore) -> None:
+        self.worker, self.settings, self.store = worker, settings, store
+        self.name = f"{socket.gethostname()}-{os.getpid()}"
+        self.in_hand: dict[str, threading.Event] = {}
+        self.lock = threading.Lock()
+        self.stopping = threading.Event()
+        self.recycling = False
+
+    def run_task(self, task: Any, job_id: str, job_input: Any, webhook: str | None) -> None:
+        status, streamed, tries = self.store.start(job_id, self.name)
+        if status == "LEASED":
+            # Redelivered while its consumer still runs it: look again after a lease.
+            raise task.retry(countdown=LEASE_S)
+        if status != "GO":
+            log.info("job %s: skipped (%s)", job_id, status)
+            return
+        cancel = threading.Event()
+        with self.lock:
+            self.in_hand[job_id] = cancel
+        try:
+            if tries > MAX_TRIES:
+                message = f"{MAX_TRIES} consumers were lost while running this job"
+                log.error("job %s: %s; it fails rather than runs again", job_id, message)
+                result: Any = {
+                    "error": message,
+                    "error_code": Code.WORKER_LOST.value,
+                    "retryable": False,
+                }
+            else:
+                result = self._run(job_id, job_input, cancel, streamed)
+            outcome, output, error = split_result(result)
+            if self.store.end(job_id, outcome, output, error) and webhook:
+                self._webhook(job_id, webhook)
+        finally:
+            with self.lock:
+                self.in_hand.pop(job_id, None)
+        if self.worker.refresh_wanted:
+            self.recycle()
+
+    def _run(self, job_id: str, job_input: Any, cancel: threading.Event, skip: int) -> Any:
+        from handler.faces.openai_api import run_any_job
+        from handler.faces.runpod_handlers import stream_item
+
+        sent = 0
+
+        def on_segment(seg: Any) -> None:
+            nonlocal sent
+            sent += 1
+            if sent > skip:  # an earlier try streamed the first ``skip`` already
+                self.store.stream(job_id, stream_item(seg))
+
+        def on_progress(percent: float) -> None:
+            self.store.progress(job_id, {"progress": percent})
+
+        try:
+            return run_any_job(
+                job_input,
+                self.worker,
+                job_id=job_id,
+                cancel=cancel,
+                on_segment=on_segment,
+                on_progress=on_progress,
+            )
+        except Exception:
+            log.exception("job %s failed with an unexpected error", job_id)
+            return {
+                "error": "internal error while processing the job",
+                "error_code": Code.INTERNAL.value,
+                "retryable": True,
+            }
+
+    def _webhook(self, job_id: str, url: str) -> None:
+        from handler.faces import webhooks
+
+        snap = self.store.get(job_id)
+        if snap is not None:
+            webhooks.deliver(EndedJob(snap, url, self.store), self.settings)
+
+    def recycle(self) -> None:
+        """Stop taking jobs, finish those in hand, exit (Celery's warm shutdown)."""
+        with self.lock:
+            if self.recycling:
+                return
+            self.recycling = True
+        log.info("consumer %s: recycling after %d jobs", self.name, self.worker.jobs_done)
+        os.kill(os.getpid(), signal.SIGTERM)
+
+    def watch(self) -> None:
+        """Until stopped: cancels reach the jobs in hand, leases and the heartbeat renewed."""
+        last_renew = last_beat = 0.0
+        while not self.stopping.wait(WATCH_S):
+            now = time.monotonic()
+            renew, beat = now - last_renew >= LEASE_S / 3, now - last_beat >= BEAT_S
+            try:
+                self._watch_once(renew, beat)
+            except Exception as exc:  # Redis away for a moment: the next look retries
+                log.warning("consumer %s: cannot reach Redis (%s)", self.name, type(exc).__name__)
+                continue
+            last_renew = now if renew else last_renew
+            last_beat = now if beat else last_beat
+
+    def _watch_once(self, renew: bool, beat: bool) -> None:
+        with self.lock:
+            jobs = dict(self.in_hand)
+        if jobs:
+            for (_job_id, cancel), status in zip(
+                jobs.items(), self.store.status_of(list(jobs)), strict=True
+            ):
+                if status in (None, "CANCELLED", "TIMED_OUT"):
+                    cancel.set()
+            if renew:
+                for job_id in jobs:
+                    self.store.renew(job_id, self.name)
+        if beat:
+            self.store.beat(self.name, len(jobs), 3 * BEAT_S)
+
+
+def consume(settings: Settings) -> int:
+    """One consumer process: load, take jobs until told to stop or recycled."""
+    from handler.faces import webhooks
+    from handler.startup import STARTUP_ERRORS, Loader
+
+    try:
+        worker = Loader(settings).wait()
+    except STARTUP_ERRORS as exc:
+        print(f"whisper-worker: {exc}", file=sys.stderr)
+        return 1
+    store = JobStore(redis_client(settings), settings.result_ttl_s)
+    consumer = Consumer(worker, settings, store)
+    app = make_celery(settings)
+
+    @app.task(name=TASK, bind=True, acks_late=True, max_retries=None)
+    def transcribe(task: Any, job_id: str, job_input: Any, webhook: str | None = None) -> None:
+        consumer.run_task(task, job_id, job_input, webhook)
+
+    watcher = threading.Thread(target=consumer.watch, name="broker-watch", daemon=True)
+    watcher.start()
+    log.info("consumer %s: taking jobs (%d at a time)", consumer.name, settings.concurrency)
+    celery_worker = app.Worker(
+        pool="threads",
+        concurrency=settings.concurrency,
+        hostname=f"whisper@{consumer.name}",
+        without_heartbeat=True,
+        without_mingle=True,
+        without_gossip=True,
+        quiet=True,
+        redirect_stdouts=False,
+        loglevel=settings.log_level,
+    )
+    try:
+        celery_worker.start()
+    finally:
+        consumer.stopping.set()
+        watcher.join(timeout=5)
+        webhooks.wait_idle(timeout=webhooks.TRIES * settings.webhook_retry_s + 30)
+        try:
+            store.gone(consumer.name)
+        except Exception:
+            pass
+    return RECYCLE_EXIT if consumer.recycling else 0
+
+
+def supervise(settings: Settings) -> int:
+    """Run consumers one after another: a fresh one when the last recycled itself or was
+    killed; stop (passing the signal on) on SIGTERM or SIGINT; 1 when one cannot start."""
+    child: subprocess.Popen | None = None
+    stop = threading.Event()
+
+    def forward(signum: int, _frame: Any) -> None:
+        stop.set()
+        if child is not None and child.poll() is None:
+            child.send_signal(signal.SIGTERM)
+
+    signal.signal(signal.SIGTERM, forward)
+    signal.signal(signal.SIGINT, forward)
+    while not stop.is_set():
+        started = time.monotonic()
+        child = subprocess.Popen([sys.executable, "-m", "handler.broker.consumer"])
+        code = child.wait()
+        if stop.is_set() or code == 0:
+            return 0
+        if code == RECYCLE_EXIT:
+            continue
+        if code > 0:
+            return code  # settings or the model: starting again would fail the same way
+        log.warning("consumer %d ended by signal %d; starting another", child.pid, -code)
+        stop.wait(max(0.0, 1.0 - (time.monotonic() - started)))
+    return 0
+
+
+def main() -> int:
+    try:
+        settings = load_settings()
+    except SettingsError as exc:
+        print(f"whisper-worker: {exc}", file=sys.stderr)
+        return 1
+    if settings.broker_url is None:
+        print(
+            "whisper-worker: consume needs WHISPER_BROKER_URL (redis://HOST:PORT/DB)",
+            file=sys.stderr,
+        )
+        return 1
+    return consume(settings)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

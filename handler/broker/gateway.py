@@ -1,0 +1,143 @@
+"""HTTP mode with ``WHISPER_BROKER_URL``: RunPod's job API over the broker. The gateway
+loads no model: ``/run`` stores the job's record in Redis and queues it (Celery), the
+consumers (handler.broker.consumer) run it, and ``/status``, ``/stream``, ``/cancel``,
+``/health`` and ``/purge-queue`` read and change the records in Redis, so any gateway
+replica answers for any job, and a restarted one for every job until its TTL.
+
+An input that can never run (it fails the job schema) is FAILED at once with its error
+code and never queued; a broker that cannot be reached is a 503 with nothing queued.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+import uuid
+from typing import Any
+
+from handler.broker.queue import QUEUE, TASK, make_celery, redis_client
+from handler.broker.store import EndedJob, JobStore, Snapshot
+from handler.errors import WorkerError
+from handler.settings import Settings
+
+log = logging.getLogger(__name__)
+
+POLL_S = 0.05
+"""How often ``/runsync`` and ``/stream`` look at a running job's record (seconds)."""
+STREAM_HOLD_S = 1.0
+
+
+class BrokerDown(Exception):
+    """Redis (or the queue in it) cannot be reached; nothing was queued."""
+
+
+def _refusal(job_input: Any) -> dict[str, Any] | None:
+    """The error result of an input that can never succeed, without a model: the job
+    schema's verdict (an OpenAI passthrough job is checked by the consumer)."""
+    from handler.faces.openai_api import is_passthrough
+    from handler.schema import parse_job_input
+
+    if is_passthrough(job_input):
+        return None
+    try:
+        parse_job_input(job_input)
+    except WorkerError as exc:
+        return exc.to_result()
+    return None
+
+
+class BrokerJobs:
+    """The job API's store (as handler.faces.jobs.Jobs) over Redis; its calls block on the
+    network, so handler.faces.runpod_api runs them in threads."""
+
+    blocking = True
+
+    def __init__(self, settings: Settings, store: JobStore | None = None) -> None:
+        self.settings = settings
+        self.store = store or JobStore(redis_client(settings), settings.result_ttl_s)
+        self.celery = make_celery(settings)
+        self.celery.conf.task_publish_retry_policy = {
+            "max_retries": 2,
+            "interval_start": 0,
+            "interval_step": 0.5,
+        }
+
+    def _guarded(self, call: Any, *args: Any) -> Any:
+        import redis
+        from kombu.exceptions import OperationalError
+
+        try:
+            return call(*args)
+        except (redis.RedisError, OperationalError, OSError) as exc:
+            log.warning("the broker cannot be reached (%s)", type(exc).__name__)
+            raise BrokerDown from None
+
+    def ping(self) -> bool:
+        try:
+            return bool(self._guarded(self.store.r.ping))
+        except BrokerDown:
+            return False
+
+    def submit(self, job_input: Any, _input_bytes: int, webhook: str | None) -> Snapshot:
+        return self._guarded(self._submit, job_input, webhook)
+
+    def _submit(self, job_input: Any, webhook: str | None) -> Snapshot:
+        job_id = uuid.uuid4().hex
+        self.store.create(job_id, webhook)
+        refused = _refusal(job_input)
+        if refused is not None:
+            error = refused.pop("error")
+            self.store.end(job_id, "FAILED", refused, error)
+            snap = self.store.get(job_id)
+            assert snap is not None
+            if webhook:
+                from handler.faces import webhooks
+
+                webhooks.deliver(EndedJob(snap, webhook, self.store), self.settings)
+            return snap
+        try:
+            self.celery.send_task(
+                TASK, args=[job_id, job_input, webhook], queue=QUEUE, task_id=job_id
+            )
+        except BaseException:
+            try:
+                self.store.forget(job_id)
+            finally:
+                raise
+        return Snapshot(job_id, {"status": "IN_QUEUE", "submitted": repr(time.time())})
+
+    def get(self, job_id: str) -> Snapshot | None:
+        return self._guarded(self.store.get, job_id)
+
+    async def wait(self, snap: Snapshot, timeout_s: float) -> Snapshot:
+        deadline = time.monotonic() + timeout_s
+        while not snap.ended and time.monotonic() < deadline:
+            await asyncio.sleep(POLL_S)
+            fresh = await asyncio.to_thread(self.get, snap.id)
+            if fresh is None:
+                break
+            snap = fresh
+        return snap
+
+    async def take_stream(self, snap: Snapshot) -> dict[str, Any]:
+        deadline = time.monotonic() + STREAM_HOLD_S
+        while True:
+            items = await asyncio.to_thread(self._guarded, self.store.take_stream, snap.id)
+            if items or snap.ended or time.monotonic() >= deadline:
+                break
+            await asyncio.sleep(POLL_S * 4)
+            fresh = await asyncio.to_thread(self.get, snap.id)
+            snap = fresh if fresh is not None else snap
+        return {"id": snap.id, "status": snap.status, "stream": [{"output": i} for i in items]}
+
+    def cancel(self, snap: Snapshot) -> dict[str, Any]:
+        self._guarded(self.store.cancel, snap.id)
+        fresh = self.get(snap.id) or snap
+        return {"id": fresh.id, "status": fresh.status}
+
+    def purge(self) -> int:
+        return self._guarded(self.store.purge)
+
+    def health(self) -> dict[str, Any]:
+        return self._guarded(self.store.health)

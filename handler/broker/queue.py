@@ -1,0 +1,80 @@
+"""The Celery application both sides share: the gateway sends ``whisper.transcribe`` by
+name (it imports no model code) and the consumers run it.
+
+At-least-once delivery with Celery's late ack on Redis: a message is acknowledged only
+after the job's one result is stored (handler.broker.store); a consumer that dies holding
+one leaves it unacknowledged, and Redis hands it out again once ``visibility_timeout``
+has passed (kombu sweeps for such messages every ``RESTORE_SWEEP_S``). A job whose consumer
+still lives (its lease is fresh) is not run twice: the late copy is put back with a delay.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from handler.pipeline.runtime import compute_budget
+from handler.settings import Settings
+
+TASK = "whisper.transcribe"
+QUEUE = "whisper"
+"""The Redis list KEDA's scaler watches (``listName``)."""
+RESTORE_SWEEP_S = 10
+"""How often a consumer looks for messages whose consumer died (seconds)."""
+
+
+def visibility_timeout_s(settings: Settings) -> float:
+    """How long a delivered, unacknowledged message waits before Redis hands it out again:
+    ``WHISPER_BROKER_VISIBILITY_S``, else the time an ordinary job may take (download,
+    decode, the model's floor budget) and a minute. Longer jobs are safe too: their
+    consumer's lease keeps a second consumer from running them."""
+    if settings.broker_visibility_s is not None:
+        return settings.broker_visibility_s
+    floor = compute_budget(settings, 0.0) or 0.0
+    return settings.download_timeout_s + settings.decode_timeout_s + floor + 60.0
+
+
+def make_celery(settings: Settings) -> Any:
+    from celery import Celery
+
+    assert settings.broker_url is not None
+    url = settings.broker_url.get_secret_value()
+    app = Celery("whisper_worker", broker=url, set_as_current=False)
+    app.conf.update(
+        task_acks_late=True,
+        task_reject_on_worker_lost=True,
+        task_acks_on_failure_or_timeout=True,
+        worker_prefetch_multiplier=1,
+        task_default_queue=QUEUE,
+        task_serializer="json",
+        accept_content=["json"],
+        result_backend=None,
+        task_ignore_result=True,
+        broker_connection_retry_on_startup=True,
+        broker_connection_max_retries=None,
+        worker_hijack_root_logger=False,
+        worker_send_task_events=False,
+        worker_enable_remote_control=False,
+        broker_transport_options={
+            "visibility_timeout": visibility_timeout_s(settings),
+            "unacked_restore_interval": RESTORE_SWEEP_S,
+            "unacked_restore_throttle": 1,
+            "socket_timeout": 10,
+            "socket_connect_timeout": 3,
+            "health_check_interval": 15,
+        },
+    )
+    return app
+
+
+def redis_client(settings: Settings) -> Any:
+    """A client for the job records on the broker's Redis (decoded strings)."""
+    import redis
+
+    assert settings.broker_url is not None
+    return redis.Redis.from_url(
+        settings.broker_url.get_secret_value(),
+        decode_responses=True,
+        socket_timeout=10,
+        socket_connect_timeout=3,
+        health_check_interval=15,
+    )

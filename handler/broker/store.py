@@ -1,0 +1,310 @@
+"""Jobs' records in Redis, shared by the gateway (writes the submission, reads statuses) and
+the consumers (start, stream, progress, finish): RunPod's job model, kept where every
+process sees it and a restart loses nothing (Redis with AOF persistence).
+
+Each transition is one Lua script, so it is atomic across processes:
+
+- ``start``: a delivered job becomes IN_PROGRESS under a lease (``LEASE_S``, refreshed while
+  it runs). A job that has ended is skipped (a redelivery after its result was stored); a
+  job another live consumer holds is deferred, never run twice at once.
+- ``finish``: the first ending is stored, with the TTL; any later one (a redelivered run, a
+  cancel that lost the race) is refused and changes nothing: exactly one result.
+- ``cancel`` and ``purge`` end queued jobs at once and running ones at their next check.
+
+Keys (``whisper:`` prefix): ``job:{id}`` (a hash), ``stream:{id}`` (a list of streamed
+items), ``lease:{id}``, the sets ``queued`` and ``running``, ``counts``, and the consumers'
+heartbeats (``consumers``, a sorted set of names by expiry, and ``consumer:{name}``).
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from dataclasses import dataclass
+from typing import Any
+
+from handler.contract import TERMINAL_JOB_STATES
+
+PREFIX = "whisper:"
+LEASE_S = 30
+"""A running job's lease; its consumer renews it every ``LEASE_S / 3`` seconds."""
+UNENDED_TTL_S = 86_400
+"""A job that never ends (its message lost with a Redis that kept no AOF) is forgotten
+after a day, as RunPod drops a job queued longer than that."""
+
+_TERMINAL = "{" + ", ".join(f'["{s}"]=true' for s in sorted(TERMINAL_JOB_STATES)) + "}"
+
+_START = f"""
+local job, lease = KEYS[1], KEYS[2]
+local status = redis.call('HGET', job, 'status')
+if not status then return {{'GONE', 0, 0}} end
+if ({_TERMINAL})[status] then return {{status, 0, 0}} end
+local holder = redis.call('GET', lease)
+if holder and holder ~= ARGV[1] then return {{'LEASED', 0, 0}} end
+redis.call('SET', lease, ARGV[1], 'EX', ARGV[3])
+if status == 'IN_PROGRESS' and not holder then
+  redis.call('HINCRBY', KEYS[5], 'retried', 1)
+end
+redis.call('HSET', job, 'status', 'IN_PROGRESS', 'worker', ARGV[1])
+redis.call('HSETNX', job, 'started', ARGV[2])
+local tries = redis.call('HINCRBY', job, 'tries', 1)
+redis.call('SREM', KEYS[3], ARGV[4])
+redis.call('SADD', KEYS[4], ARGV[4])
+redis.call('EXPIRE', job, ARGV[5])
+return {{'GO', redis.call('LLEN', KEYS[6]), tries}}
+"""
+
+_FINISH = f"""
+local job = KEYS[1]
+local status = redis.call('HGET', job, 'status')
+if not status or ({_TERMINAL})[status] then return 0 end
+redis.call('HSET', job, 'status', ARGV[1], 'finished', ARGV[2])
+if ARGV[3] ~= '' then redis.call('HSET', job, 'output', ARGV[3]) end
+if ARGV[4] ~= '' then redis.call('HSET', job, 'error', ARGV[4]) end
+redis.call('HSETNX', job, 'started', ARGV[2])
+redis.call('HDEL', job, 'input', 'progress')
+redis.call('SREM', KEYS[3], ARGV[6])
+redis.call('SREM', KEYS[4], ARGV[6])
+redis.call('DEL', KEYS[2])
+redis.call('EXPIRE', job, ARGV[5])
+if redis.call('EXISTS', KEYS[6]) == 1 then redis.call('EXPIRE', KEYS[6], ARGV[5]) end
+redis.call('HINCRBY', KEYS[5], string.lower(ARGV[1]), 1)
+return 1
+"""
+
+_TAKE = """
+local cursor = tonumber(redis.call('HGET', KEYS[1], 'cursor') or '0')
+local items = redis.call('LRANGE', KEYS[2], cursor, -1)
+redis.call('HSET', KEYS[1], 'cursor', cursor + #items)
+return items
+"""
+
+_RENEW = """
+if redis.call('GET', KEYS[1]) == ARGV[1] then
+  return redis.call('EXPIRE', KEYS[1], ARGV[2])
+end
+return 0
+"""
+
+
+def _key(kind: str, job_id: str = "") -> str:
+    return f"{PREFIX}{kind}:{job_id}" if job_id else f"{PREFIX}{kind}"
+
+
+@dataclass
+class Snapshot:
+    """A job's record as read from Redis; answers RunPod's status object."""
+
+    id: str
+    fields: dict[str, str]
+
+    @property
+    def status(self) -> str:
+        return self.fields.get("status", "IN_QUEUE")
+
+    @property
+    def ended(self) -> bool:
+        return self.status in TERMINAL_JOB_STATES
+
+    def _time(self, name: str) -> float | None:
+        value = self.fields.get(name)
+        return float(value) if value else None
+
+    def status_object(self) -> dict[str, Any]:
+        obj: dict[str, Any] = {"id": self.id, "status": self.status}
+        submitted, started = self._time("submitted"), self._time("started")
+        finished = self._time("finished")
+        if started is not None and submitted is not None:
+            obj["delayTime"] = round((started - submitted) * 1000)
+            obj["workerId"] = self.fields.get("worker", "")
+        if self.ended and started is not None and finished is not None:
+            obj["executionTime"] = round((finished - started) * 1000)
+        if self.status == "IN_PROGRESS" and "progress" in self.fields:
+            obj["output"] = json.loads(self.fields["progress"])
+        if self.status in ("COMPLETED", "FAILED") and "output" in self.fields:
+            obj["output"] = json.loads(self.fields["output"])
+        if "error" in self.fields:
+            obj["error"] = self.fields["error"]
+        if "webhook_report" in self.fields:
+            obj["webhook"] = json.loads(self.fields["webhook_report"])
+        return obj
+
+
+def split_result(result: Any) -> tuple[str, Any, str | None]:
+    """A job's result as (status, output, error): an error result is FAILED, with the rest of
+    it (code, retryable) as the output, as the embedded store and RunPod answer."""
+    if isinstance(result, dict) and isinstance(result.get("error"), str):
+        return "FAILED", {k: v for k, v in result.items() if k != "error"}, result["error"]
+    return "COMPLETED", result, None
+
+
+class JobStore:
+    """The records over one Redis client (``redis.Redis``, responses decoded)."""
+
+    def __init__(self, client: Any, result_ttl_s: float) -> None:
+        self.r = client
+        self.ttl = max(1, int(result_ttl_s))
+        self._start = client.register_script(_START)
+        self._finish = client.register_script(_FINISH)
+        self._take = client.register_script(_TAKE)
+        self._renew = client.register_script(_RENEW)
+
+    # --- the gateway's side ---------------------------------------------------------
+
+    def create(self, job_id: str, webhook: str | None, now: float | None = None) -> None:
+        fields = {"status": "IN_QUEUE", "submitted": repr(now or time.time())}
+        if webhook:
+            fields["webhook"] = webhook
+        pipe = self.r.pipeline()
+        pipe.hset(_key("job", job_id), mapping=fields)
+        pipe.expire(_key("job", job_id), UNENDED_TTL_S)
+        pipe.sadd(_key("queued"), job_id)
+        pipe.execute()
+
+    def forget(self, job_id: str) -> None:
+        """A submission that could not be queued: as if it never was."""
+        pipe = self.r.pipeline()
+        pipe.delete(_key("job", job_id))
+        pipe.srem(_key("queued"), job_id)
+        pipe.execute()
+
+    def get(self, job_id: str) -> Snapshot | None:
+        fields = self.r.hgetall(_key("job", job_id))
+        return Snapshot(job_id, fields) if fields else None
+
+    def take_stream(self, job_id: str) -> list[Any]:
+        items = self._take(keys=[_key("job", job_id), _key("stream", job_id)])
+        return [json.loads(i) for i in items]
+
+    def cancel(self, job_id: str) -> bool:
+        """End a job that has not ended as CANCELLED; False when it had already ended."""
+        return self.end(job_id, "CANCELLED", None, None)
+
+    def purge(self) -> int:
+        """Cancel every queued job; how many."""
+        n = 0
+        for job_id in self.r.smembers(_key("queued")):
+            snap = self.get(job_id)
+            if snap is not None and snap.status == "IN_QUEUE" and self.cancel(job_id):
+                n += 1
+        return n
+
+    def health(self) -> dict[str, Any]:
+        pipe = self.r.pipeline()
+        pipe.scard(_key("queued"))
+        pipe.scard(_key("running"))
+        pipe.hgetall(_key("counts"))
+        pipe.zremrangebyscore(_key("consumers"), "-inf", time.time())
+        pipe.zrange(_key("consumers"), 0, -1)
+        queued, running, counts, _, names = pipe.execute()
+        consumers = [_key("consumer", n) for n in names]
+        busy = 0
+        for raw in self.r.mget(consumers) if consumers else []:
+            if raw:
+                busy += 1 if json.loads(raw).get("running") else 0
+        return {
+            "jobs": {
+                "completed": int(counts.get("completed", 0)),
+                "failed": int(counts.get("failed", 0)),
+                "inProgress": running,
+                "inQueue": queued,
+                "retried": int(counts.get("retried", 0)),
+            },
+            "workers": {"idle": len(consumers) - busy, "running": busy},
+        }
+
+    # --- the consumers' side --------------------------------------------------------
+
+    def start(self, job_id: str, consumer: str) -> tuple[str, int, int]:
+        """("GO", items already streamed by earlier tries, this try's number) or why not:
+        the job's ended status, "LEASED" (another live consumer runs it) or "GONE"."""
+        status, streamed, tries = self._start(
+            keys=[
+                _key("job", job_id),
+                _key("lease", job_id),
+                _key("queued"),
+                _key("running"),
+                _key("counts"),
+                _key("stream", job_id),
+            ],
+            args=[consumer, repr(time.time()), LEASE_S, job_id, UNENDED_TTL_S],
+        )
+        return status, int(streamed), int(tries)
+
+    def renew(self, job_id: str, consumer: str) -> bool:
+        return bool(self._renew(keys=[_key("lease", job_id)], args=[consumer, LEASE_S]))
+
+    def status_of(self, job_ids: list[str]) -> list[str | None]:
+        pipe = self.r.pipeline()
+        for job_id in job_ids:
+            pipe.hget(_key("job", job_id), "status")
+        return list(pipe.execute())
+
+    def stream(self, job_id: str, item: Any) -> None:
+        pipe = self.r.pipeline()
+        pipe.rpush(_key("stream", job_id), json.dumps(item, ensure_ascii=False))
+        pipe.expire(_key("stream", job_id), UNENDED_TTL_S)
+        pipe.execute()
+
+    def progress(self, job_id: str, progress: Any) -> None:
+        self.r.hset(_key("job", job_id), "progress", json.dumps(progress))
+
+    def end(self, job_id: str, status: str, output: Any, error: str | None) -> bool:
+        """Store the job's one ending; False (nothing changed) when it had one already."""
+        done = self._finish(
+            keys=[
+                _key("job", job_id),
+                _key("lease", job_id),
+                _key("queued"),
+                _key("running"),
+                _key("counts"),
+                _key("stream", job_id),
+            ],
+            args=[
+                status,
+                repr(time.time()),
+                "" if output is None else json.dumps(output, ensure_ascii=False),
+                error or "",
+                self.ttl,
+                job_id,
+            ],
+        )
+        return bool(done)
+
+    def report_webhook(self, job_id: str, report: dict[str, Any]) -> None:
+        self.r.hset(_key("job", job_id), "webhook_report", json.dumps(report))
+
+    def beat(self, consumer: str, running: int, ttl_s: int) -> None:
+        """A consumer is alive (for ``ttl_s``) with ``running`` jobs in hand."""
+        pipe = self.r.pipeline()
+        pipe.set(_key("consumer", consumer), json.dumps({"running": running}), ex=ttl_s)
+        pipe.zadd(_key("consumers"), {consumer: time.time() + ttl_s})
+        pipe.execute()
+
+    def gone(self, consumer: str) -> None:
+        pipe = self.r.pipeline()
+        pipe.delete(_key("consumer", consumer))
+        pipe.zrem(_key("consumers"), consumer)
+        pipe.execute()
+
+
+class EndedJob:
+    """What handler.faces.webhooks posts: the stored status, its report kept in Redis."""
+
+    def __init__(self, snap: Snapshot, url: str, store: JobStore) -> None:
+        self.id, self._snap, self._store = snap.id, snap, store
+        self.webhook: str | None = url
+        self._report: dict[str, Any] | None = None
+
+    def status_object(self) -> dict[str, Any]:
+        return self._snap.status_object()
+
+    @property
+    def webhook_report(self) -> dict[str, Any] | None:
+        return self._report
+
+    @webhook_report.setter
+    def webhook_report(self, report: dict[str, Any] | None) -> None:
+        self._report = report
+        if report is not None:
+            self._store.report_webhook(self.id, report)

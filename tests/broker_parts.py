@@ -1,0 +1,143 @@
+"""Real parts for the broker's tests and bench: Debian's ``redis-server`` on a free port
+(with AOF, in its own folder), consumers as real ``python -m handler consume`` processes
+with the real model, and the gateway as the real ``python -m handler serve``."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import psutil
+
+ROOT = Path(__file__).resolve().parent.parent
+START_S = 120
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def _log_file(name: str) -> Any:
+    folder = Path(os.environ.get("TMPDIR", "/tmp"))
+    return open(folder / f"{name}-{os.getpid()}-{time.monotonic_ns()}.log", "w+")
+
+
+class RedisServer:
+    """Debian's redis-server on 127.0.0.1, its data (AOF on, fsync always) in a folder of
+    its own that outlives a restart."""
+
+    def __init__(self) -> None:
+        exe = shutil.which("redis-server")
+        if exe is None:
+            raise AssertionError("redis-server is missing: apt-get install redis-server")
+        self.exe = exe
+        self.port = free_port()
+        self.dir = tempfile.mkdtemp(prefix="whisper-redis-")
+        self.proc: subprocess.Popen | None = None
+        self.start()
+
+    @property
+    def url(self) -> str:
+        return f"redis://127.0.0.1:{self.port}/0"
+
+    def start(self) -> None:
+        args = ["--port", str(self.port), "--bind", "127.0.0.1", "--dir", self.dir]
+        args += ["--appendonly", "yes", "--appendfsync", "always", "--save", ""]
+        self.proc = subprocess.Popen(
+            [self.exe, *args], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
+        )
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline:
+            try:
+                with socket.create_connection(("127.0.0.1", self.port), timeout=1) as s:
+                    s.sendall(b"PING\r\n")
+                    if s.recv(16).startswith(b"+PONG"):
+                        return
+            except OSError:
+                time.sleep(0.05)
+        raise AssertionError("redis-server did not start")
+
+    def stop(self) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.terminate()  # SIGTERM: Redis flushes its AOF and exits
+            self.proc.wait(30)
+        self.proc = None
+
+    def close(self) -> None:
+        self.stop()
+        shutil.rmtree(self.dir, ignore_errors=True)
+
+
+def worker_env(broker_url: str, **extra: str) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("WHISPER_")}
+    return {
+        **env,
+        "WHISPER_DEVICE": "cpu",
+        "WHISPER_BROKER_URL": broker_url,
+        "WHISPER_ALLOW_PRIVATE_URLS": "true",
+        **extra,
+    }
+
+
+class ConsumerProc:
+    """``python -m handler consume``: a supervisor and its consumer process."""
+
+    def __init__(self, broker_url: str, **env: str) -> None:
+        self.log = _log_file("consumer")
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "handler", "consume"],
+            cwd=ROOT,
+            env=worker_env(broker_url, **env),
+            stdout=self.log,
+            stderr=subprocess.STDOUT,
+        )
+        self.wait_ready(1)
+
+    def logs(self) -> str:
+        self.log.flush()
+        return Path(self.log.name).read_text()
+
+    def wait_ready(self, times: int) -> None:
+        """Until the ``times``-th consumer process of this supervisor takes jobs."""
+        deadline = time.monotonic() + START_S
+        while time.monotonic() < deadline:
+            if self.logs().count(" ready.") >= times:
+                return
+            if self.proc.poll() is not None:
+                raise AssertionError(f"the consumer exited: {self.logs()[-3000:]}")
+            time.sleep(0.05)
+        raise AssertionError(f"the consumer did not get ready: {self.logs()[-3000:]}")
+
+    def child(self) -> psutil.Process:
+        """The consumer process (the one with the model) the supervisor runs now."""
+        kids = psutil.Process(self.proc.pid).children()
+        assert len(kids) == 1, kids
+        return kids[0]
+
+    def kill_child(self) -> int:
+        kid = self.child()
+        kid.send_signal(signal.SIGKILL)
+        kid.wait(30)
+        return kid.pid
+
+    def stop(self, timeout: float = 120) -> int:
+        if self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(timeout)
+            except subprocess.TimeoutExpired:
+                for kid in psutil.Process(self.proc.pid).children(recursive=True):
+                    kid.kill()
+                self.proc.kill()
+                self.proc.wait(30)
+        return self.proc.returncode
