@@ -1,0 +1,248 @@
+"""Broker mode on real parts: Debian's redis-server, consumers as real processes with the
+real model, the gateway as the real HTTP server (tests/broker_parts.py).
+
+- the store's transitions (Lua in a real Redis): one ending, leases, tries, purge;
+- 500 short real-speech jobs through the gateway to 2 consumers, one SIGKILLed mid-run
+  and started again: every job completed exactly once with the right text;
+- Redis restarted (AOF) with jobs queued, then the gateway restarted: nothing lost;
+- a broker that is down: 503 and nothing accepted; a job that kills consumers: WORKER_LOST;
+- a consumer recycles itself after N jobs without losing one; SIGTERM finishes jobs in hand;
+- cancel reaches a running job on a consumer (it leaves the model early).
+"""
+
+from __future__ import annotations
+
+import base64
+import time
+from collections import Counter
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+import redis
+import requests
+
+from handler.broker.store import LEASE_S, JobStore
+from speech_assets.clips import clips, long_clip, wav_bytes
+from tests.broker_parts import ConsumerProc, RedisServer
+from tests.helpers import wait_for, wer
+from tests.test_http import Server
+
+ENDED = ("COMPLETED", "FAILED", "CANCELLED", "TIMED_OUT")
+
+
+@pytest.fixture
+def rds() -> Iterator[RedisServer]:
+    server = RedisServer()
+    yield server
+    server.close()
+
+
+def _store(server: RedisServer, ttl: float = 60) -> JobStore:
+    return JobStore(redis.Redis.from_url(server.url, decode_responses=True), ttl)
+
+
+def test_the_store_keeps_one_ending_and_one_runner(rds: RedisServer) -> None:
+    store = _store(rds, ttl=60)
+    store.create("a", None)
+    assert store.get("a") is not None and store.get("a").status == "IN_QUEUE"  # type: ignore[union-attr]
+    assert store.start("a", "c1") == ("GO", 0, 1)
+    # Redelivered while c1 lives (its lease is fresh): not run twice.
+    assert store.start("a", "c2")[0] == "LEASED"
+    store.stream("a", {"segment": {"id": 1}})
+    assert store.end("a", "COMPLETED", {"text": "first"}, None) is True
+    # A second completion (the redelivered copy) changes nothing.
+    assert store.end("a", "COMPLETED", {"text": "second"}, None) is False
+    assert store.cancel("a") is False
+    snap = store.get("a")
+    assert snap is not None and snap.status_object()["output"] == {"text": "first"}
+    assert 0 < store.r.ttl("whisper:job:a") <= 60 and 0 < store.r.ttl("whisper:stream:a") <= 60
+    # An ended job delivered again is skipped.
+    assert store.start("a", "c2")[0] == "COMPLETED"
+    # A consumer that died: its lease lapses, the next try runs and is counted.
+    store.create("b", None)
+    assert store.start("b", "dead")[0] == "GO"
+    store.r.delete("whisper:lease:b")
+    assert store.start("b", "c2") == ("GO", 0, 2)
+    assert store.health()["jobs"]["retried"] == 1
+    # Cancel: a queued job ends at once; the consumer's late ending is refused.
+    store.create("c", None)
+    assert store.cancel("c") is True and store.end("c", "COMPLETED", {}, None) is False
+    store.create("d", None)
+    store.create("e", None)
+    assert store.purge() == 2 and store.get("d").status == "CANCELLED"  # type: ignore[union-attr]
+    assert store.health()["jobs"]["inQueue"] == 0
+    assert LEASE_S >= 10
+
+
+def _short_jobs() -> list[tuple[str, str]]:
+    """Real speech of 3 to 6 s (the LibriVox clips), as base64 WAV and its text."""
+    return [
+        (base64.b64encode(wav_bytes(c.samples)).decode(), c.text)
+        for c in clips()
+        if len(c.samples) < 6.5 * 16000
+    ]
+
+
+def _post(url: str, body: Any) -> Any:
+    return requests.post(f"{url}/v2/e/run", json=body, timeout=60).json()
+
+
+def _status(url: str, job_id: str) -> dict[str, Any]:
+    return requests.get(f"{url}/v2/e/status/{job_id}", timeout=60).json()
+
+
+def _all_ended(url: str, ids: list[str], timeout: float) -> dict[str, dict[str, Any]]:
+    left, done = set(ids), {}
+
+    def sweep() -> bool:
+        for job_id in list(left):
+            st = _status(url, job_id)
+            if st["status"] in ENDED:
+                done[job_id] = st
+                left.discard(job_id)
+        return not left
+
+    wait_for(sweep, timeout, f"{len(ids)} jobs to end")
+    return done
+
+
+FAULT_ENV = {"WHISPER_BROKER_VISIBILITY_S": "30", "WHISPER_MAX_CONCURRENCY": "4"}
+
+
+def test_500_jobs_two_consumers_one_killed_midway(rds: RedisServer) -> None:
+    """At-least-once delivery, exactly one result: the killed consumer's jobs run again
+    on the others after the visibility timeout; none lost, none twice, none stuck."""
+    a = ConsumerProc(rds.url, **FAULT_ENV)
+    b = ConsumerProc(rds.url, **FAULT_ENV)
+    gateway = Server({"WHISPER_BROKER_URL": rds.url})
+    try:
+        pool = _short_jobs()
+        sent: dict[str, str] = {}
+        for n in range(500):
+            audio, text = pool[n % len(pool)]
+            sent[_post(gateway.url, {"input": {"audio_base64": audio}})["id"]] = text
+        store = _store(rds)
+        wait_for(lambda: store.health()["jobs"]["completed"] >= 100, 600, "100 jobs done")
+        killed = a.kill_child()  # mid-run: jobs in its hands, unacknowledged
+        a.wait_ready(2)  # its supervisor started another
+        assert a.child().pid != killed
+        done = _all_ended(gateway.url, list(sent), 900)
+        assert {s["status"] for s in done.values()} == {"COMPLETED"}
+        errors = [wer(sent[i], s["output"]["text"]) for i, s in done.items()]
+        assert sum(errors) / len(errors) < 0.15, sum(errors) / len(errors)
+        health = store.health()["jobs"]
+        assert health["completed"] == 500 and health["inProgress"] == 0, health
+        assert health["inQueue"] == 0 and health["failed"] == 0, health
+        assert health["retried"] >= 1, health  # the killed consumer's jobs ran again
+        assert store.r.scard("whisper:running") == 0
+    finally:
+        gateway.stop()
+        a.stop()
+        b.stop()
+
+
+def test_queued_jobs_outlive_a_redis_restart_and_statuses_a_gateway_restart(
+    rds: RedisServer,
+) -> None:
+    gateway = Server({"WHISPER_BROKER_URL": rds.url})
+    pool = _short_jobs()
+    try:
+        ids = [_post(gateway.url, {"input": {"audio_base64": pool[n][0]}})["id"] for n in range(4)]
+        rds.stop()  # with no consumer: the jobs are queued, in Redis only
+        down = requests.post(f"{gateway.url}/v2/e/run", json={"input": {}}, timeout=60)
+        assert down.status_code == 503 and "broker" in down.json()["error"]
+        assert down.headers.get("Retry-After")
+        assert requests.get(f"{gateway.url}/v2/e/status/{ids[0]}", timeout=60).status_code == 503
+        rds.start()
+        consumer = ConsumerProc(rds.url)
+        try:
+            done = _all_ended(gateway.url, ids, 300)
+        finally:
+            consumer.stop()
+        for n, job_id in enumerate(ids):
+            assert done[job_id]["status"] == "COMPLETED"
+            assert wer(pool[n][1], done[job_id]["output"]["text"]) < 0.3
+        # Nothing accepted while the broker was down.
+        assert _store(rds).health()["jobs"]["completed"] == 4
+    finally:
+        gateway.stop()
+    again = Server({"WHISPER_BROKER_URL": rds.url})
+    try:
+        assert all(_status(again.url, i)["status"] == "COMPLETED" for i in ids)
+    finally:
+        again.stop()
+
+
+def test_a_job_that_kills_its_consumers_fails_as_worker_lost(rds: RedisServer) -> None:
+    """The store's view of a job whose consumers died 3 times (the tries are counted in
+    Redis), then a real consumer that takes its redelivered message: WORKER_LOST, not a
+    fourth run."""
+    from handler.broker.queue import QUEUE, TASK, make_celery
+    from handler.settings import load_settings
+
+    store = _store(rds)
+    store.create("doomed", None)
+    for n in range(3):
+        assert store.start("doomed", f"dead-{n}")[0] == "GO"
+        store.r.delete("whisper:lease:doomed")
+    settings = load_settings({"WHISPER_BROKER_URL": rds.url})
+    make_celery(settings).send_task(
+        TASK, args=["doomed", {"audio_base64": "AAAA"}, None], queue=QUEUE
+    )
+    consumer = ConsumerProc(rds.url)
+    try:
+        wait_for(lambda: store.get("doomed").ended, 120, "the job to end")  # type: ignore[union-attr]
+    finally:
+        consumer.stop()
+    st = store.get("doomed").status_object()  # type: ignore[union-attr]
+    assert st["status"] == "FAILED" and st["output"]["error_code"] == "WORKER_LOST", st
+    assert st["output"]["retryable"] is False
+
+
+def test_a_consumer_recycles_itself_and_sigterm_finishes_jobs_in_hand(rds: RedisServer) -> None:
+    consumer = ConsumerProc(rds.url, WHISPER_REFRESH_AFTER_JOBS="3", WHISPER_MAX_CONCURRENCY="2")
+    gateway = Server({"WHISPER_BROKER_URL": rds.url})
+    try:
+        pool = _short_jobs()
+        ids = [
+            _post(gateway.url, {"input": {"audio_base64": pool[n % 3][0]}})["id"] for n in range(8)
+        ]
+        done = _all_ended(gateway.url, ids, 300)
+        assert {s["status"] for s in done.values()} == {"COMPLETED"}
+        assert consumer.logs().count("recycling after") >= 2, consumer.logs()[-2000:]
+        runs = Counter(s["workerId"] for s in done.values())
+        # A fresh process after every 3 jobs (and the one more in hand when the 3rd ended).
+        assert len(runs) >= 2 and max(runs.values()) <= 4, runs
+        # SIGTERM with a long job in hand: it finishes, its result is stored, then exit 0.
+        job = _post(gateway.url, {"input": {"audio_base64": _long(40)}})
+        wait_for(lambda: _status(gateway.url, job["id"])["status"] == "IN_PROGRESS", 120, "start")
+        assert consumer.stop() == 0
+        assert _status(gateway.url, job["id"])["status"] == "COMPLETED"
+    finally:
+        gateway.stop()
+        consumer.stop()
+
+
+def _long(seconds: float) -> str:
+    return base64.b64encode(wav_bytes(long_clip(seconds).samples)).decode()
+
+
+def test_cancel_stops_a_running_job_on_its_consumer(rds: RedisServer) -> None:
+    consumer = ConsumerProc(rds.url, WHISPER_MAX_CONCURRENCY="1")
+    gateway = Server({"WHISPER_BROKER_URL": rds.url})
+    try:
+        job = _post(gateway.url, {"input": {"audio_base64": _long(240)}})
+        wait_for(lambda: _status(gateway.url, job["id"])["status"] == "IN_PROGRESS", 120, "start")
+        started = time.monotonic()
+        cancelled = requests.post(f"{gateway.url}/v2/e/cancel/{job['id']}", timeout=60).json()
+        assert cancelled["status"] == "CANCELLED"
+        # Its one slot is free again long before 240 s of audio could be transcribed.
+        pool = _short_jobs()
+        nxt = _post(gateway.url, {"input": {"audio_base64": pool[0][0]}})
+        assert _all_ended(gateway.url, [nxt["id"]], 120)[nxt["id"]]["status"] == "COMPLETED"
+        assert time.monotonic() - started < 60
+        assert _status(gateway.url, job["id"])["status"] == "CANCELLED"
+    finally:
+        gateway.stop()
+        consumer.stop()
