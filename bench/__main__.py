@@ -80,6 +80,8 @@ COMMANDS: tuple[Command, ...] = (
     Command("soak", "bench.soak.soak", "fault soak: 1000 jobs, bad inputs, injected faults"),
     Command("http-soak", "bench.soak.http_soak",
             "HTTP mode: 1000 requests, bad inputs, disconnects, bursts"),
+    Command("broker-faults", "bench.broker.faults",
+            "broker mode: 500 jobs, a consumer SIGKILLed midway: lost, twice, stuck"),
     # The image.
     Command("image-sizes", "bench.image.image_sizes",
             "a built image's sizes layer by layer (bench/image.sh measure runs it)"),

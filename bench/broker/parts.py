@@ -1,6 +1,7 @@
 """Real parts for the broker's tests and bench: Debian's ``redis-server`` on a free port
 (with AOF, in its own folder), consumers as real ``python -m handler consume`` processes
-with the real model, and the gateway as the real ``python -m handler serve``."""
+with the real model, the gateway as the real ``python -m handler serve``; and the job
+API's calls as a client makes them."""
 
 from __future__ import annotations
 
@@ -16,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 import psutil
+import requests
 
 ROOT = Path(__file__).resolve().parent.parent
 START_S = 120
@@ -141,3 +143,72 @@ class ConsumerProc:
                 self.proc.kill()
                 self.proc.wait(30)
         return self.proc.returncode
+
+
+class GatewayProc:
+    """``python -m handler serve`` with ``WHISPER_BROKER_URL``: no model, ready at once."""
+
+    def __init__(self, broker_url: str, **env: str) -> None:
+        self.port = free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.log = _log_file("gateway")
+        full = {**worker_env(broker_url, **env), "PORT": str(self.port), "HOST": "127.0.0.1"}
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "handler", "serve"],
+            cwd=ROOT,
+            env=full,
+            stdout=self.log,
+            stderr=subprocess.STDOUT,
+        )
+        deadline = time.monotonic() + START_S
+        while time.monotonic() < deadline and self.proc.poll() is None:
+            try:
+                if requests.get(f"{self.url}/ready", timeout=5).status_code == 200:
+                    return
+            except requests.ConnectionError:
+                time.sleep(0.05)
+        raise AssertionError(f"the gateway did not start: {self.logs()[-2000:]}")
+
+    def logs(self) -> str:
+        self.log.flush()
+        return Path(self.log.name).read_text()
+
+    def run(self, job_input: Any) -> str:
+        answer = requests.post(f"{self.url}/v2/e/run", json={"input": job_input}, timeout=60)
+        answer.raise_for_status()
+        return str(answer.json()["id"])
+
+    def status(self, job_id: str) -> dict[str, Any]:
+        return dict(requests.get(f"{self.url}/v2/e/status/{job_id}", timeout=60).json())
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(30)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait(30)
+
+
+ENDED = ("COMPLETED", "FAILED", "CANCELLED", "TIMED_OUT")
+
+
+def all_ended(gateway: GatewayProc, ids: list[str], timeout: float) -> dict[str, dict[str, Any]]:
+    """Every job's final status; AssertionError when one has not ended by ``timeout``."""
+    left, done = list(ids), {}
+    deadline = time.monotonic() + timeout
+    while left and time.monotonic() < deadline:
+        still = []
+        for job_id in left:
+            st = gateway.status(job_id)
+            if st["status"] in ENDED:
+                done[job_id] = st
+            else:
+                still.append(job_id)
+        left = still
+        if left:
+            time.sleep(0.2)
+    if left:
+        raise AssertionError(f"{len(left)} of {len(ids)} jobs did not end in {timeout} s")
+    return done
