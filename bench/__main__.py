@@ -80,6 +80,10 @@ COMMANDS: tuple[Command, ...] = (
     Command("soak", "bench.soak.soak", "fault soak: 1000 jobs, bad inputs, injected faults"),
     Command("http-soak", "bench.soak.http_soak",
             "HTTP mode: 1000 requests, bad inputs, disconnects, bursts"),
+    Command("broker", "bench.broker.gateway",
+            "broker mode: the gateway's added time, throughput of 1 and 2 consumers"),
+    Command("broker-cost", "bench.broker.scaling",
+            "broker mode scaled by KEDA beside RunPod flex: billed GPU s per audio s"),
     Command("broker-faults", "bench.broker.faults",
             "broker mode: 500 jobs, a consumer SIGKILLed midway: lost, twice, stuck"),
     # The image.

@@ -89,7 +89,7 @@ def kill_midway(jobs: int = 500, kill_after: float = 0.2) -> dict[str, Any]:
             "stored_completions": health["completed"],
             "duplicated": health["completed"] - statuses.count("COMPLETED"),
             "stuck_in_progress": store.r.scard("whisper:running"),
-            "in_hand_when_killed": in_hand,
+            "running_when_killed": in_hand,
             "ran_again": health["retried"],
             "killed_pid": killed,
             "mean_wer": round(sum(errors) / max(1, len(errors)), 4),

@@ -6,6 +6,7 @@ API's calls as a client makes them."""
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import signal
 import socket
@@ -119,6 +120,11 @@ class ConsumerProc:
                 raise AssertionError(f"the consumer exited: {self.logs()[-3000:]}")
             time.sleep(0.05)
         raise AssertionError(f"the consumer did not get ready: {self.logs()[-3000:]}")
+
+    def at_a_time(self) -> int:
+        """Jobs this consumer runs at once (its log says)."""
+        found = re.search(r"taking jobs \((\d+) at a time\)", self.logs())
+        return int(found.group(1)) if found else 0
 
     def child(self) -> psutil.Process:
         """The consumer process (the one with the model) the supervisor runs now."""

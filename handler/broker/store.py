@@ -12,8 +12,8 @@ Each transition is one Lua script, so it is atomic across processes:
 - ``cancel`` and ``purge`` end queued jobs at once and running ones at their next check.
 
 Keys (``whisper:`` prefix): ``job:{id}`` (a hash), ``stream:{id}`` (a list of streamed
-items), ``lease:{id}``, the sets ``queued`` and ``running``, ``counts``, and the consumers'
-heartbeats (``consumers``, a sorted set of names by expiry, and ``consumer:{name}``).
+items), ``lease:{id}``, the sets ``queued`` and ``running`` (and ``inflight``, the running
+ones as a list for KEDA), ``counts``, and the consumers' heartbeats (``consumers``, a sorted set of names by expiry, and ``consumer:{name}``).
 """
 
 from __future__ import annotations
@@ -28,6 +28,9 @@ from handler.contract import TERMINAL_JOB_STATES
 PREFIX = "whisper:"
 LEASE_S = 30
 """A running job's lease; its consumer renews it every ``LEASE_S / 3`` seconds."""
+INFLIGHT = PREFIX + "inflight"
+"""The running jobs' ids as a Redis list, beside the queue's own list: KEDA's Redis scaler
+reads list lengths only, and a consumer must not be scaled to zero with jobs in hand."""
 UNENDED_TTL_S = 86_400
 """A job that never ends (its message lost with a Redis that kept no AOF) is forgotten
 after a day, as RunPod drops a job queued longer than that."""
@@ -50,6 +53,8 @@ redis.call('HSETNX', job, 'started', ARGV[2])
 local tries = redis.call('HINCRBY', job, 'tries', 1)
 redis.call('SREM', KEYS[3], ARGV[4])
 redis.call('SADD', KEYS[4], ARGV[4])
+redis.call('LREM', KEYS[7], 0, ARGV[4])
+redis.call('RPUSH', KEYS[7], ARGV[4])
 redis.call('EXPIRE', job, ARGV[5])
 return {{'GO', redis.call('LLEN', KEYS[6]), tries}}
 """
@@ -65,6 +70,7 @@ redis.call('HSETNX', job, 'started', ARGV[2])
 redis.call('HDEL', job, 'input', 'progress')
 redis.call('SREM', KEYS[3], ARGV[6])
 redis.call('SREM', KEYS[4], ARGV[6])
+redis.call('LREM', KEYS[7], 0, ARGV[6])
 redis.call('DEL', KEYS[2])
 redis.call('EXPIRE', job, ARGV[5])
 if redis.call('EXISTS', KEYS[6]) == 1 then redis.call('EXPIRE', KEYS[6], ARGV[5]) end
@@ -226,6 +232,7 @@ class JobStore:
                 _key("running"),
                 _key("counts"),
                 _key("stream", job_id),
+                INFLIGHT,
             ],
             args=[consumer, repr(time.time()), LEASE_S, job_id, UNENDED_TTL_S],
         )
@@ -259,6 +266,7 @@ class JobStore:
                 _key("running"),
                 _key("counts"),
                 _key("stream", job_id),
+                INFLIGHT,
             ],
             args=[
                 status,
