@@ -83,7 +83,7 @@ def test_the_validation_can_fail() -> None:
     kinds = {d["kind"]: d for _, d in DOCS}
     bad = copy.deepcopy(kinds["Deployment"])
     bad["spec"]["template"]["spec"]["terminationGracePeriod"] = 30
-    with pytest.raises(Exception):
+    with pytest.raises(jsonschema.ValidationError):
         validate(bad)
     bad = copy.deepcopy(kinds["ScaledObject"])
     bad["spec"]["minReplicaCount"] = "zero"

@@ -13,7 +13,8 @@ Each transition is one Lua script, so it is atomic across processes:
 
 Keys (``whisper:`` prefix): ``job:{id}`` (a hash), ``stream:{id}`` (a list of streamed
 items), ``lease:{id}``, the sets ``queued`` and ``running`` (and ``inflight``, the running
-ones as a list for KEDA), ``counts``, and the consumers' heartbeats (``consumers``, a sorted set of names by expiry, and ``consumer:{name}``).
+ones as a list for KEDA), ``counts``, and the consumers' heartbeats (``consumers``, a
+sorted set of names by expiry, and ``consumer:{name}``).
 """
 
 from __future__ import annotations
