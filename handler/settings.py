@@ -245,14 +245,16 @@ class Settings(BaseModel):
     progress_interval_s: float = Field(5.0, gt=0)
     """Least time between two progress updates of one job (seconds)."""
     refresh_after_jobs: int = Field(0, ge=0)
-    """Ask the platform for a fresh worker after this many jobs; 0 never."""
+    """Ask the platform for a fresh worker after this many jobs (a broker's consumer starts a
+    fresh process, finishing the jobs in hand first); 0 never."""
     memory_budget_mb: int = Field(0, ge=0)
     """Memory the jobs of this worker may reserve together (MiB); a job waits until its
     estimate (about 2.5x its 16 kHz PCM plus 64 MiB) fits, and one that never can fails with
     MEMORY_BUDGET_EXCEEDED. 0: 80 % of the container's (or machine's) memory less the
     loaded model."""
     max_rss_mb: int = Field(0, ge=0)
-    """Ask for a fresh worker when resident memory grows past this (MiB); 0 never."""
+    """Ask for a fresh worker (a consumer: a fresh process) when resident memory grows past
+    this (MiB); 0 never."""
 
     @field_validator("broker_url", mode="after")
     @classmethod

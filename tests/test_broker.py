@@ -13,6 +13,7 @@ real model, the gateway as the real HTTP server (bench/broker/parts.py).
 from __future__ import annotations
 
 import base64
+import json
 import time
 from collections import Counter
 from collections.abc import Iterator
@@ -25,7 +26,7 @@ import requests
 from bench.broker.parts import ConsumerProc, RedisServer
 from handler.broker.store import LEASE_S, JobStore
 from speech_assets.clips import clips, long_clip, wav_bytes
-from tests.helpers import wait_for, wer
+from tests.helpers import DATA, JFK_TEXT, b64, wait_for, wer
 from tests.test_http import Server
 
 ENDED = ("COMPLETED", "FAILED", "CANCELLED", "TIMED_OUT")
@@ -230,6 +231,50 @@ def test_cancel_stops_a_running_job_on_its_consumer(rds: RedisServer) -> None:
         assert _all_ended(gateway.url, [nxt["id"]], 120)[nxt["id"]]["status"] == "COMPLETED"
         assert time.monotonic() - started < 60
         assert _status(gateway.url, job["id"])["status"] == "CANCELLED"
+    finally:
+        gateway.stop()
+        consumer.stop()
+
+
+def test_openais_sdk_and_v1_jobs_through_a_gateway(rds: RedisServer) -> None:
+    """The gateway answers OpenAI's audio routes and /v1/jobs by running the job on a
+    consumer; what needs the model in its own process (stream=true, live audio) is
+    refused with a clear error, never left waiting."""
+    import openai
+    import websockets.sync.client
+
+    consumer = ConsumerProc(rds.url)
+    gateway = Server({"WHISPER_BROKER_URL": rds.url})
+    try:
+        client = openai.OpenAI(base_url=gateway.url + "/v1", api_key="unused", max_retries=0)
+        with open(DATA / "jfk.wav", "rb") as f:
+            out = client.audio.transcriptions.create(model="whisper-1", file=f)
+        assert wer(JFK_TEXT, out.text) < 0.2
+        with open(DATA / "jfk.wav", "rb") as f:
+            srt = client.audio.transcriptions.create(model="tiny.en", file=f, response_format="srt")
+        assert "-->" in str(srt)
+        assert {m.id for m in client.models.list()} == {"whisper-1", "tiny.en"}
+        with open(DATA / "jfk.wav", "rb") as f, pytest.raises(openai.BadRequestError) as bad:
+            client.audio.transcriptions.create(model="no-such-model", file=f)
+        assert "no-such-model" in str(bad.value)
+        with open(DATA / "jfk.wav", "rb") as f, pytest.raises(openai.BadRequestError) as bad:
+            list(client.audio.transcriptions.create(model="whisper-1", file=f, stream=True))
+        assert "gateway" in str(bad.value)
+        native = requests.post(
+            f"{gateway.url}/v1/jobs",
+            json={"input": {"audio_base64": b64(DATA / "jfk.wav")}},
+            timeout=120,
+        )
+        assert native.status_code == 200 and wer(JFK_TEXT, native.json()["output"]["text"]) < 0.2
+        failed = requests.post(
+            f"{gateway.url}/v1/jobs", json={"input": {"audio_base64": "bm90IGF1ZGlv"}}, timeout=120
+        )
+        assert failed.status_code == 415 and failed.json()["retryable"] is False, failed.text
+        with websockets.sync.client.connect(
+            gateway.url.replace("http", "ws") + "/v1/realtime?intent=transcription"
+        ) as ws:
+            event = json.loads(ws.recv(timeout=30))
+        assert event["type"] == "error" and "gateway" in event["error"]["message"]
     finally:
         gateway.stop()
         consumer.stop()

@@ -182,6 +182,10 @@ def consume(settings: Settings) -> int:
         return 1
     store = JobStore(redis_client(settings), settings.result_ttl_s)
     consumer = Consumer(worker, settings, store)
+    try:
+        store.loaded(worker.pool.names)
+    except Exception as exc:  # Redis not up yet: Celery waits for it below
+        log.warning("consumer %s: cannot reach Redis (%s)", consumer.name, type(exc).__name__)
     app = make_celery(settings)
 
     @app.task(name=TASK, bind=True, acks_late=True, max_retries=None)

@@ -6,19 +6,26 @@ replica answers for any job, and a restarted one for every job until its TTL.
 
 An input that can never run (it fails the job schema) is FAILED at once with its error
 code and never queued; a broker that cannot be reached is a 503 with nothing queued.
+
+OpenAI's audio routes and ``/v1/jobs`` go the same way and wait for the result
+(``BrokerJobs.result``; the job is cancelled when the caller leaves); their streamed
+variant and live audio (``/v1/realtime``) need the model in the same process and are
+refused with a clear error here.
 """
 
 from __future__ import annotations
 
 import asyncio
+import base64
 import logging
 import time
 import uuid
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 from handler.broker.queue import QUEUE, TASK, make_celery, redis_client
-from handler.broker.store import EndedJob, JobStore, Snapshot
-from handler.errors import WorkerError
+from handler.broker.store import MODELS, EndedJob, JobStore, Snapshot
+from handler.errors import Code, WorkerError
 from handler.settings import Settings
 
 log = logging.getLogger(__name__)
@@ -130,6 +137,42 @@ class BrokerJobs:
             fresh = await asyncio.to_thread(self.get, snap.id)
             snap = fresh if fresh is not None else snap
         return {"id": snap.id, "status": snap.status, "stream": [{"output": i} for i in items]}
+
+    def models(self) -> list[str]:
+        """The models the consumers have loaded (each adds its own at start; [] until one
+        has started: a name is then checked by the consumer that runs the job)."""
+        return sorted(self._guarded(self.store.r.smembers, MODELS))
+
+    async def result(
+        self,
+        job_input: Any,
+        gone: Callable[[], Awaitable[bool]],
+        audio: bytes | None = None,
+        stream: bool = False,
+    ) -> Any:
+        """Run ``job_input`` (with an uploaded ``audio``) on a consumer and wait for its
+        result, as the HTTP face's own engine answers it (an error result on failure);
+        cancelled when ``gone()`` says the caller left. Raises BrokerDown."""
+        if stream:
+            return WorkerError(
+                Code.INVALID_INPUT,
+                "stream: a gateway streams no events; submit to /v2/{endpoint_id}/run and "
+                "read its /stream, or call a server that has the model",
+            ).to_result()
+        if audio is not None:
+            job_input = {**job_input, "audio_base64": base64.b64encode(audio).decode()}
+        snap = await asyncio.to_thread(self.submit, job_input, 0, None)
+        while not snap.ended:
+            snap = await self.wait(snap, 1.0)
+            if not snap.ended and await gone():
+                await asyncio.to_thread(self.cancel, snap)
+                break
+        out = snap.status_object()
+        if snap.status == "COMPLETED":
+            return out.get("output")
+        if snap.status == "FAILED":
+            return {"error": out.get("error", "the job failed"), **(out.get("output") or {})}
+        return WorkerError(Code.CANCELLED, f"the job was {snap.status.lower()}").to_result()
 
     def cancel(self, snap: Snapshot) -> dict[str, Any]:
         self._guarded(self.store.cancel, snap.id)

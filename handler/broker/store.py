@@ -32,6 +32,8 @@ LEASE_S = 30
 INFLIGHT = PREFIX + "inflight"
 """The running jobs' ids as a Redis list, beside the queue's own list: KEDA's Redis scaler
 reads list lengths only, and a consumer must not be scaled to zero with jobs in hand."""
+MODELS = PREFIX + "models"
+"""The names of the models consumers loaded (a set; the gateway's ``/v1/models``)."""
 UNENDED_TTL_S = 86_400
 """A job that never ends (its message lost with a Redis that kept no AOF) is forgotten
 after a day, as RunPod drops a job queued longer than that."""
@@ -289,6 +291,10 @@ class JobStore:
         pipe.set(_key("consumer", consumer), json.dumps({"running": running}), ex=ttl_s)
         pipe.zadd(_key("consumers"), {consumer: time.time() + ttl_s})
         pipe.execute()
+
+    def loaded(self, names: list[str]) -> None:
+        if names:
+            self.r.sadd(MODELS, *names)
 
     def gone(self, consumer: str) -> None:
         pipe = self.r.pipeline()

@@ -14,6 +14,8 @@ handler``) serves, on ``PORT``:
 - ``HEALTH_CHECK_PATH`` (default ``/ping``) on ``PORT_HEALTH`` (default ``PORT``): 204
   while the model loads, 200 once it serves, as RunPod's load balancer expects.
 
+With ``WHISPER_BROKER_URL`` (a gateway, no model) the jobs run on the broker's consumers.
+
 FastAPI + uvicorn (the runpod SDK already depends on both, so the image gains nothing):
 multipart parsing by python-multipart, the event loop free while jobs run in threads.
 At most ``WHISPER_MAX_CONCURRENCY`` requests run and ``WHISPER_HTTP_MAX_QUEUE`` wait;
@@ -152,7 +154,8 @@ def create_app(state: ServerState, *, health_path: str = "/ping") -> FastAPI:
 
     @app.exception_handler(StarletteHTTPException)
     async def _http(request: Request, exc: StarletteHTTPException) -> JSONResponse:
-        return _not_routed(request, exc.status_code)
+        body = openai_api.not_routed(request.method, request.url.path, exc.status_code)
+        return JSONResponse(body, status_code=exc.status_code)
 
     add_health_route(app, state, health_path)
     add_service_routes(app, state)
@@ -166,12 +169,12 @@ def add_job_routes(app: FastAPI, state: ServerState) -> None:
 
     @app.get("/v1/models")
     async def models() -> Response:
-        worker = _ready_worker(state)
-        if isinstance(worker, Response):
-            return worker
+        names = await _loaded_models(state)
+        if isinstance(names, Response):
+            return names
         data = [
             {"id": n, "object": "model", "created": 0, "owned_by": "whisper-worker"}
-            for n in ["whisper-1", *worker.pool.names]
+            for n in ["whisper-1", *names]
         ]
         return JSONResponse({"object": "list", "data": data})
 
@@ -186,8 +189,16 @@ def add_job_routes(app: FastAPI, state: ServerState) -> None:
         return await _native(state, request)
 
 
+async def _loaded_models(state: ServerState) -> list[str] | Response:
+    """This server's models, or (a gateway) those its consumers loaded."""
+    if state.gateway is not None:
+        return list(await asyncio.to_thread(state.gateway.models))
+    worker = _ready_worker(state)
+    return worker if isinstance(worker, Response) else worker.pool.names
+
+
 async def _audio_request(
-    request: Request, worker: Runtime
+    request: Request, loaded: list[str]
 ) -> tuple[openai_api.OpenAIRequest, bytes | None] | Response:
     """The multipart form as a request and its upload, or the error answer."""
     try:
@@ -204,7 +215,7 @@ async def _audio_request(
         req = openai_api.build_request(
             request.url.path,
             fields,
-            loaded_models=worker.pool.names,
+            loaded_models=loaded,
             has_file=isinstance(upload, UploadFile),
         )
     except WorkerError as exc:
@@ -220,20 +231,28 @@ async def _audio_request(
 
 async def _audio(state: ServerState, request: Request) -> Response:
     """OpenAI's ``/v1/audio/transcriptions`` and ``/translations``."""
-    worker = _ready_worker(state)
-    if isinstance(worker, Response):
-        return worker
-    parsed = await _audio_request(request, worker)
+    loaded = await _loaded_models(state)
+    if isinstance(loaded, Response):
+        return loaded
+    parsed = await _audio_request(request, loaded)
     if isinstance(parsed, Response):
         return parsed
     req, audio = parsed
-    if req.stream:
+    worker = state.worker
+    if state.gateway is not None or worker is None:  # a gateway: a consumer runs it
+        result = await state.gateway.result(
+            req.job_input, request.is_disconnected, audio, req.stream
+        )
+    elif req.stream:
         return await _stream(state, worker, request, req, audio)
-    result = await _run_admitted(
-        state,
-        request,
-        lambda cancel: run_job(req.job_input, worker, job_id="http", cancel=cancel, audio=audio),
-    )
+    else:
+        result = await _run_admitted(
+            state,
+            request,
+            lambda cancel: run_job(
+                req.job_input, worker, job_id="http", cancel=cancel, audio=audio
+            ),
+        )
     if isinstance(result, Response):
         return result
     if "error" in result:
@@ -246,7 +265,7 @@ async def _audio(state: ServerState, request: Request) -> Response:
 
 async def _native(state: ServerState, request: Request) -> Response:
     """``POST /v1/jobs``: a queue job's JSON (either shape), answered as the queue does."""
-    worker = _ready_worker(state)
+    worker = None if state.gateway is not None else _ready_worker(state)
     if isinstance(worker, Response):
         return worker
     try:
@@ -257,34 +276,22 @@ async def _native(state: ServerState, request: Request) -> Response:
         return _error(Code.INVALID_INPUT, "the body is not JSON")
     if not isinstance(job, dict) or "input" not in job:
         return _error(Code.INVALID_INPUT, 'a job is {"input": {...}}')
-    result = await _run_admitted(
-        state,
-        request,
-        lambda cancel: openai_api.run_any_job(job["input"], worker, job_id="http", cancel=cancel),
-    )
+    if worker is None:
+        result = await state.gateway.result(job["input"], request.is_disconnected)
+    else:
+        result = await _run_admitted(
+            state,
+            request,
+            lambda cancel: openai_api.run_any_job(
+                job["input"], worker, job_id="http", cancel=cancel
+            ),
+        )
     if isinstance(result, Response):
         return result
     if isinstance(result, dict) and "error" in result:
         status, _ = openai_api.error_body(result)
         return JSONResponse(result, status_code=status)
     return JSONResponse({"output": result})
-
-
-NOT_ROUTED = {404: "not_found", 405: "method_not_allowed"}
-
-
-def _not_routed(request: Request, status: int) -> JSONResponse:
-    """OpenAI's error body for a path or method this server does not serve."""
-    what = "unknown route" if status == 404 else f"method {request.method} not allowed on"
-    body = {
-        "error": {
-            "message": f"{what} {request.url.path}; see /v1/models and /v1/audio/transcriptions",
-            "type": "invalid_request_error",
-            "param": None,
-            "code": NOT_ROUTED.get(status, "invalid_request"),
-        }
-    }
-    return JSONResponse(body, status_code=status)
 
 
 def add_service_routes(app: FastAPI, state: ServerState) -> None:
@@ -300,7 +307,14 @@ def add_service_routes(app: FastAPI, state: ServerState) -> None:
 
     @app.websocket("/v1/realtime")
     async def live(ws: WebSocket) -> None:
-        await realtime.serve(ws, state.worker, state.settings, state.live, state.metrics.job_done)
+        await realtime.serve(
+            ws,
+            state.worker,
+            state.settings,
+            state.live,
+            state.metrics.job_done,
+            gateway=state.gateway is not None,
+        )
 
 
 def add_health_route(app: FastAPI, state: ServerState, path: str) -> None:
@@ -319,12 +333,6 @@ def add_health_route(app: FastAPI, state: ServerState, path: str) -> None:
 
 
 def _ready_worker(state: ServerState) -> Runtime | Response:
-    if state.gateway is not None:
-        return _error(
-            Code.NOT_READY,
-            "this server is a gateway to a job broker and loads no model: submit jobs to "
-            "/v2/{endpoint_id}/run or /runsync",
-        )
     if state.worker is None:
         return _error(Code.NOT_READY, "the model is still loading; retry shortly")
     return state.worker

@@ -480,6 +480,7 @@ async def serve(
     settings: Settings,
     live: LiveState,
     on_result: Callable[[Any], None],
+    gateway: bool = False,
 ) -> None:
     """One connection to ``/v1/realtime``: refused with an error event, or a session."""
     await ws.accept()
@@ -494,6 +495,8 @@ async def serve(
             "unsupported",
             1008,
         )
+    if gateway:  # live audio needs the model in this process
+        return await refuse("a gateway to a job broker serves no live audio", "unsupported", 1008)
     if settings.realtime_max_sessions == 0:
         return await refuse(
             "live sessions are off here (WHISPER_REALTIME_MAX_SESSIONS=0)", "unsupported", 1008
