@@ -5,7 +5,7 @@ runs here, so the two overlap (handler.startup.Loader; the thread imports nothin
 is taken before the model is loaded; a setting or a model that cannot be loaded exits the
 process with status 1 and one line saying what was tried. ``serve`` (or
 ``WHISPER_MODE=http``) starts HTTP mode instead; ``consume`` (or ``WHISPER_MODE=consume``)
-takes jobs from the broker (handler.broker.consumer).
+takes jobs from the broker (handler.faces.broker.consumer).
 """
 
 from __future__ import annotations
@@ -31,7 +31,7 @@ def main(argv: list[str] | None = None) -> int:
 
         return serve(settings)
     if argv[:1] == ["consume"] or settings.mode == "consume":
-        from handler.broker.consumer import supervise
+        from handler.faces.broker.consumer import supervise
 
         return supervise(settings)
     # Other arguments are the runpod SDK's own (--test_input, --rp_serve_api, ...).

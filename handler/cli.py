@@ -178,7 +178,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
 
 
 def cmd_consume(_args: argparse.Namespace) -> int:
-    from handler.broker.consumer import supervise
+    from handler.faces.broker.consumer import supervise
     from handler.settings import SettingsError, load_settings
 
     try:

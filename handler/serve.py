@@ -1,7 +1,7 @@
 """HTTP mode's entry (``python -m handler serve`` or ``WHISPER_MODE=http``): start the
 server at once (the health route answers 204), load the model meanwhile, then serve.
 With ``WHISPER_BROKER_URL`` it is a gateway instead: no model, jobs queued on the broker
-(handler.broker.gateway) for ``whisper-worker consume``.
+(handler.faces.broker.gateway) for ``whisper-worker consume``.
 
 The routes live in handler.faces.http_server; this module owns the process: ports from
 ``PORT``, ``PORT_HEALTH`` (a second server for RunPod's load balancer when it differs),
@@ -26,6 +26,32 @@ from handler.startup import STARTUP_ERRORS, Loader
 log = logging.getLogger(__name__)
 
 
+def _state(settings: Settings) -> ServerState:
+    """The routes' state; with a broker, its job store (a gateway: no model here)."""
+    state = ServerState(settings)
+    if settings.broker_url is not None:
+        from handler.faces.broker.gateway import BrokerJobs
+
+        state.gateway = BrokerJobs(settings)
+    return state
+
+
+def _uvicorn(app: Any, host: str, port: int, settings: Settings) -> Any:
+    import uvicorn  # in the caller's thread, before the loader starts (it imports nothing)
+
+    # An oversized WebSocket message closes the socket with 1009 (message too big).
+    config = uvicorn.Config(
+        app,
+        host=host,
+        port=port,
+        log_config=None,
+        access_log=False,
+        lifespan="off",
+        ws_max_size=settings.realtime_max_message_bytes,
+    )
+    return uvicorn.Server(config)
+
+
 def serve(settings: Settings | None = None) -> int:
     """Serve until stopped; 1 when the settings or the model load fail."""
     try:
@@ -33,32 +59,16 @@ def serve(settings: Settings | None = None) -> int:
     except STARTUP_ERRORS as exc:
         print(f"whisper-worker: {exc}", file=sys.stderr)
         return 1
-    import uvicorn  # in this thread, before the loader starts (the loader imports nothing)
 
-    state = ServerState(loader.settings)
-    gateway = loader.settings.broker_url is not None
-    if gateway:
-        from handler.broker.gateway import BrokerJobs
-
-        state.gateway = BrokerJobs(loader.settings)
+    state = _state(loader.settings)
+    gateway = state.gateway is not None
     port = int(os.environ.get("PORT") or 80)
     health_port = int(os.environ.get("PORT_HEALTH") or port)
     health_path = os.environ.get("HEALTH_CHECK_PATH") or "/ping"
     host = os.environ.get("HOST") or "0.0.0.0"
 
-    def server(app: Any, at: int) -> uvicorn.Server:
-        # An oversized WebSocket message closes the socket with 1009 (message too big).
-        return uvicorn.Server(
-            uvicorn.Config(
-                app,
-                host=host,
-                port=at,
-                log_config=None,
-                access_log=False,
-                lifespan="off",
-                ws_max_size=loader.settings.realtime_max_message_bytes,
-            )
-        )
+    def server(app: Any, at: int) -> Any:
+        return _uvicorn(app, host, at, loader.settings)
 
     servers = [server(build_asgi(state, health_path), port)]
     if health_port != port:

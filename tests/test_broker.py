@@ -1,9 +1,9 @@
 """Broker mode on real parts: Debian's redis-server, consumers as real processes with the
-real model, the gateway as the real HTTP server (bench/broker/parts.py).
+real model, the gateway as the real HTTP server (runpod_emulator/broker_stack.py).
 
 - the store's transitions (Lua in a real Redis): one ending, leases, tries, purge;
-- 500 short real-speech jobs through the gateway to 2 consumers, one SIGKILLed mid-run
-  and started again: every job completed exactly once with the right text;
+- (tests/bench/test_broker_faults.py: jobs through the gateway to 2 consumers, one
+  SIGKILLed mid-run and started again: every job completed exactly once, right text);
 - Redis restarted (AOF) with jobs queued, then the gateway restarted: nothing lost;
 - a broker that is down: 503 and nothing accepted; a job that kills consumers: WORKER_LOST;
 - a consumer recycles itself after N jobs without losing one; SIGTERM finishes jobs in hand;
@@ -23,11 +23,13 @@ import pytest
 import redis
 import requests
 
-from bench.broker.parts import ConsumerProc, RedisServer
-from handler.broker.store import LEASE_S, JobStore
+from handler.faces.broker.store import LEASE_S, JobStore
+from runpod_emulator.broker_stack import ConsumerProc, RedisServer
 from speech_assets.clips import clips, long_clip, wav_bytes
 from tests.helpers import DATA, JFK_TEXT, b64, wait_for, wer
 from tests.test_http import Server
+
+pytestmark = [pytest.mark.e2e, pytest.mark.model]
 
 ENDED = ("COMPLETED", "FAILED", "CANCELLED", "TIMED_OUT")
 
@@ -112,24 +114,6 @@ def _all_ended(url: str, ids: list[str], timeout: float) -> dict[str, dict[str, 
     return done
 
 
-FAULT_JOBS = 150
-"""``python -m bench broker-faults`` runs 500 (about 3 minutes here); the suite 150."""
-
-
-def test_jobs_through_two_consumers_one_killed_midway() -> None:
-    """At-least-once delivery, exactly one result: the killed consumer's jobs run again
-    on the others after the visibility timeout; none lost, none twice, none stuck, and
-    each text as the same model gives in-process."""
-    from bench.broker.faults import kill_midway
-
-    fig = kill_midway(FAULT_JOBS)
-    assert fig["completed"] == FAULT_JOBS and fig["lost"] == 0, fig
-    assert fig["duplicated"] == 0 and fig["stored_completions"] == FAULT_JOBS, fig
-    assert fig["stuck_in_progress"] == 0 and fig["other_endings"] == 0, fig
-    assert fig["running_when_killed"] >= 1 and fig["ran_again"] >= 1, fig
-    assert fig["not_as_in_process"] == 0 and fig["mean_wer"] < 0.15, fig
-
-
 def test_queued_jobs_outlive_a_redis_restart_and_statuses_a_gateway_restart(
     rds: RedisServer,
 ) -> None:
@@ -166,7 +150,7 @@ def test_a_job_that_kills_its_consumers_fails_as_worker_lost(rds: RedisServer) -
     """The store's view of a job whose consumers died 3 times (the tries are counted in
     Redis), then a real consumer that takes its redelivered message: WORKER_LOST, not a
     fourth run."""
-    from handler.broker.queue import QUEUE, TASK, make_celery
+    from handler.faces.broker.queue import QUEUE, TASK, make_celery
     from handler.settings import load_settings
 
     store = _store(rds)

@@ -3,7 +3,7 @@
 (``runpod.endpoint_url_base`` set to the server's ``/v2``), by whisper_client and by plain
 HTTP; webhooks to a real receiver on 127.0.0.1. The tests taking ``api`` run twice: on the
 embedded engine (no broker), and on a gateway with two real consumer processes behind a
-real Redis (Celery; bench/broker/parts.py)."""
+real Redis (Celery; runpod_emulator/broker_stack.py)."""
 
 from __future__ import annotations
 
@@ -42,7 +42,7 @@ class Behind:
     """A gateway with its Redis and consumers: answers as Server does, logs of all."""
 
     def __init__(self, consumers: int = 2) -> None:
-        from bench.broker.parts import ConsumerProc, RedisServer
+        from runpod_emulator.broker_stack import ConsumerProc, RedisServer
 
         self.redis = RedisServer()
         self.consumers = [ConsumerProc(self.redis.url, **ENV) for _ in range(consumers)]

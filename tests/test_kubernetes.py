@@ -16,8 +16,8 @@ import kubernetes_validate
 import pytest
 import yaml
 
-from handler.broker.queue import QUEUE
-from handler.broker.store import INFLIGHT
+from handler.faces.broker.queue import QUEUE
+from handler.faces.broker.store import INFLIGHT
 from handler.settings import load_settings
 
 ROOT = Path(__file__).resolve().parent.parent

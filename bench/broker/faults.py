@@ -16,8 +16,8 @@ import sys
 import time
 from typing import Any
 
-from bench.broker.parts import ConsumerProc, GatewayProc, RedisServer, all_ended
 from bench.common.text import normalise
+from runpod_emulator.broker_stack import ConsumerProc, GatewayProc, RedisServer, all_ended
 
 VISIBILITY_S = 30
 """The consumers' visibility timeout here: the killed one's jobs return after it."""
@@ -54,7 +54,7 @@ def kill_midway(jobs: int = 500, kill_after: float = 0.2) -> dict[str, Any]:
     """Run ``jobs`` jobs; SIGKILL one consumer once ``kill_after`` of them completed."""
     import redis
 
-    from handler.broker.store import JobStore
+    from handler.faces.broker.store import JobStore
 
     rds = RedisServer()
     env = {"WHISPER_BROKER_VISIBILITY_S": str(VISIBILITY_S), "WHISPER_MAX_CONCURRENCY": "4"}

@@ -22,8 +22,8 @@ from pathlib import Path
 from typing import Any
 
 from bench.broker.faults import short_jobs
-from bench.broker.parts import ConsumerProc, GatewayProc, RedisServer, all_ended
 from bench.common.report import percentile
+from runpod_emulator.broker_stack import ConsumerProc, GatewayProc, RedisServer, all_ended
 
 OUT = Path(__file__).resolve().parents[1] / "out" / "broker.json"
 

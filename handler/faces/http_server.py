@@ -119,7 +119,7 @@ class ServerState:
     slots: asyncio.Semaphore | None = None
     metrics: Metrics = field(default_factory=Metrics)
     gateway: Any = None
-    """With a broker: the job API's store in Redis (handler.broker.gateway); no model here."""
+    """With a broker: the job API's store in Redis (handler.faces.broker.gateway); no model here."""
     live: realtime.LiveState = field(init=False)
     """What the live sessions share: their count, their thread pool."""
 

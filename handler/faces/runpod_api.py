@@ -13,7 +13,7 @@ whisper_client, plain HTTP) work unchanged against a self-hosted URL:
 Statuses, ``output``, ``error``, ``delayTime`` and ``executionTime`` as RunPod's. Any
 endpoint id is taken unless ``WHISPER_ENDPOINT_ID`` names one; ``WHISPER_API_KEY`` guards
 these routes as every other. The jobs run in this server's engine (handler.faces.jobs),
-or, with ``WHISPER_BROKER_URL``, on the broker's consumers (handler.broker.gateway).
+or, with ``WHISPER_BROKER_URL``, on the broker's consumers (handler.faces.broker.gateway).
 """
 
 from __future__ import annotations
@@ -28,8 +28,8 @@ from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response
 
 from handler.audio.netpost import check_url
-from handler.broker.gateway import BrokerDown
 from handler.errors import WorkerError
+from handler.faces.broker.gateway import BrokerDown
 from handler.faces.jobs import Jobs, StoreFull
 
 RUNSYNC_WAIT_MS = 90_000

@@ -1,6 +1,6 @@
 """HTTP mode with ``WHISPER_BROKER_URL``: RunPod's job API over the broker. The gateway
 loads no model: ``/run`` stores the job's record in Redis and queues it (Celery), the
-consumers (handler.broker.consumer) run it, and ``/status``, ``/stream``, ``/cancel``,
+consumers (handler.faces.broker.consumer) run it, and ``/status``, ``/stream``, ``/cancel``,
 ``/health`` and ``/purge-queue`` read and change the records in Redis, so any gateway
 replica answers for any job, and a restarted one for every job until its TTL.
 
@@ -23,9 +23,9 @@ import uuid
 from collections.abc import Awaitable, Callable
 from typing import Any
 
-from handler.broker.queue import QUEUE, TASK, make_celery, redis_client
-from handler.broker.store import MODELS, EndedJob, JobStore, Snapshot
 from handler.errors import Code, WorkerError
+from handler.faces.broker.queue import QUEUE, TASK, make_celery, redis_client
+from handler.faces.broker.store import MODELS, EndedJob, JobStore, Snapshot
 from handler.settings import Settings
 
 log = logging.getLogger(__name__)

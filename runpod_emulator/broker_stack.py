@@ -1,7 +1,8 @@
-"""Real parts for the broker's tests and bench: Debian's ``redis-server`` on a free port
-(with AOF, in its own folder), consumers as real ``python -m handler consume`` processes
-with the real model, the gateway as the real ``python -m handler serve``; and the job
-API's calls as a client makes them."""
+"""The emulator's second platform: broker mode as a cluster runs it, on one machine, for
+the tests and the bench. Debian's ``redis-server`` on a free port (AOF on, in a folder of
+its own that outlives a restart), consumers as real ``python -m handler consume``
+processes with the real model, the gateway as the real ``python -m handler serve``; and
+the job API's calls as a client makes them. Nothing here imports the worker."""
 
 from __future__ import annotations
 

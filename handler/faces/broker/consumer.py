@@ -4,7 +4,7 @@ A supervisor (``supervise``, no model) runs one consumer process at a time and s
 fresh one when it recycles itself or dies; ``SIGTERM`` to the supervisor is passed on, and
 the consumer stops taking jobs, finishes those in hand, stores their results and exits.
 
-The consumer (``python -m handler.broker.consumer``) loads the model once, then runs a
+The consumer (``python -m handler.faces.broker.consumer``) loads the model once, then runs a
 Celery worker with a thread pool of ``WHISPER_MAX_CONCURRENCY`` (the same number the HTTP
 face admits), so jobs from the queue meet in the same batching engine. Each job:
 
@@ -33,9 +33,9 @@ import threading
 import time
 from typing import Any
 
-from handler.broker.queue import TASK, make_celery, redis_client
-from handler.broker.store import LEASE_S, EndedJob, JobStore, split_result
 from handler.errors import Code
+from handler.faces.broker.queue import TASK, make_celery, redis_client
+from handler.faces.broker.store import LEASE_S, EndedJob, JobStore, split_result
 from handler.settings import Settings, SettingsError, load_settings
 
 log = logging.getLogger(__name__)
@@ -234,7 +234,7 @@ def supervise(settings: Settings) -> int:
     signal.signal(signal.SIGINT, forward)
     while not stop.is_set():
         started = time.monotonic()
-        child = subprocess.Popen([sys.executable, "-m", "handler.broker.consumer"])
+        child = subprocess.Popen([sys.executable, "-m", "handler.faces.broker.consumer"])
         code = child.wait()
         if stop.is_set() or code == 0:
             return 0

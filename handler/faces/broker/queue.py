@@ -2,7 +2,7 @@
 name (it imports no model code) and the consumers run it.
 
 At-least-once delivery with Celery's late ack on Redis: a message is acknowledged only
-after the job's one result is stored (handler.broker.store); a consumer that dies holding
+after the job's one result is stored (handler.faces.broker.store); a consumer that dies holding
 one leaves it unacknowledged, and Redis hands it out again once ``visibility_timeout``
 has passed (kombu sweeps for such messages every ``RESTORE_SWEEP_S``). A job whose consumer
 still lives (its lease is fresh) is not run twice: the late copy is put back with a delay.
