@@ -146,6 +146,32 @@ def test_queued_jobs_outlive_a_redis_restart_and_statuses_a_gateway_restart(
         again.stop()
 
 
+def test_a_redis_restart_under_a_running_consumer_loses_nothing(rds: RedisServer) -> None:
+    """Redis goes away while a consumer holds a job and others wait: the consumer keeps
+    its result until Redis is back, stores it once, and the queued jobs run after."""
+    consumer = ConsumerProc(rds.url, WHISPER_MAX_CONCURRENCY="1")
+    gateway = Server({"WHISPER_BROKER_URL": rds.url})
+    pool = _short_jobs()
+    try:
+        held = _post(gateway.url, {"input": {"audio_base64": _long(90)}})["id"]
+        waiting = [_post(gateway.url, {"input": {"audio_base64": a}})["id"] for a, _ in pool]
+        wait_for(lambda: _status(gateway.url, held)["status"] == "IN_PROGRESS", 120, "start")
+        rds.stop()
+        time.sleep(2)
+        rds.start()
+        done = _all_ended(gateway.url, [held, *waiting], 300)
+        assert {s["status"] for s in done.values()} == {"COMPLETED"}, done
+        assert wer(long_clip(90).text, done[held]["output"]["text"]) < 0.3
+        counts = _store(rds).health()["jobs"]
+        assert counts["completed"] == 1 + len(pool) and counts["inProgress"] == 0, counts
+        # The outage fell inside the held job (its consumer saw Redis gone meanwhile).
+        assert "cannot reach Redis" in consumer.logs()
+        assert done[held]["executionTime"] > 2000
+    finally:
+        gateway.stop()
+        consumer.stop()
+
+
 def test_a_job_that_kills_its_consumers_fails_as_worker_lost(rds: RedisServer) -> None:
     """The store's view of a job whose consumers died 3 times (the tries are counted in
     Redis), then a real consumer that takes its redelivered message: WORKER_LOST, not a

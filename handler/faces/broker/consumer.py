@@ -31,6 +31,7 @@ import subprocess
 import sys
 import threading
 import time
+import warnings
 from typing import Any
 
 from handler.errors import Code
@@ -46,6 +47,9 @@ MAX_TRIES = 3
 """Consumers that may die running one job before it fails as WORKER_LOST."""
 WATCH_S = 0.5
 """How often a consumer looks for cancels of the jobs in its hands (seconds)."""
+PERSIST_S = 120
+"""How long a consumer keeps trying to store a job's start or result while Redis is away;
+past it the message stays unacknowledged and the job runs again elsewhere."""
 BEAT_S = 5
 """A consumer's heartbeat in Redis (for ``/health``); it lives three beats."""
 
@@ -62,7 +66,7 @@ class Consumer:
         self.recycling = False
 
     def run_task(self, task: Any, job_id: str, job_input: Any, webhook: str | None) -> None:
-        status, streamed, tries = self.store.start(job_id, self.name)
+        status, streamed, tries = self.lasting(self.store.start, job_id, self.name)
         if status == "LEASED":
             # Redelivered while its consumer still runs it: look again after a lease.
             raise task.retry(countdown=LEASE_S)
@@ -84,13 +88,39 @@ class Consumer:
             else:
                 result = self._run(job_id, job_input, cancel, streamed)
             outcome, output, error = split_result(result)
-            if self.store.end(job_id, outcome, output, error) and webhook:
+            if self.lasting(self.store.end, job_id, outcome, output, error) and webhook:
                 self._webhook(job_id, webhook)
         finally:
             with self.lock:
                 self.in_hand.pop(job_id, None)
         if self.worker.refresh_wanted:
             self.recycle()
+
+    def lasting(self, call: Any, *args: Any) -> Any:
+        """``call(*args)`` on Redis, again while Redis restarts (up to ``PERSIST_S``): a
+        result computed must not be lost to a moment without the broker."""
+        import redis
+
+        deadline, pause = time.monotonic() + PERSIST_S, 0.2
+        while True:
+            try:
+                return call(*args)
+            except (redis.ConnectionError, redis.TimeoutError) as exc:
+                if time.monotonic() > deadline:
+                    raise
+                log.warning("consumer %s: Redis away (%s); again", self.name, type(exc).__name__)
+                time.sleep(pause)
+                pause = min(5.0, pause * 2)
+
+    def _best_effort(self, call: Any, *args: Any) -> None:
+        """A streamed item or progress: lost, not fatal, while Redis is away (the result
+        carries every segment)."""
+        import redis
+
+        try:
+            call(*args)
+        except (redis.ConnectionError, redis.TimeoutError) as exc:
+            log.warning("consumer %s: Redis away (%s)", self.name, type(exc).__name__)
 
     def _run(self, job_id: str, job_input: Any, cancel: threading.Event, skip: int) -> Any:
         from handler.faces.openai_api import run_any_job
@@ -102,10 +132,10 @@ class Consumer:
             nonlocal sent
             sent += 1
             if sent > skip:  # an earlier try streamed the first ``skip`` already
-                self.store.stream(job_id, stream_item(seg))
+                self._best_effort(self.store.stream, job_id, stream_item(seg))
 
         def on_progress(percent: float) -> None:
-            self.store.progress(job_id, {"progress": percent})
+            self._best_effort(self.store.progress, job_id, {"progress": percent})
 
         try:
             return run_any_job(
@@ -187,10 +217,22 @@ def consume(settings: Settings) -> int:
     except Exception as exc:  # Redis not up yet: Celery waits for it below
         log.warning("consumer %s: cannot reach Redis (%s)", consumer.name, type(exc).__name__)
     app = make_celery(settings)
+    # Containers run as root; Celery's warning is about pickle, which this app refuses
+    # (accept_content json only), so it says nothing true here.
+    from celery.exceptions import SecurityWarning
+
+    warnings.filterwarnings("ignore", category=SecurityWarning)
 
     @app.task(name=TASK, bind=True, acks_late=True, max_retries=None)
     def transcribe(task: Any, job_id: str, job_input: Any, webhook: str | None = None) -> None:
-        consumer.run_task(task, job_id, job_input, webhook)
+        import redis
+        from celery.exceptions import Reject
+
+        try:
+            consumer.run_task(task, job_id, job_input, webhook)
+        except (redis.ConnectionError, redis.TimeoutError):
+            # Redis stayed away past PERSIST_S: the message goes back, the job runs again.
+            raise Reject("the broker is away", requeue=True) from None
 
     watcher = threading.Thread(target=consumer.watch, name="broker-watch", daemon=True)
     watcher.start()
