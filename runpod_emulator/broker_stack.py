@@ -153,13 +153,16 @@ class ConsumerProc:
 
 
 class GatewayProc:
-    """``python -m handler serve`` with ``WHISPER_BROKER_URL``: no model, ready at once."""
+    """``python -m handler serve`` with ``WHISPER_BROKER_URL``: no model, ready at once.
+    With ``broker_url`` None: the server with its own model and engine, for comparison."""
 
-    def __init__(self, broker_url: str, **env: str) -> None:
+    def __init__(self, broker_url: str | None, **env: str) -> None:
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self.log = _log_file("gateway")
-        full = {**worker_env(broker_url, **env), "PORT": str(self.port), "HOST": "127.0.0.1"}
+        full = {**worker_env(broker_url or "", **env), "PORT": str(self.port), "HOST": "127.0.0.1"}
+        if broker_url is None:
+            del full["WHISPER_BROKER_URL"]
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "handler", "serve"],
             cwd=ROOT,
@@ -173,7 +176,8 @@ class GatewayProc:
                 if requests.get(f"{self.url}/ready", timeout=5).status_code == 200:
                     return
             except requests.ConnectionError:
-                time.sleep(0.05)
+                pass
+            time.sleep(0.05)
         raise AssertionError(f"the gateway did not start: {self.logs()[-2000:]}")
 
     def logs(self) -> str:

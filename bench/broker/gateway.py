@@ -6,8 +6,9 @@ real consumers (tiny.en on this machine's CPU unless WHISPER_MODEL says otherwis
   BRPOP, the start script) at p50/p95/p99, and the client's whole round trip less the
   job's ``executionTime`` (adds the client's polling, 50 ms here);
 - throughput: a burst of short real-speech jobs to 1 consumer, then to 2 (on one machine
-  they share its cores: on a GPU cluster each has its own), in jobs and audio seconds per
-  second; and each consumer's cold start (process start to taking jobs).
+  they share its cores: on a GPU cluster each has its own), then to the HTTP server's own
+  engine with no broker, in jobs and audio seconds per second; and each consumer's cold
+  start (process start to taking jobs).
 
 Writes ``bench/out/broker.json``, the input of ``python -m bench broker-cost``.
 """
@@ -83,12 +84,17 @@ def run(jobs: int, latency_jobs: int) -> dict[str, Any]:
         figures["two_consumers"] = burst(gateway, pool, jobs)
         figures["consumer_cold_start_s"] = [round(c, 2) for c in cold]
         figures["per_worker"] = consumers[0].at_a_time()
-        return figures
     finally:
         gateway.stop()
         for c in consumers:
             c.stop()
         rds.close()
+    embedded = GatewayProc(None)  # the same burst on the HTTP server's own engine
+    try:
+        figures["embedded_no_broker"] = burst(embedded, pool, jobs)
+    finally:
+        embedded.stop()
+    return figures
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -194,7 +194,9 @@ class JobStore:
         n = 0
         for job_id in self.r.smembers(_key("queued")):
             snap = self.get(job_id)
-            if snap is not None and snap.status == "IN_QUEUE" and self.cancel(job_id):
+            if snap is None:  # expired unended (its message lost): not queued any more
+                self.r.srem(_key("queued"), job_id)
+            elif snap.status == "IN_QUEUE" and self.cancel(job_id):
                 n += 1
         return n
 
