@@ -84,6 +84,8 @@ COMMANDS: tuple[Command, ...] = (
             "broker mode: the gateway's added time, throughput of 1 and 2 consumers"),
     Command("broker-cost", "bench.broker.scaling",
             "broker mode scaled by KEDA beside RunPod flex: billed GPU s per audio s"),
+    Command("broker-keda", "bench.broker.keda",
+            "KEDA's rules on real consumers, beside broker-cost's replay of the same"),
     Command("broker-faults", "bench.broker.faults",
             "broker mode: 500 jobs, a consumer SIGKILLed midway: lost, twice, stuck"),
     # The image.

@@ -47,7 +47,7 @@ def _store(server: RedisServer, ttl: float = 60) -> JobStore:
 
 def test_the_store_keeps_one_ending_and_one_runner(rds: RedisServer) -> None:
     store = _store(rds, ttl=60)
-    store.create("a", None)
+    assert store.create("a", None)
     assert store.get("a") is not None and store.get("a").status == "IN_QUEUE"  # type: ignore[union-attr]
     assert store.start("a", "c1") == ("GO", 0, 1)
     # Redelivered while c1 lives (its lease is fresh): not run twice.
@@ -75,6 +75,12 @@ def test_the_store_keeps_one_ending_and_one_runner(rds: RedisServer) -> None:
     store.create("e", None)
     assert store.purge() == 2 and store.get("d").status == "CANCELLED"  # type: ignore[union-attr]
     assert store.health()["jobs"]["inQueue"] == 0
+    # Bounded: no room past the count or the bytes of queued inputs; a start frees room.
+    assert store.create("f", None, 600, (2, 1000)) and store.create("g", None, 300, (2, 1000))
+    assert not store.create("h", None, 1, (2, 10_000))  # two queued already
+    assert not store.create("h", None, 200, (5, 1000))  # 900 + 200 bytes > 1000
+    assert store.start("f", "c1")[0] == "GO" and store.create("h", None, 200, (5, 1000))
+    assert store.purge() == 2 and store.end("f", "COMPLETED", {}, None)
     # KEDA reads list lengths: the running job ("b") is in the in-flight list, once.
     assert store.r.lrange("whisper:inflight", 0, -1) == ["b"]
     assert store.end("b", "FAILED", {"error_code": "INTERNAL"}, "x") is True
@@ -170,6 +176,24 @@ def test_a_redis_restart_under_a_running_consumer_loses_nothing(rds: RedisServer
     finally:
         gateway.stop()
         consumer.stop()
+
+
+def test_the_gateway_bounds_what_waits_in_redis(rds: RedisServer) -> None:
+    """With no consumer, the queue fills to WHISPER_RESULT_MAX_JOBS jobs (or
+    WHISPER_RESULT_MAX_BYTES of inputs), then /run answers 429 with Retry-After."""
+    gateway = Server({"WHISPER_BROKER_URL": rds.url, "WHISPER_RESULT_MAX_JOBS": "2"})
+    try:
+        audio = _short_jobs()[0][0]
+        for _ in range(2):
+            assert _post(gateway.url, {"input": {"audio_base64": audio}})["status"] == "IN_QUEUE"
+        full = requests.post(
+            f"{gateway.url}/v2/e/run", json={"input": {"audio_base64": audio}}, timeout=60
+        )
+        assert full.status_code == 429 and full.headers["Retry-After"], full.text
+        assert requests.post(f"{gateway.url}/v2/e/purge-queue", timeout=60).json()["removed"] == 2
+        assert _post(gateway.url, {"input": {"audio_base64": audio}})["status"] == "IN_QUEUE"
+    finally:
+        gateway.stop()
 
 
 def test_a_job_that_kills_its_consumers_fails_as_worker_lost(rds: RedisServer) -> None:

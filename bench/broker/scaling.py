@@ -6,11 +6,13 @@ A model, not a cluster run (none exists here): the measured timers come from
 in a consumer, jobs a consumer runs at once, the gateway's added delay); the scalers are
 replayed second by second on Poisson arrivals:
 
-- KEDA (its Redis list scaler): every ``--polling-s`` (KEDA's ``pollingInterval``, 30 s by
-  default) it reads the queue's length and sets ``ceil((queued + running) / --list-length)``
-  consumers (at most ``--max-workers``); from 0 to 1 at once on a non-empty queue; back to
-  0 only after ``--cooldown-s`` (``cooldownPeriod``, 300 s) with an empty queue. A
-  consumer is billed from its start (the cold start included) to its stop.
+- KEDA (its Redis list scaler on the queue and the in-flight list): every ``--polling-s``
+  (``pollingInterval``, 30 s by default) it reads both lengths and scales up to
+  ``ceil((queued + running) / --list-length)`` consumers (at most ``--max-workers``),
+  from zero too; down only to 0, after ``--cooldown-s`` (``cooldownPeriod``, 300 s) with
+  both empty (the HPA's own scale-down waits 5 minutes). A consumer is billed from its
+  start (the cold start included) to its stop. ``python -m bench broker-keda`` runs the
+  same rules on real consumers and prints this replay beside it.
 - RunPod flex: a worker starts as soon as a job waits (another when the oldest has waited
   ``--queue-delay-s``), and stops after ``--idle-s`` (5 s) without a job; billed the same.
 
@@ -112,15 +114,14 @@ def _keda(
     t: Timers,
     s: dict[str, Any],
 ) -> None:
-    if int(now) % int(s["polling_s"]) != 0 and not (queued and not alive):
-        return  # KEDA acts on its polls (and activates from zero at once)
+    if int(now) % int(s["polling_s"]) != 0:
+        return  # KEDA acts on its polls only, activation from zero included
     want = min(s["max_workers"], math.ceil((queued + running) / s["list_length"]))
-    if want == 0 and now - last_busy < s["cooldown_s"]:
-        want = len(alive)
     for _ in range(want - len(alive)):
         pods.append(Pod(now, now + t.cold_start_s))
-    for pod in sorted(alive, key=lambda p: len(p.busy))[: max(0, len(alive) - want)]:
-        if not [e for e in pod.busy if e > now]:  # drained: SIGTERM finishes jobs in hand
+    # Down only to zero, after the cooldown (the HPA's own scale-down waits 5 minutes).
+    if want == 0 and alive and now - last_busy >= s["cooldown_s"]:
+        for pod in alive:
             pod.stop = now
 
 
@@ -158,7 +159,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--idle-gap-min", type=float, default=0, help="then nothing this long")
     p.add_argument("--polling-s", type=float, default=30, help="KEDA pollingInterval")
     p.add_argument("--cooldown-s", type=float, default=300, help="KEDA cooldownPeriod")
-    p.add_argument("--list-length", type=int, default=4, help="KEDA listLength target")
+    p.add_argument("--list-length", type=int, default=16, help="KEDA listLength target")
     p.add_argument("--idle-s", type=float, default=5, help="RunPod idle timeout")
     p.add_argument("--queue-delay-s", type=float, default=4, help="RunPod queue delay")
     p.add_argument("--max-workers", type=int, default=3)

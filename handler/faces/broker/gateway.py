@@ -86,12 +86,18 @@ class BrokerJobs:
         except BrokerDown:
             return False
 
-    def submit(self, job_input: Any, _input_bytes: int, webhook: str | None) -> Snapshot:
-        return self._guarded(self._submit, job_input, webhook)
+    def submit(self, job_input: Any, input_bytes: int, webhook: str | None) -> Snapshot:
+        """Queue a job (StoreFull past WHISPER_RESULT_MAX_JOBS queued jobs or
+        WHISPER_RESULT_MAX_BYTES of their inputs: Redis is not filled by one caller)."""
+        return self._guarded(self._submit, job_input, input_bytes, webhook)
 
-    def _submit(self, job_input: Any, webhook: str | None) -> Snapshot:
+    def _submit(self, job_input: Any, size: int, webhook: str | None) -> Snapshot:
+        from handler.faces.jobs import StoreFull
+
         job_id = uuid.uuid4().hex
-        self.store.create(job_id, webhook)
+        bounds = (self.settings.result_max_jobs, self.settings.result_max_bytes)
+        if not self.store.create(job_id, webhook, size, bounds):
+            raise StoreFull
         refused = _refusal(job_input)
         if refused is not None:
             error = refused.pop("error")
@@ -161,7 +167,8 @@ class BrokerJobs:
             ).to_result()
         if audio is not None:
             job_input = {**job_input, "audio_base64": base64.b64encode(audio).decode()}
-        snap = await asyncio.to_thread(self.submit, job_input, 0, None)
+        size = len(str(job_input.get("audio_base64", ""))) if isinstance(job_input, dict) else 0
+        snap = await asyncio.to_thread(self.submit, job_input, size, None)
         while not snap.ended:
             snap = await self.wait(snap, 1.0)
             if not snap.ended and await gone():

@@ -12,7 +12,8 @@ Each transition is one Lua script, so it is atomic across processes:
 - ``cancel`` and ``purge`` end queued jobs at once and running ones at their next check.
 
 Keys (``whisper:`` prefix): ``job:{id}`` (a hash), ``stream:{id}`` (a list of streamed
-items), ``lease:{id}``, the sets ``queued`` and ``running`` (and ``inflight``, the running
+items), ``lease:{id}``, ``queued`` (a hash: id -> input bytes), the set ``running`` (and
+``inflight``, the running
 ones as a list for KEDA), ``counts``, and the consumers' heartbeats (``consumers``, a
 sorted set of names by expiry, and ``consumer:{name}``).
 """
@@ -54,7 +55,7 @@ end
 redis.call('HSET', job, 'status', 'IN_PROGRESS', 'worker', ARGV[1])
 redis.call('HSETNX', job, 'started', ARGV[2])
 local tries = redis.call('HINCRBY', job, 'tries', 1)
-redis.call('SREM', KEYS[3], ARGV[4])
+redis.call('HDEL', KEYS[3], ARGV[4])
 redis.call('SADD', KEYS[4], ARGV[4])
 redis.call('LREM', KEYS[7], 0, ARGV[4])
 redis.call('RPUSH', KEYS[7], ARGV[4])
@@ -71,7 +72,7 @@ if ARGV[3] ~= '' then redis.call('HSET', job, 'output', ARGV[3]) end
 if ARGV[4] ~= '' then redis.call('HSET', job, 'error', ARGV[4]) end
 redis.call('HSETNX', job, 'started', ARGV[2])
 redis.call('HDEL', job, 'input', 'progress')
-redis.call('SREM', KEYS[3], ARGV[6])
+redis.call('HDEL', KEYS[3], ARGV[6])
 redis.call('SREM', KEYS[4], ARGV[6])
 redis.call('LREM', KEYS[7], 0, ARGV[6])
 redis.call('DEL', KEYS[2])
@@ -86,6 +87,19 @@ local cursor = tonumber(redis.call('HGET', KEYS[1], 'cursor') or '0')
 local items = redis.call('LRANGE', KEYS[2], cursor, -1)
 redis.call('HSET', KEYS[1], 'cursor', cursor + #items)
 return items
+"""
+
+_ADMIT = """
+local queued = redis.call('HVALS', KEYS[2])
+if #queued >= tonumber(ARGV[4]) then return 0 end
+local used = tonumber(ARGV[3])
+for _, n in ipairs(queued) do used = used + tonumber(n) end
+if used > tonumber(ARGV[5]) then return 0 end
+redis.call('HSET', KEYS[1], 'status', 'IN_QUEUE', 'submitted', ARGV[1])
+if ARGV[2] ~= '' then redis.call('HSET', KEYS[1], 'webhook', ARGV[2]) end
+redis.call('EXPIRE', KEYS[1], ARGV[6])
+redis.call('HSET', KEYS[2], ARGV[7], ARGV[3])
+return 1
 """
 
 _RENEW = """
@@ -157,24 +171,30 @@ class JobStore:
         self._finish = client.register_script(_FINISH)
         self._take = client.register_script(_TAKE)
         self._renew = client.register_script(_RENEW)
+        self._admit = client.register_script(_ADMIT)
 
     # --- the gateway's side ---------------------------------------------------------
 
-    def create(self, job_id: str, webhook: str | None, now: float | None = None) -> None:
-        fields = {"status": "IN_QUEUE", "submitted": repr(now or time.time())}
-        if webhook:
-            fields["webhook"] = webhook
-        pipe = self.r.pipeline()
-        pipe.hset(_key("job", job_id), mapping=fields)
-        pipe.expire(_key("job", job_id), UNENDED_TTL_S)
-        pipe.sadd(_key("queued"), job_id)
-        pipe.execute()
+    def create(
+        self,
+        job_id: str,
+        webhook: str | None,
+        size: int = 0,
+        bounds: tuple[int, int] = (1_000_000, 2**62),
+    ) -> bool:
+        """A queued job's record; False (nothing stored) when ``bounds`` (queued jobs,
+        their inputs' bytes) leave no room for one more of ``size`` bytes."""
+        done = self._admit(
+            keys=[_key("job", job_id), _key("queued")],
+            args=[repr(time.time()), webhook or "", size, *bounds, UNENDED_TTL_S, job_id],
+        )
+        return bool(done)
 
     def forget(self, job_id: str) -> None:
         """A submission that could not be queued: as if it never was."""
         pipe = self.r.pipeline()
         pipe.delete(_key("job", job_id))
-        pipe.srem(_key("queued"), job_id)
+        pipe.hdel(_key("queued"), job_id)
         pipe.execute()
 
     def get(self, job_id: str) -> Snapshot | None:
@@ -192,17 +212,17 @@ class JobStore:
     def purge(self) -> int:
         """Cancel every queued job; how many."""
         n = 0
-        for job_id in self.r.smembers(_key("queued")):
+        for job_id in self.r.hkeys(_key("queued")):
             snap = self.get(job_id)
             if snap is None:  # expired unended (its message lost): not queued any more
-                self.r.srem(_key("queued"), job_id)
+                self.r.hdel(_key("queued"), job_id)
             elif snap.status == "IN_QUEUE" and self.cancel(job_id):
                 n += 1
         return n
 
     def health(self) -> dict[str, Any]:
         pipe = self.r.pipeline()
-        pipe.scard(_key("queued"))
+        pipe.hlen(_key("queued"))
         pipe.scard(_key("running"))
         pipe.hgetall(_key("counts"))
         pipe.zremrangebyscore(_key("consumers"), "-inf", time.time())
