@@ -207,9 +207,11 @@ class Settings(BaseModel):
     /run keeps 30 min)."""
     result_max_jobs: int = Field(10_000, ge=1, le=1_000_000)
     """HTTP mode: jobs kept at once (queued, running and ended); the oldest ended ones go
-    first, and past it a new job gets 429."""
+    first, and past it a new job gets 429. A gateway (WHISPER_BROKER_URL): jobs waiting
+    in Redis's queue at once (ended ones leave with their TTL)."""
     result_max_bytes: int = Field(512 * 2**20, ge=2**20)
-    """HTTP mode: bytes of queued jobs' inputs and ended jobs' results kept at once."""
+    """HTTP mode: bytes of queued jobs' inputs and ended jobs' results kept at once. A
+    gateway: bytes of the inputs waiting in Redis's queue."""
     webhook_secret: SecretStr | None = Field(None, min_length=16, max_length=512)
     """HTTP mode: signs each webhook POST (X-Whisper-Signature: HMAC-SHA256 of
     "<X-Whisper-Timestamp>.<body>"). Never logged."""
