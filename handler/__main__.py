@@ -67,6 +67,8 @@ def queue_worker(settings: Settings) -> int:
         worker = loader.wait()
     except STARTUP_ERRORS as exc:
         print(f"whisper-worker: {exc}", file=sys.stderr)
+        if loader.self_test_failed and os.environ.get("RUNPOD_WEBHOOK_GET_JOB"):
+            fail_fitness_check(str(exc))
         return 1
     # A job's `split` submits its pieces to this endpoint with the endpoint's own key.
     worker.fan_out = fanout.Platform.from_env(
@@ -84,6 +86,19 @@ def queue_worker(settings: Settings) -> int:
         }
     )
     return 0
+
+
+def fail_fitness_check(reason: str) -> None:
+    """Tell the platform through the SDK's own fitness check, which reports the worker
+    unhealthy (its ping, with the check's name and reason) and exits 1, so RunPod replaces
+    the worker rather than routes jobs to it."""
+    import runpod
+
+    def speech_self_test() -> None:
+        raise RuntimeError(reason)
+
+    runpod.serverless.register_fitness_check(speech_self_test)
+    runpod.serverless.start({"handler": lambda _job: None})
 
 
 if __name__ == "__main__":

@@ -82,7 +82,11 @@ def serve(settings: Settings | None = None) -> int:
         state.worker = worker
         log.info("serving on port %d (health %s on %d)", port, health_path, health_port)
 
-    def failed(_message: str) -> None:
+    def failed(message: str) -> None:
+        if loader.self_test_failed:  # keep answering 503 with the reason; never serve
+            log.error("%s", message)
+            state.failure = message
+            return
         for s in servers:
             s.should_exit = True
 
@@ -100,7 +104,7 @@ def serve(settings: Settings | None = None) -> int:
         await asyncio.gather(*tasks)
 
     asyncio.run(main())
-    if loader.error is not None:
+    if loader.error is not None and not loader.self_test_failed:
         print(f"whisper-worker: {loader.error}", file=sys.stderr)
         return 1
     return 0

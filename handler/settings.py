@@ -109,7 +109,15 @@ class Settings(BaseModel):
     """VAD is on unless a job turns it off (silence must not come back as 'you you')."""
     warmup: bool = True
     """Run one short transcription at start-up so the first job does not pay for lazy init."""
-
+    self_test: bool = True
+    """Before serving, every model instance transcribes a bundled clip of real speech and
+    must find its words; one that answers empty or wrong (a GPU driver CTranslate2's
+    kernels do not run on) never serves, and says why. Costs about a second of start-up."""
+    self_test_clip: str | None = Field(None, max_length=4096)
+    """A 16 kHz mono 16-bit WAV for the self-test instead of the bundled English one (a
+    model fine-tuned for another language); with self_test_text."""
+    self_test_text: str | None = Field(None, min_length=1, max_length=2000)
+    """What self_test_clip says; the transcript must contain 75 % of its words."""
     max_inline_bytes: int = Field(15_000_000, ge=1)
     """Largest decoded audio_base64 payload (bytes). /runsync bodies are capped at 20 MB."""
     max_download_bytes: int = Field(1_073_741_824, ge=1)
@@ -278,6 +286,15 @@ class Settings(BaseModel):
                 "server open (for a platform that authenticates callers itself)"
             )
         return v
+
+    @model_validator(mode="after")
+    def _self_test_pair(self) -> Settings:
+        if (self.self_test_clip is None) != (self.self_test_text is None):
+            raise ValueError(
+                "WHISPER_SELF_TEST_CLIP and WHISPER_SELF_TEST_TEXT go together: the clip and "
+                "what it says"
+            )
+        return self
 
     @model_validator(mode="after")
     def _piece_bucket_readable(self) -> Settings:

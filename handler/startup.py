@@ -68,6 +68,7 @@ class StartupTimes:
     imports: float = 0.0
     model_load: float = 0.0
     warmup: float = 0.0
+    self_test: float = 0.0
     runpod_import: float = 0.0
     diarizer_load: float = 0.0
     ready: float = 0.0
@@ -138,10 +139,18 @@ def prepare(times: StartupTimes, settings: Settings | None = None) -> Plan:
     import numpy.random  # noqa: F401
     import onnxruntime  # noqa: F401
 
+    import handler.inference.selftest  # noqa: F401  (its clip reader, its driver reading)
+
     if settings.diarization:
         import handler.inference.speakers.diarizer  # noqa: F401
     times.imports = time.perf_counter() - t
     times.mark("imports_done")
+    if settings.device != "cpu":
+        from handler.inference import selftest
+
+        refusal = selftest.driver_refusal(selftest.read_driver(selftest.PROC))
+        if refusal is not None:
+            raise ModelLoadError(refusal)
     device, compute = device_and_compute(settings)
     return Plan(settings, resolve(settings, device), device, compute)
 
@@ -163,6 +172,11 @@ def load_models(plan: Plan, times: StartupTimes) -> ModelPool:
             raise ModelLoadError(
                 f"warm-up transcription failed: {type(exc).__name__}: {exc}"
             ) from None
+    if plan.settings.self_test:  # real speech, after the noise: is the text there?
+        from handler.inference import selftest
+
+        s = plan.settings
+        times.self_test = selftest.run(pool, s.self_test_clip, s.self_test_text, plan.compute)
     times.mark("warmup_done")
     return pool
 
@@ -241,6 +255,8 @@ class Loader:
         self.plan = prepare(self.times, settings)
         self.worker: Runtime | None = None
         self.error: str | None = None
+        self.self_test_failed = False
+        """The model loaded but did not transcribe real speech (SelfTestFailed)."""
         self._thread: threading.Thread | None = None
 
     @property
@@ -259,6 +275,7 @@ class Loader:
                 pool, diarizer = load_all(self.plan, self.times)
             except STARTUP_ERRORS as exc:
                 self.error = str(exc)
+                self.self_test_failed = type(exc).__name__ == "SelfTestFailed"
                 if on_error is not None:
                     on_error(self.error)
                 return
@@ -277,7 +294,10 @@ class Loader:
         assert self._thread is not None
         self._thread.join()
         if self.worker is None:
-            raise ModelLoadError(self.error or "the model load did not finish")
+            from handler.inference.selftest import SelfTestFailed
+
+            failure = SelfTestFailed if self.self_test_failed else ModelLoadError
+            raise failure(self.error or "the model load did not finish")
         self.ready()
         return self.worker
 

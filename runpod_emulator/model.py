@@ -100,6 +100,8 @@ class Worker:
     pid: int | None = None
     log_path: str | None = None
     stop_pod: bool = False
+    unhealthy: dict[str, str] | None = None
+    """The fitness check a worker reported failed (its ping's check and reason)."""
 
     @property
     def state(self) -> str:

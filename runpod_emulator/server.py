@@ -163,6 +163,8 @@ class _Handler(BaseHTTPRequestHandler):
                 self._send(204)
         elif action == "ping":
             ids = [i for i in query.get("job_id", "").split(",") if i]
+            if query.get("status") == "unhealthy":  # the SDK's fitness check failed
+                state.unhealthy(worker_id, query.get("check", ""), query.get("reason", ""))
             state.ping(worker_id, ids)
             self._send(200, {})
         else:

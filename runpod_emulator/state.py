@@ -196,7 +196,7 @@ class EndpointState:
                     "ready": states.count("idle"),
                     "running": states.count("busy"),
                     "throttled": 0,
-                    "unhealthy": 0,
+                    "unhealthy": sum(w.unhealthy is not None for w in self.workers.values()),
                 },
             }
 
@@ -324,6 +324,11 @@ class EndpointState:
             else:
                 job.late_posts += 1
             return 200, {}
+
+    def unhealthy(self, worker_id: str, check: str, reason: str) -> None:
+        with self.cond:
+            self._seen(worker_id).unhealthy = {"check": check, "reason": reason}
+            self.cond.notify_all()
 
     def ping(self, worker_id: str, job_ids: list[str]) -> None:
         with self.cond:

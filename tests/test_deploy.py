@@ -42,10 +42,13 @@ IMAGE_OWNED = {
 TEST_ONLY = {
     "WHISPER_ALLOW_PRIVATE_URLS": "turns the SSRF guard off; for tests on 127.0.0.1 only",
 }
-# Settings of broker mode (docs/broker.md): on RunPod the platform's queue is the broker.
+# Settings of broker mode (docs/broker.md): on RunPod the platform's queue is the broker;
+# and files of an image of one's own, which a Hub form cannot supply.
 OFF_RUNPOD = {
     "WHISPER_BROKER_URL": "the Redis of a gateway and its consumers (Kubernetes, one box)",
     "WHISPER_BROKER_VISIBILITY_S": "when the broker hands a dead consumer's job to another",
+    "WHISPER_SELF_TEST_CLIP": "a clip baked into an image of one's own: no Hub form field",
+    "WHISPER_SELF_TEST_TEXT": "what that clip says",
 }
 # Variables the Hub form offers that libraries read, not our Settings (boto3's credentials).
 LIBRARY_ENV = {"AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_DEFAULT_REGION"}

@@ -118,6 +118,9 @@ class ServerState:
     executor: ThreadPoolExecutor = field(init=False)
     slots: asyncio.Semaphore | None = None
     metrics: Metrics = field(default_factory=Metrics)
+    failure: str | None = None
+    """Why this server will never serve (the speech self-test failed): /ping and /ready
+    answer 503 with it."""
     gateway: Any = None
     """With a broker: the job API's store in Redis (handler.faces.broker.gateway); no model here."""
     live: realtime.LiveState = field(init=False)
@@ -320,6 +323,8 @@ def add_service_routes(app: FastAPI, state: ServerState) -> None:
 def add_health_route(app: FastAPI, state: ServerState, path: str) -> None:
     @app.get(path)
     async def ping() -> Response:
+        if state.failure is not None:
+            return JSONResponse({"status": "failed", "reason": state.failure}, status_code=503)
         if state.worker is None and state.gateway is None:
             return Response(status_code=204)  # loading: the load balancer waits
         return JSONResponse({"status": "healthy"})
@@ -327,12 +332,16 @@ def add_health_route(app: FastAPI, state: ServerState, path: str) -> None:
     @app.get("/ready")
     async def ready() -> Response:
         # For probes that take any 2xx as ready (Kubernetes): 503 until the model serves.
+        if state.failure is not None:
+            return JSONResponse({"status": "failed", "reason": state.failure}, status_code=503)
         if state.worker is None and state.gateway is None:
             return JSONResponse({"status": "loading"}, status_code=503)
         return JSONResponse({"status": "ready"})
 
 
 def _ready_worker(state: ServerState) -> Runtime | Response:
+    if state.failure is not None:  # another worker may serve it: retryable
+        return _error(Code.NOT_READY, f"this worker will not serve: {state.failure}")
     if state.worker is None:
         return _error(Code.NOT_READY, "the model is still loading; retry shortly")
     return state.worker
