@@ -79,7 +79,9 @@ def replay(arrivals: list[float], t: Timers, scaler: dict[str, Any], horizon: fl
             queue.append(pending.pop(0))
         alive = [p for p in pods if p.stop is None]
         running = sum(len([e for e in p.busy if e > now]) for p in alive)
-        if queue or running:
+        # KEDA sees the lists only when it polls: a job served between polls is unseen.
+        polled = scaler["kind"] != "keda" or int(now) % int(scaler["polling_s"]) == 0
+        if (queue or running) and polled:
             last_busy = now
         if scaler["kind"] == "keda":
             _keda(pods, alive, len(queue), running, now, last_busy, t, scaler)
