@@ -9,6 +9,8 @@ constant time; a WebSocket may instead offer the key as the subprotocol
 cannot set headers on a WebSocket). A refusal is OpenAI's 401 body; on a WebSocket, that
 401 when the server can send an HTTP answer to the handshake, else a close with 1008
 (policy violation). The key itself is never logged.
+
+Also here, the other guard every HTTP request passes: the body cap (``BodyLimit``).
 """
 
 from __future__ import annotations
@@ -16,8 +18,9 @@ from __future__ import annotations
 import hmac
 import json
 import logging
+from collections.abc import Callable
 
-from starlette.types import ASGIApp, Receive, Scope, Send
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 log = logging.getLogger(__name__)
 
@@ -80,3 +83,38 @@ class ApiKey:
             await send({"type": "websocket.http.response.body", "body": body})
         else:
             await send({"type": "websocket.close", "code": 1008, "reason": "invalid API key"})
+
+
+class BodyTooLarge(Exception):
+    """The request body passed ``max_upload_bytes`` (declared or counted)."""
+
+
+class BodyLimit:
+    """ASGI middleware: refuse a body over the cap by its Content-Length, or count it."""
+
+    def __init__(self, app: ASGIApp, limit: int, refusal: Callable[[], ASGIApp]) -> None:
+        self.app = app
+        self.limit = limit
+        self.refusal = refusal
+        """The answer to a body declared over the cap (413 in the face's own shape)."""
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        declared = dict(scope.get("headers") or []).get(b"content-length", b"")
+        if declared.isdigit() and int(declared) > self.limit:
+            await self.refusal()(scope, receive, send)
+            return
+        seen = 0
+
+        async def counted() -> Message:
+            nonlocal seen
+            message = await receive()
+            if message["type"] == "http.request":
+                seen += len(message.get("body", b""))
+                if seen > self.limit:
+                    raise BodyTooLarge
+            return message
+
+        await self.app(scope, counted, send)

@@ -38,12 +38,12 @@ from fastapi import FastAPI, Request, WebSocket
 from fastapi.responses import JSONResponse, PlainTextResponse, Response, StreamingResponse
 from starlette.datastructures import UploadFile
 from starlette.exceptions import HTTPException as StarletteHTTPException
-from starlette.types import ASGIApp, Message, Receive, Scope, Send
+from starlette.types import ASGIApp
 
 from handler.contract import Segment
 from handler.errors import Code, WorkerError
 from handler.faces import openai_api, realtime
-from handler.faces.auth import ApiKey
+from handler.faces.auth import ApiKey, BodyLimit, BodyTooLarge
 from handler.faces.metrics import Metrics, RequestMetrics
 from handler.faces.runpod_api import add_runpod_routes
 from handler.pipeline.job import run_job
@@ -54,39 +54,6 @@ log = logging.getLogger(__name__)
 
 RETRY_AFTER_S = 2
 POLL_DISCONNECT_S = 0.25
-
-
-class BodyTooLarge(Exception):
-    """The request body passed ``max_upload_bytes`` (declared or counted)."""
-
-
-class BodyLimit:
-    """ASGI middleware: refuse a body over the cap by its Content-Length, or count it."""
-
-    def __init__(self, app: ASGIApp, limit: int) -> None:
-        self.app = app
-        self.limit = limit
-
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] != "http":
-            await self.app(scope, receive, send)
-            return
-        declared = dict(scope.get("headers") or []).get(b"content-length", b"")
-        if declared.isdigit() and int(declared) > self.limit:
-            await _too_large(self.limit)(scope, receive, send)
-            return
-        seen = 0
-
-        async def counted() -> Message:
-            nonlocal seen
-            message = await receive()
-            if message["type"] == "http.request":
-                seen += len(message.get("body", b""))
-                if seen > self.limit:
-                    raise BodyTooLarge
-            return message
-
-        await self.app(scope, counted, send)
 
 
 def _too_large(limit: int) -> Response:
@@ -242,12 +209,10 @@ async def _audio(state: ServerState, request: Request) -> Response:
         return parsed
     req, audio = parsed
     worker = state.worker
-    if state.gateway is not None or worker is None:  # a gateway: a consumer runs it
-        result = await state.gateway.result(
-            req.job_input, request.is_disconnected, audio, req.stream
-        )
-    elif req.stream:
+    if req.stream:
         return await _stream(state, worker, request, req, audio)
+    if state.gateway is not None or worker is None:  # a gateway: a consumer runs it
+        result = await state.gateway.result(req.job_input, request.is_disconnected, audio)
     else:
         result = await _run_admitted(
             state,
@@ -421,7 +386,7 @@ async def _settle(future: asyncio.Future) -> Any:
 
 async def _stream(
     state: ServerState,
-    worker: Runtime,
+    worker: Runtime | None,
     request: Request,
     req: openai_api.OpenAIRequest,
     audio: bytes | None,
@@ -448,20 +413,29 @@ async def _stream(
     started = [False]
 
     async def run() -> None:
-        started[0] = True  # from here _run_admitted gives the place back
-        result = await _run_admitted(
-            state,
-            request,
-            lambda cancel: run_job(
-                req.job_input,
-                worker,
-                job_id="http",
-                cancel=cancel,
-                on_segment=on_segment,
-                audio=audio,
-            ),
-            admitted=True,
-        )
+        started[0] = True  # from here _run_admitted (or this) gives the place back
+        if worker is None:  # a gateway: the job runs on a consumer, its segments in Redis
+            try:
+                result = await state.gateway.result(
+                    req.job_input, request.is_disconnected, audio, on_segment=on_segment
+                )
+                await asyncio.sleep(0)  # the deltas on_segment scheduled go in before done
+            finally:
+                state.admitted -= 1
+        else:
+            result = await _run_admitted(
+                state,
+                request,
+                lambda cancel: run_job(
+                    req.job_input,
+                    worker,
+                    job_id="http",
+                    cancel=cancel,
+                    on_segment=on_segment,
+                    audio=audio,
+                ),  # fmt: skip
+                admitted=True,
+            )
         await queue.put(("done", result))
 
     def give_back(_task: asyncio.Future) -> None:
@@ -509,7 +483,8 @@ def build_asgi(state: ServerState, health_path: str = "/ping") -> ASGIApp:
     """The routes inside their guards: the API key (when set) outermost but for the health
     routes, then the body cap; every request counted by route and status."""
     app = create_app(state, health_path=health_path)
-    inner: ASGIApp = BodyLimit(app, state.settings.max_upload_bytes)
+    limit = state.settings.max_upload_bytes
+    inner: ASGIApp = BodyLimit(app, limit, lambda: _too_large(limit))
     key = state.settings.api_key
     if key is not None:
         inner = ApiKey(inner, key.get_secret_value(), open_paths={health_path, "/ready"})

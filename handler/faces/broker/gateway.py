@@ -7,10 +7,10 @@ replica answers for any job, and a restarted one for every job until its TTL.
 An input that can never run (it fails the job schema) is FAILED at once with its error
 code and never queued; a broker that cannot be reached is a 503 with nothing queued.
 
-OpenAI's audio routes and ``/v1/jobs`` go the same way and wait for the result
-(``BrokerJobs.result``; the job is cancelled when the caller leaves); their streamed
-variant and live audio (``/v1/realtime``) need the model in the same process and are
-refused with a clear error here.
+OpenAI's audio routes (``stream=true`` too: the consumer's segments as they land in
+Redis) and ``/v1/jobs`` go the same way and wait for the result (``BrokerJobs.result``;
+the job is cancelled when the caller leaves); live audio (``/v1/realtime``) needs the
+model in the same process and is refused with a clear error here.
 """
 
 from __future__ import annotations
@@ -33,6 +33,8 @@ log = logging.getLogger(__name__)
 POLL_S = 0.05
 """How often ``/runsync`` and ``/stream`` look at a running job's record (seconds)."""
 STREAM_HOLD_S = 1.0
+STREAM_POLL_S = 0.2
+"""How often a gateway's OpenAI stream looks for the consumer's new segments (seconds)."""
 
 
 class BrokerDown(Exception):
@@ -154,23 +156,21 @@ class BrokerJobs:
         job_input: Any,
         gone: Callable[[], Awaitable[bool]],
         audio: bytes | None = None,
-        stream: bool = False,
+        on_segment: Callable[[dict[str, Any]], None] | None = None,
     ) -> Any:
         """Run ``job_input`` (with an uploaded ``audio``) on a consumer and wait for its
-        result, as the HTTP face's own engine answers it (an error result on failure);
-        cancelled when ``gone()`` says the caller left. Raises BrokerDown."""
-        if stream:
-            return WorkerError(
-                Code.INVALID_INPUT,
-                "stream: a gateway streams no events; submit to /v2/{endpoint_id}/run and "
-                "read its /stream, or call a server that has the model",
-            ).to_result()
+        result, as the HTTP face's own engine answers it (an error result on failure),
+        handing ``on_segment`` each segment as the consumer streams it; cancelled when
+        ``gone()`` says the caller left. Raises BrokerDown."""
         if audio is not None:
             job_input = {**job_input, "audio_base64": base64.b64encode(audio).decode()}
         size = len(str(job_input.get("audio_base64", ""))) if isinstance(job_input, dict) else 0
         snap = await asyncio.to_thread(self.submit, job_input, size, None)
         while not snap.ended:
-            snap = await self.wait(snap, 1.0)
+            snap = await self.wait(snap, 1.0 if on_segment is None else STREAM_POLL_S)
+            if on_segment is not None:
+                for item in await asyncio.to_thread(self._guarded, self.store.take_stream, snap.id):
+                    on_segment(item["segment"])
             if not snap.ended and await gone():
                 await asyncio.to_thread(self.cancel, snap)
                 break
