@@ -38,6 +38,7 @@ class Code(str, Enum):
     SPLIT_UNAVAILABLE = "SPLIT_UNAVAILABLE"
     PIECE_FAILED = "PIECE_FAILED"
     WORKER_LOST = "WORKER_LOST"
+    EMPTY_TRANSCRIPT = "EMPTY_TRANSCRIPT"
     INTERNAL = "INTERNAL"
 
 
@@ -49,6 +50,7 @@ RETRYABLE: frozenset[Code] = frozenset(
         Code.SOURCE_TRUNCATED,
         Code.SOURCE_UNREACHABLE,
         Code.GPU_OOM,
+        Code.EMPTY_TRANSCRIPT,
         Code.QUEUE_FULL,
         Code.NOT_READY,
         Code.PIECE_FAILED,

@@ -152,3 +152,40 @@ def test_the_queue_worker_fails_the_platforms_fitness_check(tmp_path: Path) -> N
         assert "speech self-test failed: model tiny.en" in report["reason"], report
         assert emu.state.health()["workers"]["unhealthy"] == 1
         assert emu.queue_length() == 0
+
+
+@pytest.mark.model
+def test_a_gpu_that_answers_empty_in_service_fails_the_job_retryably(monkeypatch) -> None:
+    """No GPU here: the pool says "cuda" and the real model's segments lose their text
+    after the real VAD and decode ran (the substitution); everything else is real."""
+    import base64
+
+    from handler.inference import transcribe
+    from handler.pipeline.job import run_job
+    from speech_assets.clips import long_clip, wav_bytes
+
+    worker = start_worker(load_settings({"WHISPER_DEVICE": "cpu", "WHISPER_SELF_TEST": "false"}))
+    clip = long_clip(45)
+    job = {"audio_base64": base64.b64encode(wav_bytes(clip.samples)).decode()}
+    fine = run_job(job, worker)
+    assert fine["text"] and "error" not in fine
+
+    def blanked(real):  # type: ignore[no-untyped-def]
+        def run(*args, **kwargs):  # type: ignore[no-untyped-def]
+            tr = real(*args, **kwargs)
+            tr.segments = [{**seg, "text": " "} for seg in tr.segments]
+            return tr
+
+        return run
+
+    monkeypatch.setattr(transcribe, "run", blanked(transcribe.run))
+    monkeypatch.setattr(transcribe, "run_engine", blanked(transcribe.run_engine))
+    on_cpu = run_job(job, worker)
+    assert "error" not in on_cpu and on_cpu["text"] == ""  # the CPU: not a GPU fault
+    monkeypatch.setattr(worker.pool, "device", "cuda")
+    failed = run_job(job, worker)
+    assert failed["error_code"] == "EMPTY_TRANSCRIPT" and failed["retryable"] is True, failed
+    assert worker.refresh_wanted is True
+    short = {"audio_base64": base64.b64encode(wav_bytes(long_clip(12).samples)).decode()}
+    worker.refresh_wanted = False
+    assert "error" not in run_job(short, worker)  # under 30 s of speech: may be music

@@ -20,6 +20,24 @@ evaluation corpus: see bench/README.md)."""
 ENGLISH_ONLY_MIN_TOKENS = 5
 
 
+EMPTY_SUSPECT_SPEECH_S = 30.0
+"""Speech (by the VAD) past which a transcript with no text at all is the model's fault:
+CTranslate2's kernels answering empty on a GPU whose driver cannot run them (seen in the
+field after 1 h 49 min of one file). Shorter speech may be music or noise the VAD let
+through, which rightly gives no text."""
+
+
+def speech_seconds(speech: list[tuple[float, float]] | None) -> float:
+    return sum(end - start for start, end in speech or [])
+
+
+def silently_empty(speech: list[tuple[float, float]] | None, segments: list[Segment]) -> bool:
+    """The VAD found at least EMPTY_SUSPECT_SPEECH_S of speech and no segment has text."""
+    if speech_seconds(speech) < EMPTY_SUSPECT_SPEECH_S:
+        return False
+    return not any(seg["text"].strip() for seg in segments)
+
+
 def english_only_doubt(model: LoadedModel, segments: list[Segment]) -> str | None:
     """A warning when an English-only model was unsure of all it heard.
 

@@ -62,7 +62,7 @@ def run_job(
     try:
         result = _run(raw_input, worker, call)
     except WorkerError as exc:
-        if exc.code is Code.GPU_OOM:
+        if exc.code in (Code.GPU_OOM, Code.EMPTY_TRANSCRIPT):
             worker.refresh_wanted = True
         elapsed = time.perf_counter() - call.start
         log.info("job %s failed: %s (%.2fs)", job_id, exc.code.value, elapsed)
@@ -209,6 +209,13 @@ def _transcribe(
         call.warnings.append(dropped)
     if doubt := checks.english_only_doubt(model, tr.segments):
         call.warnings.append(doubt)
+    if worker.pool.device == "cuda" and checks.silently_empty(tr.speech, tr.segments):
+        raise WorkerError(
+            Code.EMPTY_TRANSCRIPT,
+            f"the model returned no text for {checks.speech_seconds(tr.speech):.0f} s of "
+            "speech the VAD found: a fault of this GPU, not of the audio; this worker asks "
+            "to be replaced, retry the job",
+        )
     return tr
 
 
