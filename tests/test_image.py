@@ -252,6 +252,57 @@ def test_http_mode_with_a_published_port_serves_the_openai_sdk(names):
         OpenAI(base_url=f"{base}/v1", api_key="x" * 32, max_retries=0).models.list()
 
 
+def test_broker_mode_a_gateway_and_a_consumer_as_containers(names):
+    """The image in both broker roles on the host's network, Redis (Debian's, started by
+    runpod_emulator.broker_stack) on the host: WHISPER_MODE=http with WHISPER_BROKER_URL is
+    the gateway, WHISPER_MODE=consume the consumer; a job through the gateway's job API is
+    transcribed by the consumer; SIGTERM to the consumer's container exits it cleanly."""
+    from runpod_emulator.broker_stack import RedisServer
+
+    rds = RedisServer()
+    port = free_port()
+    gateway, consumer = (f"ww-{role}-{uuid.uuid4().hex[:8]}" for role in ("gw", "con"))
+    names += [gateway, consumer]
+    common = [
+        "--network",
+        "host",
+        "--read-only",
+        "--tmpfs",
+        "/tmp",
+        "-e",
+        f"WHISPER_BROKER_URL={rds.url}",
+    ]
+    try:
+        podman("run", "-d", "--name", consumer, *common, "-e", "WHISPER_MODE=consume", IMAGE)
+        role = ["-e", "WHISPER_MODE=http", "-e", f"PORT={port}", "-e", "HOST=127.0.0.1"]
+        podman("run", "-d", "--name", gateway, *common, *role, IMAGE)
+        base = f"http://127.0.0.1:{port}/v2/e"
+
+        def ready() -> bool:
+            try:
+                return requests.get(f"{base}/health", timeout=2).json()["workers"]["idle"] > 0
+            except (requests.RequestException, ValueError, KeyError):
+                return False
+
+        wait_for(ready, READY_S, "the consumer to beat in Redis")
+        job = requests.post(f"{base}/run", json={"input": {"audio_base64": b64(DATA / "jfk.wav")}})
+        job_id = job.json()["id"]
+
+        def ended() -> dict[str, Any] | None:
+            st = requests.get(f"{base}/status/{job_id}", timeout=5).json()
+            return st if st["status"] in ("COMPLETED", "FAILED") else None
+
+        st = wait_for(ended, JOB_S, "the job")
+        assert st["status"] == "COMPLETED" and wer(JFK_TEXT, st["output"]["text"]) <= 0.05, st
+        stop = podman("stop", "-t", str(int(GRACE_S)), consumer, timeout=GRACE_S + 30)
+        assert stop.returncode == 0
+        state = podman("inspect", consumer, "--format", "{{.State.ExitCode}}").stdout.strip()
+        assert state == "0", podman("logs", consumer, check=False).stderr[-2000:]
+        assert "Traceback" not in podman("logs", gateway, check=False).stderr
+    finally:
+        rds.close()
+
+
 def test_a_diarized_job_in_the_diarization_image(tmp_path):
     if not diarization_image():
         pytest.skip("not a DIARIZATION=true image")
