@@ -415,13 +415,7 @@ async def _stream(
     async def run() -> None:
         started[0] = True  # from here _run_admitted (or this) gives the place back
         if worker is None:  # a gateway: the job runs on a consumer, its segments in Redis
-            try:
-                result = await state.gateway.result(
-                    req.job_input, request.is_disconnected, audio, on_segment=on_segment
-                )
-                await asyncio.sleep(0)  # the deltas on_segment scheduled go in before done
-            finally:
-                state.admitted -= 1
+            result = await _on_a_consumer(state, request, req, audio, on_segment)
         else:
             result = await _run_admitted(
                 state,
@@ -447,6 +441,25 @@ async def _stream(
 
     segments = req.response_format == "diarized_json"
     return StreamingResponse(_events(queue, task, segments), media_type="text/event-stream")
+
+
+async def _on_a_consumer(
+    state: ServerState,
+    request: Request,
+    req: openai_api.OpenAIRequest,
+    audio: bytes | None,
+    on_segment: Callable[[Any], None],
+) -> Any:
+    """A gateway's stream: the job run on a consumer, its segments as the consumer stores
+    them; the place _stream took is given back here."""
+    try:
+        result = await state.gateway.result(
+            req.job_input, request.is_disconnected, audio, on_segment=on_segment
+        )
+        await asyncio.sleep(0)  # the deltas on_segment scheduled go in before done
+    finally:
+        state.admitted -= 1
+    return result
 
 
 async def _events(

@@ -38,6 +38,15 @@ def silently_empty(speech: list[tuple[float, float]] | None, segments: list[Segm
     return not any(seg["text"].strip() for seg in segments)
 
 
+def empty_transcript(speech: list[tuple[float, float]] | None) -> WorkerError:
+    return WorkerError(
+        Code.EMPTY_TRANSCRIPT,
+        f"the model returned no text for {speech_seconds(speech):.0f} s of speech the VAD "
+        "found: a fault of this GPU, not of the audio; this worker asks to be replaced, "
+        "retry the job",
+    )
+
+
 def english_only_doubt(model: LoadedModel, segments: list[Segment]) -> str | None:
     """A warning when an English-only model was unsure of all it heard.
 

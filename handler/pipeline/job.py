@@ -210,12 +210,7 @@ def _transcribe(
     if doubt := checks.english_only_doubt(model, tr.segments):
         call.warnings.append(doubt)
     if worker.pool.device == "cuda" and checks.silently_empty(tr.speech, tr.segments):
-        raise WorkerError(
-            Code.EMPTY_TRANSCRIPT,
-            f"the model returned no text for {checks.speech_seconds(tr.speech):.0f} s of "
-            "speech the VAD found: a fault of this GPU, not of the audio; this worker asks "
-            "to be replaced, retry the job",
-        )
+        raise checks.empty_transcript(tr.speech)
     return tr
 
 
