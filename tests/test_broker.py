@@ -196,6 +196,47 @@ def test_the_gateway_bounds_what_waits_in_redis(rds: RedisServer) -> None:
         gateway.stop()
 
 
+def test_a_message_lost_with_its_consumer_is_queued_again(rds: RedisServer) -> None:
+    """kombu's Redis transport pops a message (BRPOP) before it notes it as unacknowledged:
+    a consumer killed between the two takes the message with it (seen once in the
+    kill-midway test). The records keep each job's input, and consumers sweep for jobs
+    whose message is nowhere: queued ones, and running ones with no live lease."""
+    from handler.faces.broker.queue import QUEUE, TASK, UNACKED, make_celery
+    from handler.settings import load_settings
+
+    store = _store(rds)
+    audio, text = _short_jobs()[0]
+    past = repr(time.time() - 3600)
+    # Queued, its message in the queue: not lost, however old.
+    assert store.create("kept", None, job_input={"audio_base64": audio})
+    store.r.hset("whisper:job:kept", "submitted", past)
+    make_celery(load_settings({"WHISPER_BROKER_URL": rds.url})).send_task(
+        TASK, args=["kept", {"audio_base64": audio}, None], queue=QUEUE, task_id="kept"
+    )
+    # Queued, its message gone; and running under a consumer that died, its message gone.
+    assert store.create("popped", None, job_input={"audio_base64": audio})
+    store.r.hset("whisper:job:popped", "submitted", past)
+    assert store.create("orphan", None, job_input={"audio_base64": audio})
+    assert store.start("orphan", "dead")[0] == "GO"
+    store.r.delete("whisper:lease:orphan")
+    store.r.hset("whisper:job:orphan", "started", past)
+    found = {job_id for job_id, _, _ in store.lost(QUEUE, UNACKED, 60)}
+    assert found == {"popped", "orphan"}
+    assert store.lost(QUEUE, UNACKED, 60) == []  # marked: not handed out twice at once
+    store.r.hdel("whisper:job:popped", "requeued")
+    store.r.hdel("whisper:job:orphan", "requeued")
+    consumer = ConsumerProc(rds.url)
+    try:
+        for job_id in ("kept", "popped", "orphan"):
+            wait_for(lambda j=job_id: store.get(j).ended, 120, job_id)  # type: ignore[union-attr]
+    finally:
+        consumer.stop()
+    for job_id in ("kept", "popped", "orphan"):
+        st = store.get(job_id).status_object()  # type: ignore[union-attr]
+        assert st["status"] == "COMPLETED" and wer(text, st["output"]["text"]) < 0.3, st
+    assert "queued again" in consumer.logs()
+
+
 def test_a_job_that_kills_its_consumers_fails_as_worker_lost(rds: RedisServer) -> None:
     """The store's view of a job whose consumers died 3 times (the tries are counted in
     Redis), then a real consumer that takes its redelivered message: WORKER_LOST, not a

@@ -35,7 +35,7 @@ import warnings
 from typing import Any
 
 from handler.errors import Code
-from handler.faces.broker.queue import TASK, make_celery, redis_client
+from handler.faces.broker.queue import QUEUE, TASK, UNACKED, make_celery, redis_client
 from handler.faces.broker.store import LEASE_S, EndedJob, JobStore, split_result
 from handler.settings import Settings, SettingsError, load_settings
 
@@ -50,6 +50,11 @@ WATCH_S = 0.5
 PERSIST_S = 120
 """How long a consumer keeps trying to store a job's start or result while Redis is away;
 past it the message stays unacknowledged and the job runs again elsewhere."""
+LOST_AFTER_S = 60
+"""A job whose message is nowhere this long after it was queued (or its consumer's lease
+lapsed) is queued again from the input its record keeps (JobStore.lost)."""
+SWEEP_S = 15
+"""How often a consumer looks for such jobs (seconds)."""
 BEAT_S = 5
 """A consumer's heartbeat in Redis (for ``/health``); it lives three beats."""
 
@@ -64,6 +69,8 @@ class Consumer:
         self.lock = threading.Lock()
         self.stopping = threading.Event()
         self.recycling = False
+        self.celery: Any = None
+        """The Celery app (set by ``consume``), for queueing a lost job again."""
 
     def run_task(self, task: Any, job_id: str, job_input: Any, webhook: str | None) -> None:
         status, streamed, tries = self.lasting(self.store.start, job_id, self.name)
@@ -172,17 +179,33 @@ class Consumer:
 
     def watch(self) -> None:
         """Until stopped: cancels reach the jobs in hand, leases and the heartbeat renewed."""
-        last_renew = last_beat = 0.0
+        last_renew = last_beat = last_sweep = 0.0
         while not self.stopping.wait(WATCH_S):
             now = time.monotonic()
             renew, beat = now - last_renew >= LEASE_S / 3, now - last_beat >= BEAT_S
+            sweep = now - last_sweep >= SWEEP_S
             try:
                 self._watch_once(renew, beat)
+                if sweep:
+                    self.sweep()
             except Exception as exc:  # Redis away for a moment: the next look retries
                 log.warning("consumer %s: cannot reach Redis (%s)", self.name, type(exc).__name__)
                 continue
             last_renew = now if renew else last_renew
             last_beat = now if beat else last_beat
+            last_sweep = now if sweep else last_sweep
+
+    def sweep(self) -> None:
+        """Queue again the jobs whose message a dead consumer took (JobStore.lost)."""
+        if self.celery is None:
+            return
+        for job_id, job_input, webhook in self.store.lost(QUEUE, UNACKED, LOST_AFTER_S):
+            if job_input is None:
+                continue
+            log.warning("job %s: its message was lost with a consumer; queued again", job_id)
+            self.celery.send_task(
+                TASK, args=[job_id, job_input, webhook], queue=QUEUE, task_id=job_id
+            )
 
     def _watch_once(self, renew: bool, beat: bool) -> None:
         with self.lock:
@@ -234,6 +257,7 @@ def consume(settings: Settings) -> int:
             # Redis stayed away past PERSIST_S: the message goes back, the job runs again.
             raise Reject("the broker is away", requeue=True) from None
 
+    consumer.celery = app
     watcher = threading.Thread(target=consumer.watch, name="broker-watch", daemon=True)
     watcher.start()
     log.info("consumer %s: taking jobs (%d at a time)", consumer.name, settings.concurrency)

@@ -98,7 +98,7 @@ class BrokerJobs:
 
         job_id = uuid.uuid4().hex
         bounds = (self.settings.result_max_jobs, self.settings.result_max_bytes)
-        if not self.store.create(job_id, webhook, size, bounds):
+        if not self.store.create(job_id, webhook, size, bounds, job_input):
             raise StoreFull
         refused = _refusal(job_input)
         if refused is not None:

@@ -18,6 +18,8 @@ from handler.settings import Settings
 TASK = "whisper.transcribe"
 QUEUE = "whisper"
 """The Redis list KEDA's scaler watches (``listName``)."""
+UNACKED = "unacked"
+"""kombu's Redis hash of delivered, unacknowledged messages (its default key)."""
 RESTORE_SWEEP_S = 10
 """How often a consumer looks for messages whose consumer died (seconds)."""
 

@@ -95,11 +95,45 @@ if #queued >= tonumber(ARGV[4]) then return 0 end
 local used = tonumber(ARGV[3])
 for _, n in ipairs(queued) do used = used + tonumber(n) end
 if used > tonumber(ARGV[5]) then return 0 end
-redis.call('HSET', KEYS[1], 'status', 'IN_QUEUE', 'submitted', ARGV[1])
+redis.call('HSET', KEYS[1], 'status', 'IN_QUEUE', 'submitted', ARGV[1], 'input', ARGV[8])
 if ARGV[2] ~= '' then redis.call('HSET', KEYS[1], 'webhook', ARGV[2]) end
 redis.call('EXPIRE', KEYS[1], ARGV[6])
 redis.call('HSET', KEYS[2], ARGV[7], ARGV[3])
 return 1
+"""
+
+_LOST = """
+local now, age = tonumber(ARGV[1]), tonumber(ARGV[2])
+local candidates, any = {}, false
+local function old(id, field)
+  local job = ARGV[3] .. id
+  local t = tonumber(redis.call('HGET', job, field) or '0')
+  local again = tonumber(redis.call('HGET', job, 'requeued') or '0')
+  return now - t > age and now - again > age
+end
+for _, id in ipairs(redis.call('HKEYS', KEYS[1])) do
+  if old(id, 'submitted') then candidates[id] = true; any = true end
+end
+for _, id in ipairs(redis.call('SMEMBERS', KEYS[2])) do
+  if redis.call('EXISTS', ARGV[4] .. id) == 0 and old(id, 'started') then
+    candidates[id] = true; any = true
+  end
+end
+if not any then return {} end
+for _, m in ipairs(redis.call('LRANGE', KEYS[3], 0, -1)) do
+  local id = string.match(m, '"id":%s*"([%w%-]+)"')
+  if id then candidates[id] = nil end
+end
+for _, m in ipairs(redis.call('HVALS', KEYS[4])) do
+  local id = string.match(m, '"id":%s*"([%w%-]+)"')
+  if id then candidates[id] = nil end
+end
+local lost = {}
+for id, _ in pairs(candidates) do
+  redis.call('HSET', ARGV[3] .. id, 'requeued', ARGV[1])
+  table.insert(lost, id)
+end
+return lost
 """
 
 _RENEW = """
@@ -172,6 +206,7 @@ class JobStore:
         self._take = client.register_script(_TAKE)
         self._renew = client.register_script(_RENEW)
         self._admit = client.register_script(_ADMIT)
+        self._lost = client.register_script(_LOST)
 
     # --- the gateway's side ---------------------------------------------------------
 
@@ -181,12 +216,22 @@ class JobStore:
         webhook: str | None,
         size: int = 0,
         bounds: tuple[int, int] = (1_000_000, 2**62),
+        job_input: Any = None,
     ) -> bool:
-        """A queued job's record; False (nothing stored) when ``bounds`` (queued jobs,
-        their inputs' bytes) leave no room for one more of ``size`` bytes."""
+        """A queued job's record, its input kept until it ends (``lost`` may need to queue
+        it again); False (nothing stored) when ``bounds`` (queued jobs, their inputs'
+        bytes) leave no room for one more of ``size`` bytes."""
         done = self._admit(
             keys=[_key("job", job_id), _key("queued")],
-            args=[repr(time.time()), webhook or "", size, *bounds, UNENDED_TTL_S, job_id],
+            args=[
+                repr(time.time()),
+                webhook or "",
+                size,
+                *bounds,
+                UNENDED_TTL_S,
+                job_id,
+                json.dumps(job_input, ensure_ascii=False),
+            ],
         )
         return bool(done)
 
@@ -262,6 +307,23 @@ class JobStore:
             args=[consumer, repr(time.time()), LEASE_S, job_id, UNENDED_TTL_S],
         )
         return status, int(streamed), int(tries)
+
+    def lost(self, queue: str, unacked: str, min_age_s: float) -> list[tuple[str, Any, Any]]:
+        """Jobs whose message is nowhere (not in ``queue``, not in kombu's ``unacked``
+        hash) though they are queued, or running with no live lease, for ``min_age_s``:
+        a consumer killed between Redis's BRPOP and kombu's note of the message (kombu's
+        Redis transport writes the note after the pop) takes the message with it. Each is
+        marked so that no other sweep returns it within ``min_age_s``; returns (id, input,
+        webhook) to queue again."""
+        ids = self._lost(
+            keys=[_key("queued"), _key("running"), queue, unacked],
+            args=[repr(time.time()), min_age_s, f"{PREFIX}job:", f"{PREFIX}lease:"],
+        )
+        out = []
+        for job_id in ids:
+            raw, webhook = self.r.hmget(_key("job", job_id), "input", "webhook")
+            out.append((job_id, None if raw is None else json.loads(raw), webhook))
+        return out
 
     def renew(self, job_id: str, consumer: str) -> bool:
         return bool(self._renew(keys=[_key("lease", job_id)], args=[consumer, LEASE_S]))
