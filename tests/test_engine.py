@@ -251,11 +251,14 @@ def test_the_gpu_check_runs_on_the_cpu(tmp_path) -> None:
         timeout=480,
     )
     report = json.loads(out.read_text())
+    # The driver as the host reports it (none here), and each model's speech self-test time.
+    assert report["driver"] == {"version": None, "gpus": [], "refused": None}, report["driver"]
     tiny, missing = report["models"]
     assert proc.returncode == 1  # one model was not on this machine, and it says so
     assert "skipped" in missing and "| no-such-model | skipped" in proc.stdout
     assert set(tiny["rtf_by_batch"]) == {"1", "4"} and tiny["rtf_by_batch"]["4"]["wer"] < 0.2
     assert tiny["burst_engine"]["clips"] == 4 and tiny["cold_start"]["ready"] > 0
+    assert tiny["cold_start"]["self_test"] > 0
     # bench fanout's line: unsplit and 4 pieces on 4 warm worker processes.
     fanout = report["fanout"]["rows"]
     assert [(r["pieces"], r["start"]) for r in fanout] == [(1, "warm"), (4, "warm")]

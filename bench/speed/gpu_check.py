@@ -5,7 +5,10 @@
 - real-time factor of a long real-speech file (speech_assets.clips clips repeated) at batch
   1 (sequential) and 8/16/32 (the engine), float16 on CUDA;
 - a burst of short clips held at once: one job at a time against the engine;
-- cold start split from the worker's own start-up line (imports, load, warm-up, ready);
+- the NVIDIA driver and GPUs as the host reports them, and the sentence the worker would
+  refuse them with (below R570);
+- cold start split from the worker's own start-up line (imports, load, warm-up, the speech
+  self-test, ready); a model whose self-test fails is skipped with the worker's message;
 - GPU memory per loaded instance (nvidia-smi before and after the load);
 - bench fanout's line: a 20-minute recording unsplit and in 4 pieces on 4 warm
   worker processes sharing the GPU, under the local emulator.
@@ -137,7 +140,7 @@ def cold_start(device: str, name: str) -> dict[str, Any]:
     for line in proc.stderr.splitlines():
         data = parse_startup_line(line)
         if data:
-            keys = ("imports", "model_load", "warmup", "runpod_import", "ready")
+            keys = ("imports", "model_load", "warmup", "self_test", "runpod_import", "ready")
             return {k: round(float(data[k]), 3) for k in keys}
     return {"error": proc.stderr.strip().splitlines()[-1] if proc.stderr.strip() else "no line"}
 
@@ -190,13 +193,25 @@ def main(argv: list[str] | None = None) -> int:
     )
     args = parser.parse_args(argv)
     batches = [int(b) for b in args.batches.split(",")]
-    report: dict[str, Any] = {"device": args.device, "models": []}
+    from handler.inference import selftest
+
+    driver = selftest.read_driver()  # and the floor the worker refuses below, said at once
+    report: dict[str, Any] = {
+        "device": args.device,
+        "driver": {
+            "version": driver.version,
+            "gpus": list(driver.gpus),
+            "refused": selftest.driver_refusal(driver),
+        },
+        "models": [],
+    }
+    print(json.dumps({"driver": report["driver"]}), flush=True)
     for name in args.models.split(","):
         try:
             entry = check_model(name, args.device, batches, args.long_seconds, args.burst)
             entry["cold_start"] = cold_start(args.device, name)
-        except Exception as exc:  # a model not on this machine: say so, go on
-            entry = {"model": name, "skipped": f"{type(exc).__name__}: {str(exc)[:200]}"}
+        except Exception as exc:  # a model not on this machine (or its self-test failed)
+            entry = {"model": name, "skipped": f"{type(exc).__name__}: {str(exc)[:600]}"}
         report["models"].append(entry)
         print(json.dumps(entry), flush=True)
     print("\n| model | RTF by batch | burst clips/s: sequential -> engine | GPU MiB | ready s |")
