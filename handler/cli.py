@@ -178,21 +178,10 @@ def cmd_serve(args: argparse.Namespace) -> int:
 
 
 def cmd_consume(_args: argparse.Namespace) -> int:
-    from handler.faces.broker.consumer import supervise
-    from handler.settings import SettingsError, load_settings
+    from handler.faces.broker.consumer import broker_settings, supervise
 
-    try:
-        settings = load_settings()
-    except SettingsError as exc:
-        print(f"whisper-worker: {exc}", file=sys.stderr)
-        return 1
-    if settings.broker_url is None:
-        print(
-            "whisper-worker: consume needs WHISPER_BROKER_URL (redis://HOST:PORT/DB)",
-            file=sys.stderr,
-        )
-        return 2
-    return supervise(settings)
+    settings = broker_settings(no_broker=2)  # a usage error, as the other commands'
+    return settings if isinstance(settings, int) else supervise(settings)
 
 
 def _transcribe_parser(sub: Any, common: argparse.ArgumentParser) -> None:

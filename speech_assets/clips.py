@@ -6,6 +6,7 @@ Every clip comes with its reference text, so a benchmark can report WER beside s
 
 from __future__ import annotations
 
+import base64
 import io
 import wave
 from dataclasses import dataclass
@@ -90,3 +91,13 @@ def wer(reference: str, hypothesis: str) -> float:
         for j, h in enumerate(hyp, 1):
             prev, row[j] = row[j], min(row[j] + 1, row[j - 1] + 1, prev + (r != h))
     return row[-1] / max(1, len(ref))
+
+
+def short_jobs(max_seconds: float = 6.5) -> list[tuple[str, str]]:
+    """The real speech clips shorter than ``max_seconds`` (the LibriVox ones, 3 to 6 s) as
+    a job's base64 WAV and their text."""
+    return [
+        (base64.b64encode(wav_bytes(c.samples)).decode(), c.text)
+        for c in clips()
+        if len(c.samples) < max_seconds * RATE
+    ]

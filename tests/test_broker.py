@@ -25,7 +25,7 @@ import requests
 
 from handler.faces.broker.store import LEASE_S, JobStore
 from runpod_emulator.broker_stack import ConsumerProc, RedisServer
-from speech_assets.clips import clips, long_clip, wav_bytes
+from speech_assets.clips import long_clip, short_jobs, wav_bytes
 from tests.helpers import DATA, JFK_TEXT, b64, wait_for, wer
 from tests.test_http import Server
 
@@ -88,15 +88,6 @@ def test_the_store_keeps_one_ending_and_one_runner(rds: RedisServer) -> None:
     assert LEASE_S >= 10
 
 
-def _short_jobs() -> list[tuple[str, str]]:
-    """Real speech of 3 to 6 s (the LibriVox clips), as base64 WAV and its text."""
-    return [
-        (base64.b64encode(wav_bytes(c.samples)).decode(), c.text)
-        for c in clips()
-        if len(c.samples) < 6.5 * 16000
-    ]
-
-
 def _post(url: str, body: Any) -> Any:
     return requests.post(f"{url}/v2/e/run", json=body, timeout=60).json()
 
@@ -124,7 +115,7 @@ def test_queued_jobs_outlive_a_redis_restart_and_statuses_a_gateway_restart(
     rds: RedisServer,
 ) -> None:
     gateway = Server({"WHISPER_BROKER_URL": rds.url})
-    pool = _short_jobs()
+    pool = short_jobs()
     try:
         ids = [_post(gateway.url, {"input": {"audio_base64": pool[n][0]}})["id"] for n in range(4)]
         rds.stop()  # with no consumer: the jobs are queued, in Redis only
@@ -157,7 +148,7 @@ def test_a_redis_restart_under_a_running_consumer_loses_nothing(rds: RedisServer
     its result until Redis is back, stores it once, and the queued jobs run after."""
     consumer = ConsumerProc(rds.url, WHISPER_MAX_CONCURRENCY="1")
     gateway = Server({"WHISPER_BROKER_URL": rds.url})
-    pool = _short_jobs()
+    pool = short_jobs()
     try:
         held = _post(gateway.url, {"input": {"audio_base64": _long(240)}})["id"]
         waiting = [_post(gateway.url, {"input": {"audio_base64": a}})["id"] for a, _ in pool]
@@ -183,7 +174,7 @@ def test_the_gateway_bounds_what_waits_in_redis(rds: RedisServer) -> None:
     WHISPER_RESULT_MAX_BYTES of inputs), then /run answers 429 with Retry-After."""
     gateway = Server({"WHISPER_BROKER_URL": rds.url, "WHISPER_RESULT_MAX_JOBS": "2"})
     try:
-        audio = _short_jobs()[0][0]
+        audio = short_jobs()[0][0]
         for _ in range(2):
             assert _post(gateway.url, {"input": {"audio_base64": audio}})["status"] == "IN_QUEUE"
         full = requests.post(
@@ -205,7 +196,7 @@ def test_a_message_lost_with_its_consumer_is_queued_again(rds: RedisServer) -> N
     from handler.settings import load_settings
 
     store = _store(rds)
-    audio, text = _short_jobs()[0]
+    audio, text = short_jobs()[0]
     past = repr(time.time() - 3600)
     # Queued, its message in the queue: not lost, however old.
     assert store.create("kept", None, job_input={"audio_base64": audio})
@@ -267,7 +258,7 @@ def test_a_consumer_recycles_itself_and_sigterm_finishes_jobs_in_hand(rds: Redis
     consumer = ConsumerProc(rds.url, WHISPER_REFRESH_AFTER_JOBS="3", WHISPER_MAX_CONCURRENCY="2")
     gateway = Server({"WHISPER_BROKER_URL": rds.url})
     try:
-        pool = _short_jobs()
+        pool = short_jobs()
         ids = [
             _post(gateway.url, {"input": {"audio_base64": pool[n % 3][0]}})["id"] for n in range(8)
         ]
@@ -301,7 +292,7 @@ def test_cancel_stops_a_running_job_on_its_consumer(rds: RedisServer) -> None:
         cancelled = requests.post(f"{gateway.url}/v2/e/cancel/{job['id']}", timeout=60).json()
         assert cancelled["status"] == "CANCELLED"
         # Its one slot is free again long before 240 s of audio could be transcribed.
-        pool = _short_jobs()
+        pool = short_jobs()
         nxt = _post(gateway.url, {"input": {"audio_base64": pool[0][0]}})
         assert _all_ended(gateway.url, [nxt["id"]], 120)[nxt["id"]]["status"] == "COMPLETED"
         assert time.monotonic() - started < 60

@@ -10,7 +10,6 @@ docs/broker.md come from this command with its defaults.
 from __future__ import annotations
 
 import argparse
-import base64
 import json
 import sys
 import time
@@ -18,20 +17,10 @@ from typing import Any
 
 from bench.common.text import normalise
 from runpod_emulator.broker_stack import ConsumerProc, GatewayProc, RedisServer, all_ended
+from speech_assets.clips import short_jobs
 
 VISIBILITY_S = 30
 """The consumers' visibility timeout here: the killed one's jobs return after it."""
-
-
-def short_jobs() -> list[tuple[str, str]]:
-    """Real speech of 3 to 6.5 s (the LibriVox clips) as base64 WAV, with its text."""
-    from speech_assets.clips import clips, wav_bytes
-
-    return [
-        (base64.b64encode(wav_bytes(c.samples)).decode(), c.text)
-        for c in clips()
-        if len(c.samples) < 6.5 * 16000
-    ]
 
 
 def wer(reference: str, hypothesis: str) -> float:

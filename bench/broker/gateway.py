@@ -22,9 +22,9 @@ import time
 from pathlib import Path
 from typing import Any
 
-from bench.broker.faults import short_jobs
 from bench.common.report import percentile
 from runpod_emulator.broker_stack import ConsumerProc, GatewayProc, RedisServer, all_ended
+from speech_assets.clips import short_jobs
 
 OUT = Path(__file__).resolve().parents[1] / "out" / "broker.json"
 

@@ -19,15 +19,14 @@ from __future__ import annotations
 import argparse
 import json
 import math
-import random
 import sys
 import threading
 import time
 from typing import Any
 
-from bench.broker.faults import short_jobs
-from bench.broker.scaling import Timers, replay
+from bench.broker.scaling import Timers, keda_rules, poisson_arrivals, replay
 from runpod_emulator.broker_stack import ConsumerProc, GatewayProc, RedisServer, all_ended
+from speech_assets.clips import short_jobs
 
 
 class KedaScaler:
@@ -79,10 +78,7 @@ class KedaScaler:
 
 
 def measure(args: argparse.Namespace) -> dict[str, Any]:
-    rng = random.Random(args.seed)
-    arrivals, now = [], 0.0
-    while (now := now + rng.expovariate(args.rate)) < args.minutes * 60:
-        arrivals.append(now)
+    arrivals = poisson_arrivals(args.rate, args.minutes, args.seed)
     pool = short_jobs()
     rds = RedisServer()
     gateway = GatewayProc(rds.url)
@@ -127,13 +123,7 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
         per_worker=16,
         audio_s_per_job=audio / len(ids),
     )
-    keda = {
-        "kind": "keda",
-        "polling_s": args.polling_s,
-        "cooldown_s": args.cooldown_s,
-        "list_length": args.list_length,
-        "max_workers": args.max_workers,
-    }
+    keda = keda_rules(args)
     return {
         "measured": measured,
         "replayed": replay(arrivals, timers, keda, horizon),

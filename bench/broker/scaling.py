@@ -141,6 +141,26 @@ def _runpod(
             pod.stop = now
 
 
+def poisson_arrivals(rate: float, minutes: float, seed: int) -> list[float]:
+    """Seconds at which jobs arrive, ``rate`` a second on average, for ``minutes``."""
+    rng = random.Random(seed)
+    arrivals, now = [], 0.0
+    while (now := now + rng.expovariate(rate)) < minutes * 60:
+        arrivals.append(now)
+    return arrivals
+
+
+def keda_rules(args: argparse.Namespace) -> dict[str, Any]:
+    """KEDA's scaler as the command line sets it (``replay``'s ``scaler``)."""
+    return {
+        "kind": "keda",
+        "polling_s": args.polling_s,
+        "cooldown_s": args.cooldown_s,
+        "list_length": args.list_length,
+        "max_workers": args.max_workers,
+    }
+
+
 def timers_from(path: Path) -> Timers:
     fig = json.loads(path.read_text())
     one = fig["one_consumer"]
@@ -168,21 +188,11 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--seed", type=int, default=0)
     args = p.parse_args(argv)
     t = timers_from(Path(args.figures))
-    rng = random.Random(args.seed)
-    arrivals, now = [], 0.0
-    while (now := now + rng.expovariate(args.rate)) < args.minutes * 60:
-        arrivals.append(now)
+    arrivals = poisson_arrivals(args.rate, args.minutes, args.seed)
     horizon = (args.minutes + args.idle_gap_min) * 60
-    common = {"max_workers": args.max_workers}
-    keda = {
-        "kind": "keda",
-        "polling_s": args.polling_s,
-        "cooldown_s": args.cooldown_s,
-        "list_length": args.list_length,
-        **common,
-    }
+    keda = keda_rules(args)
     runpod = {"kind": "runpod", "idle_s": args.idle_s, "queue_delay_s": args.queue_delay_s}
-    runpod.update(common)
+    runpod["max_workers"] = args.max_workers
     out = {
         "timers": t.__dict__,
         "jobs": len(arrivals),

@@ -313,7 +313,9 @@ def supervise(settings: Settings) -> int:
     return 0
 
 
-def main() -> int:
+def broker_settings(no_broker: int = 1) -> Settings | int:
+    """The settings of a consumer, or the exit status after one line on stderr saying what
+    is wrong: 1 for bad settings, ``no_broker`` when WHISPER_BROKER_URL is unset."""
     try:
         settings = load_settings()
     except SettingsError as exc:
@@ -324,8 +326,13 @@ def main() -> int:
             "whisper-worker: consume needs WHISPER_BROKER_URL (redis://HOST:PORT/DB)",
             file=sys.stderr,
         )
-        return 1
-    return consume(settings)
+        return no_broker
+    return settings
+
+
+def main() -> int:
+    settings = broker_settings()
+    return settings if isinstance(settings, int) else consume(settings)
 
 
 if __name__ == "__main__":

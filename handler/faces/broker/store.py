@@ -148,6 +148,19 @@ def _key(kind: str, job_id: str = "") -> str:
     return f"{PREFIX}{kind}:{job_id}" if job_id else f"{PREFIX}{kind}"
 
 
+def _transition_keys(job_id: str) -> list[str]:
+    """The keys the start and end scripts touch, in the order their KEYS[n] name them."""
+    return [
+        _key("job", job_id),
+        _key("lease", job_id),
+        _key("queued"),
+        _key("running"),
+        _key("counts"),
+        _key("stream", job_id),
+        INFLIGHT,
+    ]
+
+
 @dataclass
 class Snapshot:
     """A job's record as read from Redis; answers RunPod's status object."""
@@ -295,15 +308,7 @@ class JobStore:
         """("GO", items already streamed by earlier tries, this try's number) or why not:
         the job's ended status, "LEASED" (another live consumer runs it) or "GONE"."""
         status, streamed, tries = self._start(
-            keys=[
-                _key("job", job_id),
-                _key("lease", job_id),
-                _key("queued"),
-                _key("running"),
-                _key("counts"),
-                _key("stream", job_id),
-                INFLIGHT,
-            ],
+            keys=_transition_keys(job_id),
             args=[consumer, repr(time.time()), LEASE_S, job_id, UNENDED_TTL_S],
         )
         return status, int(streamed), int(tries)
@@ -346,15 +351,7 @@ class JobStore:
     def end(self, job_id: str, status: str, output: Any, error: str | None) -> bool:
         """Store the job's one ending; False (nothing changed) when it had one already."""
         done = self._finish(
-            keys=[
-                _key("job", job_id),
-                _key("lease", job_id),
-                _key("queued"),
-                _key("running"),
-                _key("counts"),
-                _key("stream", job_id),
-                INFLIGHT,
-            ],
+            keys=_transition_keys(job_id),
             args=[
                 status,
                 repr(time.time()),
