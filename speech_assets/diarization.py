@@ -10,10 +10,13 @@
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import hashlib
 import subprocess
 import sys
 import zipfile
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -30,8 +33,25 @@ class AssetMissing(RuntimeError):
     pass
 
 
+@contextlib.contextmanager
+def _only_one(folder: Path) -> Iterator[None]:
+    """One process at a time fills ``folder`` (pytest-xdist's workers share the caches)."""
+    folder.parent.mkdir(parents=True, exist_ok=True)
+    with open(folder.parent / f".{folder.name}.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(lock, fcntl.LOCK_UN)
+
+
 def pyannote_sample(cache: Path = CACHE) -> tuple[Path, str]:
     """(the sample's wav file, its RTTM text), fetched once into ``cache``."""
+    with _only_one(cache):
+        return _pyannote_sample(cache)
+
+
+def _pyannote_sample(cache: Path) -> tuple[Path, str]:
     wav, rttm = cache / "pyannote-sample.wav", cache / "pyannote-sample.rttm"
     if wav.exists() and rttm.exists():
         return wav, rttm.read_text()
@@ -82,7 +102,8 @@ def diarizer_dir(dest: Path = DIARIZER_DIR) -> Path:
     except ImportError as exc:  # pragma: no cover - the repository always has builder/
         raise AssetMissing(str(exc)) from None
     try:
-        return diarizer.ensure(dest)
+        with _only_one(dest):
+            return diarizer.ensure(dest)
     except ImportError as exc:
         raise AssetMissing(
             f"{exc}: the diarizer's export needs torch and onnx (pip install '.[dev]')"

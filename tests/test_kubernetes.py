@@ -26,6 +26,7 @@ K8S_VERSION = "1.33"
 CRDS = {
     ("keda.sh/v1alpha1", "ScaledObject"): "scaledobject-keda.sh-v1alpha1.json",
     ("http.keda.sh/v1beta1", "InterceptorRoute"): "interceptorroute-http.keda.sh-v1beta1.json",
+    ("serving.knative.dev/v1", "Service"): "service-serving.knative.dev-v1.json",
 }
 
 

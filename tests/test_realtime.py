@@ -23,9 +23,9 @@ import pytest
 
 from handler.audio.live import LiveDecoder, chunk_bytes
 from handler.errors import Code, WorkerError
-from handler.faces.realtime.session import LiveItem
+from handler.faces.realtime.item import LiveItem
 from handler.inference.live_vad import WINDOW_MS, TurnDetector, TurnRules
-from speech_assets.clips import JFK_TEXT, clips, wer
+from speech_assets.clips import JFK_TEXT, clips, long_clip, wer
 from tests.test_http import Server
 
 RATE_IN = 24000
@@ -404,8 +404,43 @@ def test_turns_committed_faster_than_transcribed_are_all_answered(live: Server) 
             seen += events_until(ws, "conversation.item.input_audio_transcription.completed")
     committed = [e["item_id"] for e in seen if e["type"] == "input_audio_buffer.committed"]
     done = [e["item_id"] for e in seen if e["type"].endswith("transcription.completed")]
-    assert len(committed) == 7 and sorted(done) == sorted(committed)
+    assert len(committed) == 7 and done == committed  # answered in the order committed
     assert not [e for e in seen if e["type"] == "error"]
+
+
+@pytest.mark.e2e
+def test_a_short_turn_after_a_long_one_is_answered_after_it(live: Server) -> None:
+    """Turns decode side by side, but transcripts go out in the order the turns were
+    committed: LiveKit and Pipecat append finals as they arrive, so a short turn answered
+    before the long one before it would put the user's words out of order."""
+    long_turn = pcm24(long_clip(20).samples)
+    short_turn = pcm24(clips()[0].samples[:16000])  # 1 s
+    step = 30_000  # bytes of PCM a message (base64 stays under the 64 KiB message cap)
+    with raw(live) as ws:
+        events_until(ws, "session.created")
+        ws.send(
+            json.dumps(
+                {
+                    "type": "session.update",
+                    "session": {
+                        "type": "transcription",
+                        "audio": {"input": {"turn_detection": None}},
+                    },
+                }
+            )
+        )
+        events_until(ws, "session.updated")
+        for pcm in (long_turn, short_turn):
+            for i in range(0, len(pcm), step):
+                chunk = base64.b64encode(pcm[i : i + step]).decode()
+                ws.send(json.dumps({"type": "input_audio_buffer.append", "audio": chunk}))
+            ws.send(json.dumps({"type": "input_audio_buffer.commit"}))
+        seen: list[dict[str, Any]] = []
+        while sum(e["type"].endswith("transcription.completed") for e in seen) < 2:
+            seen += events_until(ws, "conversation.item.input_audio_transcription.completed")
+    committed = [e["item_id"] for e in seen if e["type"] == "input_audio_buffer.committed"]
+    done = [e["item_id"] for e in seen if e["type"].endswith("transcription.completed")]
+    assert len(committed) == 2 and done == committed
 
 
 # --- what voice-agent clients and an attacker send ------------------------------------------

@@ -4,7 +4,6 @@ commits), the interim and final decodes of each turn through the job pipeline.""
 from __future__ import annotations
 
 import asyncio
-import difflib
 import json
 import logging
 import threading
@@ -21,6 +20,7 @@ from handler.audio.live import LiveDecoder, chunk_bytes
 from handler.contract import SAMPLE_RATE
 from handler.errors import WorkerError
 from handler.faces.realtime.buffer import LiveBuffer
+from handler.faces.realtime.item import LiveItem
 from handler.faces.realtime.protocol import (
     MAX_EVENT_DEPTH,
     MIN_COMMIT_S,
@@ -57,79 +57,6 @@ class LiveState:
     so a completed transcript never queues behind another session's interim text."""
 
 
-class LiveItem:
-    """One conversation item: a turn's interim decodes, the words sent of it, its transcript."""
-
-    def __init__(self, item_id: str, start_ms: int) -> None:
-        self.item_id = item_id
-        self.start_ms = start_ms
-        self.emitted: list[str] = []
-        """Words already sent as deltas (never taken back)."""
-        self.previous: list[str] | None = None
-        """The last interim decode's words: a word is sent once two decodes agree on it."""
-        self.interim_at = 0
-        """Samples of the turn when its last interim decode started."""
-        self.interim: asyncio.Future | None = None
-
-    def agreed_delta(self, words: list[str]) -> str:
-        """The words this decode and the previous one agree on beyond those already sent;
-        nothing from a turn's first decode alone. The words sent stand in the turn's
-        transcript (its deltas add up to it), so a word the first decode got wrong would
-        stay wrong: sending the first decode's words lifted the live WER from 4.3 % to 8.6 %
-        (``python -m bench realtime --sessions 1``); waiting for agreement keeps 4.3 %."""
-        prev, self.previous = self.previous, words
-        if prev is None:
-            return ""
-        agreed = 0
-        while agreed < min(len(prev), len(words)) and prev[agreed] == words[agreed]:
-            agreed += 1
-        return self._advance(words[:agreed])
-
-    def final(self, words: list[str]) -> tuple[str, str]:
-        """(the turn's last delta, its completed transcript) from the final decode's
-        words. The deltas of a turn add up to its transcript exactly, as OpenAI's do: the
-        words already sent stand (a final decode may change their case or punctuation:
-        "that agent" sent, "That agent is..." decoded), and the final decode gives what
-        follows them, found by aligning the two (difflib, on words without case or
-        punctuation)."""
-        rest = words[_end_of(self.emitted, words) :]
-        delta = (" " if self.emitted else "") + " ".join(rest) if rest else ""
-        self.emitted = self.emitted + rest
-        return delta, " ".join(self.emitted)
-
-    def _advance(self, words: list[str]) -> str:
-        n = len(self.emitted)
-        if len(words) <= n or words[:n] != self.emitted:
-            return ""
-        new = words[n:]
-        self.emitted = list(words)
-        return (" " if n else "") + " ".join(new)
-
-
-def _bare(word: str) -> str:
-    return "".join(c for c in word.lower() if c.isalnum())
-
-
-def _end_of(sent: list[str], words: list[str]) -> int:
-    """Where in ``words`` the words ``sent`` end: after the last word matched with one of
-    them, counting any unmatched ones after it one for one."""
-    if not sent:
-        return 0
-    matcher = difflib.SequenceMatcher(
-        None, [_bare(w) for w in sent], [_bare(w) for w in words], autojunk=False
-    )
-    best = None
-    for a, b, size in matcher.get_matching_blocks():
-        if size and a < len(sent):
-            best = (a, b, size)
-    if best is None:
-        return min(len(sent), len(words))
-    a, b, size = best
-    if a + size >= len(sent):
-        return b + (len(sent) - a)
-    return min(len(words), b + size + (len(sent) - a - size))
-
-
 class Session:
     """One live WebSocket: its config, decoder, VAD, audio and turns."""
 
@@ -156,6 +83,8 @@ class Session:
         self.tasks: set[asyncio.Task] = set()
         self.finals: set[asyncio.Task] = set()
         """Committed turns of this session still being transcribed."""
+        self.last_final: asyncio.Task | None = None
+        """The last committed turn's transcription: the next one answers after it."""
         self._send_lock = asyncio.Lock()
 
     # --- the loop ---------------------------------------------------------------------
@@ -367,7 +296,8 @@ class Session:
             }
         )
         self.previous_item = turn.item_id
-        self.finals.add(self._spawn(self._final(turn, samples)))
+        self.last_final = self._spawn(self._final(turn, samples, self.last_final))
+        self.finals.add(self.last_final)
         self.finals = {t for t in self.finals if not t.done()}
         while len(self.finals) >= MAX_PENDING_TURNS:
             # Backpressure: a client that commits faster than its turns are transcribed
@@ -429,7 +359,12 @@ class Session:
             }
         )
 
-    async def _final(self, turn: LiveItem, samples: np.ndarray) -> None:
+    async def _final(
+        self, turn: LiveItem, samples: np.ndarray, before: asyncio.Task | None
+    ) -> None:
+        """Transcribe a committed turn (beside the turns before it) and answer it once the
+        turn before it is answered: transcripts go out in the order the turns were
+        committed, as clients that append finals as they arrive (LiveKit, Pipecat) need."""
         self.live.finals += 1
         try:
             if turn.interim is not None and not turn.interim.done():
@@ -437,6 +372,8 @@ class Session:
             result = await self._transcribe(samples, turn.item_id)
         finally:
             self.live.finals -= 1
+        if before is not None and not before.done():
+            await asyncio.wait({before})
         if "error" in result:
             await self.send(
                 {

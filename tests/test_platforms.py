@@ -1,0 +1,247 @@
+"""The platforms RunPod users also deploy on, each through the file a user copies:
+
+- ``deploy/kubernetes/knative/service.yaml`` (Knative Serving, HTTP only, scale to zero),
+- ``deploy/cloud-run/service.yaml`` (Google Cloud Run, Knative's API; the CPU image),
+- ``deploy/modal/app.py`` (Modal: the image as a web server).
+
+No cluster, Google project or Modal account exists here: the manifests are validated
+against Knative's Service CRD schema (vendored from knative/serving, made strict), the Modal
+file is imported with the real ``modal`` package (which builds the app offline), and then
+the worker is started the way each platform starts the container: the manifest's
+environment, the ``PORT`` the platform injects (Knative's ``K_SERVICE``/``K_REVISION``/
+``K_CONFIGURATION`` too), its health probe's path polled until it answers 200, a real
+transcription through the openai SDK, and SIGTERM with a request in flight (the request is
+answered, the process exits). Substituted: ``WHISPER_DEVICE=cpu`` and the bundled tiny.en
+instead of the image's GPU and baked model. The read-only root is the image's test
+(tests/test_image.py, ``--read-only``).
+"""
+
+from __future__ import annotations
+
+import copy
+import importlib.util
+import os
+import signal
+import subprocess
+import sys
+import threading
+from pathlib import Path
+from types import ModuleType
+from typing import Any
+
+import jsonschema
+import openai
+import pytest
+import requests
+import yaml
+
+from handler.pipeline.runtime import compute_budget
+from handler.settings import Settings, load_settings
+from speech_assets.clips import long_clip, wav_bytes
+from tests.helpers import DATA, JFK_TEXT, wait_for, wer
+from tests.test_http import START_S, free_port
+from tests.test_kubernetes import validate
+
+ROOT = Path(__file__).resolve().parent.parent
+KNATIVE = ROOT / "deploy" / "kubernetes" / "knative" / "service.yaml"
+CLOUD_RUN = ROOT / "deploy" / "cloud-run" / "service.yaml"
+MODAL = ROOT / "deploy" / "modal" / "app.py"
+CLOUD_RUN_MAX_TIMEOUT_S = 3600  # Cloud Run's longest request timeout
+
+
+def knative_service(path: Path) -> dict[str, Any]:
+    (doc,) = [d for d in yaml.safe_load_all(path.read_text()) if d]
+    return dict(doc)
+
+
+def modal_app() -> ModuleType:
+    pytest.importorskip("modal", reason="pip install '.[dev]' (modal)")
+    spec = importlib.util.spec_from_file_location("whisper_modal_app", MODAL)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)  # builds the App offline: no Modal account is asked
+    return module
+
+
+def longest_job_s(s: Settings) -> float:
+    return s.download_timeout_s + s.decode_timeout_s + (compute_budget(s, s.max_audio_seconds) or 0)
+
+
+def held_at_once(s: Settings) -> int:
+    """Requests one worker takes without refusing: running jobs, waiting ones, sessions."""
+    return s.concurrency + s.http_max_queue + s.realtime_max_sessions
+
+
+class Contract:
+    """What a platform gives the container and expects of it."""
+
+    def __init__(self, doc: dict[str, Any] | None = None, modal: ModuleType | None = None):
+        if doc is not None:
+            spec = doc["spec"]["template"]["spec"]
+            (c,) = spec["containers"]
+            self.env = {e["name"]: e["value"] for e in c["env"] if "value" in e}
+            self.port = c["ports"][0]["containerPort"]
+            probe = c.get("startupProbe") or c["readinessProbe"]
+            self.probe_path = probe["httpGet"]["path"]
+            self.concurrency = spec["containerConcurrency"]
+            self.timeout_s = spec["timeoutSeconds"]
+            self.injected = {
+                "K_SERVICE": "whisper",
+                "K_REVISION": "whisper-00001",
+                "K_CONFIGURATION": "whisper",
+            }
+        else:
+            assert modal is not None
+            self.env = dict(modal.WORKER_ENV)
+            self.port = modal.PORT
+            self.probe_path = "/ready"  # 200 once serve() returns (Modal then routes)
+            self.concurrency = modal.MAX_INPUTS
+            self.timeout_s = modal.TIMEOUT_S
+            self.injected = {"MODAL_TASK_ID": "ta-test"}
+
+    def settings(self) -> Settings:
+        return load_settings({k: v for k, v in self.env.items() if k.startswith("WHISPER_")})
+
+
+def contracts() -> dict[str, Contract]:
+    return {
+        "knative": Contract(knative_service(KNATIVE)),
+        "cloud-run": Contract(knative_service(CLOUD_RUN)),
+        "modal": Contract(modal=modal_app()),
+    }
+
+
+@pytest.mark.parametrize("path", [KNATIVE, CLOUD_RUN], ids=["knative", "cloud-run"])
+def test_the_service_is_valid_against_knatives_schema(path: Path) -> None:
+    doc = knative_service(path)
+    validate(doc)
+    bad = copy.deepcopy(doc)
+    bad["spec"]["template"]["spec"]["containers"][0]["readinesProbe"] = {}
+    with pytest.raises(jsonschema.ValidationError):
+        validate(bad)
+    bad = copy.deepcopy(doc)
+    bad["spec"]["template"]["spec"]["timeoutSeconds"] = "1320"
+    with pytest.raises(jsonschema.ValidationError):
+        validate(bad)
+
+
+@pytest.mark.parametrize("name", ["knative", "cloud-run", "modal"])
+def test_the_platform_never_holds_a_request_the_worker_must_refuse(name: str) -> None:
+    c = contracts()[name]
+    s = c.settings()
+    assert s.mode == "http" and s.broker_url is None
+    # The platform queues what the worker is not given: the worker's own queue is off and
+    # the platform's concurrency is exactly what one worker holds (jobs + live sessions).
+    assert s.http_max_queue == 0
+    assert c.concurrency == held_at_once(s)
+    # The longest job the settings allow ends inside the request's timeout.
+    assert longest_job_s(s) <= c.timeout_s
+    if name == "cloud-run":
+        assert c.timeout_s <= CLOUD_RUN_MAX_TIMEOUT_S
+
+
+def test_the_modal_app_is_built_as_documented() -> None:
+    m = modal_app()
+    import modal
+
+    assert isinstance(m.app, modal.App) and isinstance(m.serve, modal.Function)
+    # Start-up covers a cold model load (the self-test included) with room to spare.
+    assert m.STARTUP_TIMEOUT_S >= 300 and m.SCALEDOWN_S >= 2
+
+
+def start_as(c: Contract, name: str, monkeypatch: pytest.MonkeyPatch) -> tuple[Any, int, Path]:
+    port = free_port()  # the platform's choice; the manifest's port in production
+    log = Path(os.environ.get("TMPDIR", "/tmp")) / f"platform-{name}-{port}.log"
+    if name == "modal":  # the app's own function starts the worker, as in the container
+        m = modal_app()
+        monkeypatch.setattr(m, "PORT", port)
+        for key in [k for k in os.environ if k.startswith(("WHISPER_", "PORT"))]:
+            monkeypatch.delenv(key)
+        for key, value in {
+            **c.env,
+            **c.injected,
+            "HOST": "127.0.0.1",
+            "WHISPER_DEVICE": "cpu",
+        }.items():
+            monkeypatch.setenv(key, value)  # WORKER_ENV is the image's environment there
+        proc = m.serve.local()
+        # Modal routes requests once serve() returns: the worker must be ready by then.
+        assert requests.get(f"http://127.0.0.1:{port}/ready", timeout=5).status_code == 200
+        log.write_text("")
+        return proc, port, log
+    env = {
+        **{k: v for k, v in os.environ.items() if not k.startswith(("WHISPER_", "PORT"))},
+        **c.env,
+        **c.injected,
+        "PORT": str(port),
+        "HOST": "127.0.0.1",
+        "WHISPER_DEVICE": "cpu",  # substituted: no GPU here, tiny.en instead of the baked model
+    }
+    with open(log, "wb") as out:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "handler", "serve"],
+            cwd=ROOT,
+            env=env,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+        )
+    return proc, port, log
+
+
+def running(base: str) -> float:
+    """The worker's whisper_jobs_running gauge (0 when it does not answer)."""
+    try:
+        text = requests.get(base + "/metrics", timeout=2).text
+    except requests.RequestException:
+        return 0
+    lines = [ln for ln in text.splitlines() if ln.startswith("whisper_jobs_running")]
+    return float(lines[0].split()[-1]) if lines else 0
+
+
+@pytest.mark.e2e
+@pytest.mark.parametrize("name", ["knative", "cloud-run", "modal"])
+def test_the_worker_starts_serves_and_drains_as_the_platform_runs_it(
+    name: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    c = contracts()[name]
+    proc, port, log = start_as(c, name, monkeypatch)
+    base = f"http://127.0.0.1:{port}"
+    try:
+
+        def probe() -> int:
+            try:
+                return requests.get(base + c.probe_path, timeout=2).status_code
+            except requests.ConnectionError:
+                return 0
+
+        wait_for(lambda: probe() == 200 or proc.poll() is not None, START_S, "the probe to pass")
+        assert proc.poll() is None, log.read_text()[-2000:]
+        client = openai.OpenAI(base_url=base + "/v1", api_key="unused", max_retries=0, timeout=300)
+        with open(DATA / "jfk.wav", "rb") as f:
+            assert (
+                wer(JFK_TEXT, client.audio.transcriptions.create(model="whisper-1", file=f).text)
+                < 0.1
+            )
+
+        # SIGTERM while a request is in flight: it is answered, then the process exits.
+        answer: dict[str, Any] = {}
+        clip = long_clip(90)
+
+        def send() -> None:
+            answer["text"] = client.audio.transcriptions.create(
+                model="whisper-1", file=("long.wav", wav_bytes(clip.samples))
+            ).text
+
+        sender = threading.Thread(target=send)
+        sender.start()
+        wait_for(lambda: running(base) > 0, 60, "the request's job to run")
+        proc.send_signal(signal.SIGTERM)
+        sender.join(c.timeout_s)
+        assert wer(clip.text, answer.get("text", "")) < 0.2, answer
+        proc.wait(60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait(10)
+    text = log.read_text()
+    assert "Traceback" not in text, text[-2000:]

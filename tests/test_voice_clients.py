@@ -1,0 +1,206 @@
+"""Voice-agent frameworks as their users run them, against ``/v1/realtime``.
+
+The clients are the real packages from PyPI, configured the way their docs show, with only
+the base URL pointed at the worker (``python -m handler serve`` on 127.0.0.1 with tiny.en):
+
+- Pipecat's ``OpenAIRealtimeSTTService`` with its defaults (model ``gpt-realtime-whisper``,
+  no server VAD: the pipeline's VAD frames commit each turn, 16-kHz audio upsampled by
+  Pipecat to 24 kHz) plus ``noise_reduction``, inside a real Pipecat pipeline;
+- LiveKit Agents' OpenAI plugin ``STT(use_realtime=True)`` in its two streaming modes:
+  ``gpt-4o-transcribe`` with server VAD, and ``gpt-transcribe`` with ``languages``,
+  ``keywords`` and ``noise_reduction_type``.
+
+Both frameworks end the stream on any ``error`` event, so "no error, every turn transcribed"
+is the contract. Each test sends real speech (JFK and LibriVox readings) as several turns,
+faster than real time, and waits on the transcripts with generous deadlines.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Iterator
+from typing import Any
+
+import numpy as np
+import pytest
+
+from speech_assets.clips import clips, wer
+from tests.test_http import Server
+
+pytestmark = pytest.mark.e2e
+
+TURNS = 3
+
+
+@pytest.fixture(scope="module")
+def live() -> Iterator[Server]:
+    srv = Server({"WHISPER_MAX_CONCURRENCY": "2", "WHISPER_REALTIME_MAX_SESSIONS": "2"})
+    yield srv
+    srv.stop()
+
+
+def pcm16(samples: np.ndarray) -> bytes:
+    return (np.clip(samples, -1, 1) * 32767).astype("<i2").tobytes()
+
+
+async def wait_until(done: Any, seconds: float = 120) -> None:
+    deadline = asyncio.get_running_loop().time() + seconds
+    while not done() and asyncio.get_running_loop().time() < deadline:
+        await asyncio.sleep(0.05)
+
+
+def assert_heard(finals: list[str], spoken: list[Any]) -> None:
+    heard = " ".join(finals)
+    reference = " ".join(c.text for c in spoken)
+    assert wer(reference, heard) < 0.15, (reference, heard)
+
+
+def test_pipecat_realtime_stt_with_its_defaults(live: Server) -> None:
+    pytest.importorskip("pipecat", reason="pip install '.[dev]' (pipecat-ai)")
+    from pipecat.frames.frames import (
+        EndFrame,
+        ErrorFrame,
+        InputAudioRawFrame,
+        InterimTranscriptionFrame,
+        TranscriptionFrame,
+        VADUserStartedSpeakingFrame,
+        VADUserStoppedSpeakingFrame,
+    )
+    from pipecat.pipeline.pipeline import Pipeline
+    from pipecat.pipeline.worker import PipelineParams, PipelineWorker
+    from pipecat.processors.frame_processor import FrameDirection, FrameProcessor
+    from pipecat.services.openai.stt import OpenAIRealtimeSTTService
+    from pipecat.workers.runner import WorkerRunner
+
+    finals: list[str] = []
+    interim: list[str] = []
+    errors: list[str] = []
+
+    class Collect(FrameProcessor):  # before the service (errors go up) and after it
+        async def process_frame(self, frame: Any, direction: FrameDirection) -> None:
+            await super().process_frame(frame, direction)
+            if isinstance(frame, TranscriptionFrame):
+                finals.append(frame.text)
+            elif isinstance(frame, InterimTranscriptionFrame):
+                interim.append(frame.text)
+            elif isinstance(frame, ErrorFrame):
+                errors.append(frame.error)
+            await self.push_frame(frame, direction)
+
+    async def talk(srv: Server) -> None:
+        stt = OpenAIRealtimeSTTService(
+            api_key="unused",
+            base_url=srv.url.replace("http", "ws") + "/v1/realtime",
+            settings=OpenAIRealtimeSTTService.Settings(noise_reduction="near_field"),
+        )
+        worker = PipelineWorker(
+            Pipeline([Collect(), stt, Collect()]), params=PipelineParams(audio_in_sample_rate=16000)
+        )
+        runner = WorkerRunner(handle_sigint=False)
+        await runner.add_workers(worker)
+        connected = asyncio.Event()
+
+        @stt.event_handler("on_connected")
+        async def on_connected(_service: Any) -> None:
+            connected.set()
+
+        running = asyncio.create_task(runner.run())
+        await asyncio.wait_for(connected.wait(), 60)
+        for turn, clip in enumerate(spoken):
+            await worker.queue_frame(VADUserStartedSpeakingFrame())
+            audio = pcm16(np.concatenate([clip.samples, np.zeros(8000, np.float32)]))
+            for i in range(0, len(audio), 6400):  # 200 ms a frame, 4x real time
+                await worker.queue_frame(InputAudioRawFrame(audio[i : i + 6400], 16000, 1))
+                await asyncio.sleep(0.05)
+            await worker.queue_frame(VADUserStoppedSpeakingFrame())
+            await wait_until(lambda n=turn: len(finals) > n or bool(errors))
+            interims_of_turn.append(list(interim))
+            interim.clear()
+        await worker.queue_frame(EndFrame())
+        await asyncio.wait_for(running, 60)
+
+    spoken = clips()[:TURNS]
+    interims_of_turn: list[list[str]] = []
+    before = len(live.logs())
+    asyncio.run(talk(live))
+    assert errors == [], errors
+    assert len(finals) == TURNS, finals
+    assert_heard(finals, spoken)
+    # Pipecat shows interim frames as deltas: they add up to the turn's final text.
+    for pieces, final in zip(interims_of_turn, finals, strict=True):
+        assert pieces and "".join(pieces) == final, (pieces, final)
+    assert "Traceback" not in live.logs()[before:]
+
+
+async def livekit_turns(srv: Server, spoken: list[Any], **options: Any) -> list[Any]:
+    from livekit import rtc
+    from livekit.agents import stt as agents_stt
+    from livekit.agents.utils import http_context
+    from livekit.plugins import openai as lk_openai
+
+    events: list[Any] = []
+    # Outside an agent's job the plugin's HTTP session comes from this (LiveKit's way for
+    # scripts and tests); a job's worker binds one itself.
+    async with http_context.open():
+        stt = lk_openai.STT(
+            use_realtime=True, base_url=srv.url + "/v1", api_key="unused", **options
+        )
+        stream = stt.stream()
+
+        async def read() -> None:
+            async for ev in stream:
+                events.append(ev)
+
+        reader = asyncio.create_task(read())
+        gap = np.zeros(24000, np.float32)  # 1.5 s: the server's VAD ends the turn
+        audio = pcm16(np.concatenate([x for c in spoken for x in (c.samples, gap)]))
+        frame = 16000 * 2 // 50  # 20 ms, as LiveKit's rooms deliver it
+        for i in range(0, len(audio) - frame + 1, frame):
+            stream.push_frame(rtc.AudioFrame(audio[i : i + frame], 16000, 1, frame // 2))
+            await asyncio.sleep(0.005)  # 4x real time
+
+        def finals() -> list[Any]:
+            final = agents_stt.SpeechEventType.FINAL_TRANSCRIPT
+            return [e for e in events if e.type == final]
+
+        await wait_until(lambda: len(finals()) >= len(spoken) and reader.done() is False, 120)
+        await asyncio.sleep(1.0)  # anything still in flight
+        await stream.aclose()
+        reader.cancel()
+        await stt.aclose()
+    return events
+
+
+@pytest.mark.parametrize(
+    "options",
+    [
+        {"model": "gpt-4o-transcribe", "language": "en"},
+        {
+            "model": "gpt-transcribe",
+            "language": ["en"],
+            "keywords": ["Americans"],
+            "noise_reduction_type": "far_field",
+        },
+    ],
+    ids=["gpt-4o-transcribe-server-vad", "gpt-transcribe-languages-keywords-noise"],
+)
+def test_livekit_openai_plugin_streams_every_turn(live: Server, options: dict[str, Any]) -> None:
+    pytest.importorskip("livekit.plugins.openai", reason="pip install '.[dev]' (livekit-agents)")
+    from livekit.agents import stt as agents_stt
+
+    spoken = clips()[:TURNS]
+    before = len(live.logs())
+    events = asyncio.run(livekit_turns(live, spoken, **options))
+    kinds = [e.type for e in events]
+    final = [
+        e.alternatives[0].text
+        for e in events
+        if e.type == agents_stt.SpeechEventType.FINAL_TRANSCRIPT
+    ]
+    assert agents_stt.SpeechEventType.INTERIM_TRANSCRIPT in kinds, kinds
+    # LiveKit's server VAD (350-ms silence) may cut a reading into phrases: the words count.
+    assert len(final) >= TURNS, final
+    assert_heard(final, spoken)
+    assert all(e.alternatives[0].language == "en" for e in events if e.alternatives)
+    logs = live.logs()[before:]
+    assert "Traceback" not in logs and " ERROR " not in logs, logs[-2000:]
