@@ -74,6 +74,8 @@ COMMANDS: tuple[Command, ...] = (
     Command("http", "bench.speed.http_vs_queue", "HTTP mode against queue mode"),
     Command("realtime", "bench.speed.realtime",
             "live sessions on /v1/realtime: latency, WER, CPU per session"),
+    Command("litellm-proxy", "bench.speed.litellm_proxy",
+            "LiteLLM's proxy in front of the worker: files and live audio through it"),
     Command("gpu-check", "bench.speed.gpu_check",
             "the GPU check: one run, one JSON, one table (bench/gpu_check.sh runs it)"),
     # Faults.

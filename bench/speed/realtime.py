@@ -73,7 +73,13 @@ class SessionLog:
     error: str | None = None
 
 
-def run_session(url: str, stream: Stream, log: SessionLog, timeout: float) -> None:
+def run_session(
+    url: str,
+    stream: Stream,
+    log: SessionLog,
+    timeout: float,
+    headers: dict[str, str] | None = None,
+) -> None:
     from websockets.sync.client import connect
 
     session = {
@@ -87,7 +93,7 @@ def run_session(url: str, stream: Stream, log: SessionLog, timeout: float) -> No
         },
     }
     try:
-        with connect(url, open_timeout=60, max_size=None) as ws:
+        with connect(url, open_timeout=60, max_size=None, additional_headers=headers) as ws:
             ws.send(json.dumps({"type": "session.update", "session": session}))
             done = threading.Event()
 
