@@ -47,6 +47,21 @@ ENV IMAGE_CUDA_REQUIREMENTS=cuda.txt \
     NVIDIA_REQUIRE_CUDA="cuda>=12.8" \
     LD_LIBRARY_PATH=/opt/venv/lib/python3.12/site-packages/nvidia/cublas/lib:/opt/venv/lib/python3.12/site-packages/nvidia/cuda_runtime/lib:/opt/venv/lib/python3.12/site-packages/nvidia/cudnn/lib:/opt/venv/lib/python3.12/site-packages/nvidia/cufft/lib:/opt/venv/lib/python3.12/site-packages/nvidia/curand/lib
 
+# The variants for older drivers (WHISPER_IMAGE=cuda-r550, cuda-r535): the newest
+# CTranslate2 built with the CUDA those drivers run (4.6.2: CUDA 12.4, R550+; 4.6.0: CUDA
+# 12.2, R535+), its cuBLAS and the cuDNN 9.1 it loads (builder/cuda-r5xx.txt say where each
+# version comes from; handler/inference/selftest.py keeps the same table for the worker's
+# driver check). Everything else is the same image. Built here, not run on a GPU here.
+FROM base-cuda AS base-cuda-r550
+ENV IMAGE_CUDA_REQUIREMENTS=cuda-r550.txt \
+    IMAGE_CTRANSLATE2=4.6.2 \
+    NVIDIA_REQUIRE_CUDA="cuda>=12.4"
+
+FROM base-cuda AS base-cuda-r535
+ENV IMAGE_CUDA_REQUIREMENTS=cuda-r535.txt \
+    IMAGE_CTRANSLATE2=4.6.0 \
+    NVIDIA_REQUIRE_CUDA="cuda>=12.2"
+
 FROM ubuntu:24.04 AS base-cpu
 ENV IMAGE_CUDA_REQUIREMENTS=""
 
@@ -102,12 +117,14 @@ RUN apt-get update \
 # layer survives code edits. PyAV bundles FFmpeg: no system ffmpeg. The CUDA image adds
 # cuBLAS (IMAGE_CUDA_REQUIREMENTS of its base stage).
 WORKDIR /build
-COPY pyproject.toml builder/constraints.txt builder/cuda.txt ./
+COPY pyproject.toml builder/constraints.txt builder/cuda.txt builder/cuda-r550.txt builder/cuda-r535.txt ./
 RUN python -c "import tomllib; p = tomllib.load(open('pyproject.toml', 'rb')); \
 print('\n'.join(p['project']['dependencies'] + p['build-system']['requires']))" \
         > requirements.txt \
     && if [ -n "$IMAGE_CUDA_REQUIREMENTS" ]; then \
         echo "-r $IMAGE_CUDA_REQUIREMENTS" >> requirements.txt; fi \
+    && if [ -n "${IMAGE_CTRANSLATE2:-}" ]; then \
+        sed -i "s/^ctranslate2.*/ctranslate2==$IMAGE_CTRANSLATE2/" requirements.txt constraints.txt; fi \
     && pip install --no-cache-dir -r requirements.txt -c constraints.txt
 
 # DIARIZER_GPU=true (with DIARIZATION=true, on the CUDA image) runs the diarizer on the GPU:

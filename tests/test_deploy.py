@@ -476,7 +476,10 @@ def test_layers_are_ordered_for_the_build_cache(docker):
     assert fetch < offline
     # Nothing but pyproject, the constraints and the CUDA wheels reaches the dependency layer.
     early_copies = [rest for kw, rest in docker[:deps] if kw == "COPY"]
-    assert early_copies == ["pyproject.toml builder/constraints.txt builder/cuda.txt ./"]
+    assert early_copies == [
+        "pyproject.toml builder/constraints.txt builder/cuda.txt builder/cuda-r550.txt "
+        "builder/cuda-r535.txt ./"
+    ]
 
 
 def test_default_model_is_the_same_everywhere(docker):
@@ -629,6 +632,63 @@ def test_ctranslate2_needs_cublas_of_the_base_image_and_no_cudnn(docker):
     assert not any(k.startswith("NVIDIA_") or k == "LD_LIBRARY_PATH" for k in cpu)
 
 
+def test_each_driver_variant_carries_the_ctranslate2_and_cuda_its_floor_names(docker):
+    """WHISPER_IMAGE=cuda, cuda-r550, cuda-r535: each stage's CTranslate2 is built with the
+    CUDA its NVIDIA_REQUIRE_CUDA names and its cuBLAS wheel carries; the worker's driver
+    check (selftest.CT2_CUDA) is the same table; the default's CTranslate2 is the
+    constraints' pin."""
+    from packaging.requirements import Requirement
+
+    from handler.inference import selftest
+
+    pinned = next(
+        Requirement(ln)
+        for ln in (ROOT / "builder" / "constraints.txt").read_text().splitlines()
+        if ln.startswith("ctranslate2")
+    )
+    for first, cuda, _floor, variant in selftest.CT2_CUDA:
+        env = _stage_env(docker, f"base-{variant}")
+        wheels_file = f"{variant}.txt"
+        assert env["IMAGE_CUDA_REQUIREMENTS"] == wheels_file
+        if variant == "cuda":
+            assert "IMAGE_CTRANSLATE2" not in env
+            assert all(v.release[:3] >= first for v in map(_version, pinned.specifier))
+        else:
+            ct2 = env["IMAGE_CTRANSLATE2"]
+            assert selftest.cuda_floor(ct2) == (cuda, _floor)  # the newest for that CUDA
+            # The variant inherits base-cuda's environment (driver capabilities, libraries).
+            assert _stage_from(docker, f"base-{variant}") == "base-cuda"
+        assert (
+            _stage_env(docker, f"base-{variant}").get(
+                "NVIDIA_REQUIRE_CUDA", _stage_env(docker, "base-cuda")["NVIDIA_REQUIRE_CUDA"]
+            )
+            == f"cuda>={cuda}"
+        )
+        lines = (ROOT / "builder" / wheels_file).read_text().splitlines()
+        reqs = {
+            r.name: str(r.specifier)[2:]
+            for r in (Requirement(ln) for ln in lines if ln.strip() and not ln.startswith("#"))
+        }
+        assert ".".join(reqs["nvidia-cublas-cu12"].split(".")[:2]) == cuda
+        if variant != "cuda":  # CTranslate2 before 4.8 loads cuDNN 9 for its convolutions
+            assert reqs["nvidia-cudnn-cu12"].startswith("9.")
+    deps = next(
+        rest for kw, rest in final_stage(docker) if kw == "RUN" and "-r requirements" in rest
+    )
+    assert '"s/^ctranslate2.*/ctranslate2==$IMAGE_CTRANSLATE2/"' in deps
+
+
+def _version(spec):  # type: ignore[no-untyped-def]
+    from packaging.version import Version
+
+    return Version(spec.version)
+
+
+def _stage_from(docker, stage: str) -> str:
+    line = next(rest for kw, rest in docker if kw == "FROM" and rest.endswith(f" AS {stage}"))
+    return line.split()[0]
+
+
 def _stage_env(docker, stage: str) -> dict[str, str]:
     """The ENV set inside one named stage."""
     start = _index(docker, lambda ins: ins[0] == "FROM" and ins[1].endswith(f" AS {stage}"))
@@ -647,7 +707,9 @@ def test_the_cpu_image_is_a_build_argument_and_cuda_the_default(docker):
     # 4.3 does not apply a global ARG's default when it picks the stages to build.
     assert "ARG WHISPER_IMAGE\n" in head
     froms = [rest for kw, rest in docker if kw == "FROM"]
-    assert froms[0] == "ubuntu:24.04 AS base-cuda" and froms[1] == "ubuntu:24.04 AS base-cpu"
+    assert froms[0] == "ubuntu:24.04 AS base-cuda" and "ubuntu:24.04 AS base-cpu" in froms
+    # The older drivers' variants are base-cuda with other CUDA libraries.
+    assert froms[1:3] == ["base-cuda AS base-cuda-r550", "base-cuda AS base-cuda-r535"]
     assert froms[-1] == "base-${WHISPER_IMAGE:-cuda}"
     # No FROM but the final one names a stage by an argument (podman 4.3 again).
     assert all("$" not in rest for rest in froms[:-1])

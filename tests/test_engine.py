@@ -244,6 +244,8 @@ def test_the_gpu_check_runs_on_the_cpu(tmp_path) -> None:
             str(out),
             "--fanout-minutes",
             "0.5",
+            "--marathon-minutes",
+            "0.5",
         ],
         cwd=Path(__file__).resolve().parent.parent,
         capture_output=True,
@@ -258,6 +260,10 @@ def test_the_gpu_check_runs_on_the_cpu(tmp_path) -> None:
     assert "skipped" in missing and "| no-such-model | skipped" in proc.stdout
     assert set(tiny["rtf_by_batch"]) == {"1", "4"} and tiny["rtf_by_batch"]["4"]["wer"] < 0.2
     assert tiny["burst_engine"]["clips"] == 4 and tiny["cold_start"]["ready"] > 0
+    # The marathon (2 hours on a GPU; 30 s here): every stretch has its words, no loop.
+    run = tiny["marathon"]
+    assert run["audio_s"] >= 30 and run["wer"] < 0.2 and run["empty_stretches"] == 0
+    assert run["words_found_per_stretch"][0] > 0.8 and run["max_repeats"] < 5
     assert tiny["cold_start"]["self_test"] > 0
     # bench fanout's line: unsplit and 4 pieces on 4 warm worker processes.
     fanout = report["fanout"]["rows"]

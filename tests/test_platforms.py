@@ -45,6 +45,7 @@ from tests.test_kubernetes import validate
 ROOT = Path(__file__).resolve().parent.parent
 KNATIVE = ROOT / "deploy" / "kubernetes" / "knative" / "service.yaml"
 CLOUD_RUN = ROOT / "deploy" / "cloud-run" / "service.yaml"
+CLOUD_RUN_GPU = ROOT / "deploy" / "cloud-run" / "service-gpu.yaml"
 MODAL = ROOT / "deploy" / "modal" / "app.py"
 CLOUD_RUN_MAX_TIMEOUT_S = 3600  # Cloud Run's longest request timeout
 
@@ -107,11 +108,14 @@ def contracts() -> dict[str, Contract]:
     return {
         "knative": Contract(knative_service(KNATIVE)),
         "cloud-run": Contract(knative_service(CLOUD_RUN)),
+        "cloud-run-gpu": Contract(knative_service(CLOUD_RUN_GPU)),
         "modal": Contract(modal=modal_app()),
     }
 
 
-@pytest.mark.parametrize("path", [KNATIVE, CLOUD_RUN], ids=["knative", "cloud-run"])
+@pytest.mark.parametrize(
+    "path", [KNATIVE, CLOUD_RUN, CLOUD_RUN_GPU], ids=["knative", "cloud-run", "cloud-run-gpu"]
+)
 def test_the_service_is_valid_against_knatives_schema(path: Path) -> None:
     doc = knative_service(path)
     validate(doc)
@@ -125,7 +129,7 @@ def test_the_service_is_valid_against_knatives_schema(path: Path) -> None:
         validate(bad)
 
 
-@pytest.mark.parametrize("name", ["knative", "cloud-run", "modal"])
+@pytest.mark.parametrize("name", ["knative", "cloud-run", "cloud-run-gpu", "modal"])
 def test_the_platform_never_holds_a_request_the_worker_must_refuse(name: str) -> None:
     c = contracts()[name]
     s = c.settings()
@@ -136,8 +140,23 @@ def test_the_platform_never_holds_a_request_the_worker_must_refuse(name: str) ->
     assert c.concurrency == held_at_once(s)
     # The longest job the settings allow ends inside the request's timeout.
     assert longest_job_s(s) <= c.timeout_s
-    if name == "cloud-run":
+    if name.startswith("cloud-run"):
         assert c.timeout_s <= CLOUD_RUN_MAX_TIMEOUT_S
+
+
+def test_cloud_runs_gpu_service_runs_the_variant_for_its_driver() -> None:
+    """Cloud Run's L4 hosts run driver R535: the service names the image built for it, and
+    that variant's CTranslate2 starts there (the worker's own driver check, given R535)."""
+    from handler.inference import selftest
+
+    spec = knative_service(CLOUD_RUN_GPU)["spec"]["template"]["spec"]
+    assert spec["nodeSelector"] == {"run.googleapis.com/accelerator": "nvidia-l4"}
+    assert spec["containers"][0]["image"].endswith("-r535")
+    r535 = selftest.Driver("535.230.02", ("NVIDIA L4",))
+    assert selftest.variant_for(535) == "cuda-r535"
+    assert selftest.driver_refusal(r535) is not None  # the default image refuses it
+    ct2 = next(c for c in selftest.CT2_CUDA if c[3] == "cuda-r535")
+    assert selftest.driver_refusal(r535, ct2=".".join(map(str, ct2[0]))) is None
 
 
 def test_the_modal_app_is_built_as_documented() -> None:
@@ -165,8 +184,12 @@ def start_as(c: Contract, name: str, monkeypatch: pytest.MonkeyPatch) -> tuple[A
         }.items():
             monkeypatch.setenv(key, value)  # WORKER_ENV is the image's environment there
         proc = m.serve.local()
-        # Modal routes requests once serve() returns: the worker must be ready by then.
-        assert requests.get(f"http://127.0.0.1:{port}/ready", timeout=5).status_code == 200
+        try:  # Modal routes requests once serve() returns: the worker must be ready by then.
+            assert requests.get(f"http://127.0.0.1:{port}/ready", timeout=5).status_code == 200
+        except BaseException:
+            proc.kill()
+            proc.wait(10)
+            raise
         log.write_text("")
         return proc, port, log
     env = {

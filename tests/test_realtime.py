@@ -233,12 +233,15 @@ def test_the_async_client_gets_deltas_before_a_long_turn_ends(live: Server) -> N
             await conn.session.update(session=SESSION)  # type: ignore[arg-type]
             pcm = pcm24(audio)
 
-            async def feeder() -> None:  # at twice real time: interim decodes keep up
-                for i in range(0, len(pcm), CHUNK):
+            async def feeder() -> None:  # at real time, as a live microphone sends it
+                start = asyncio.get_running_loop().time()
+                for n, i in enumerate(range(0, len(pcm), CHUNK)):
                     await conn.input_audio_buffer.append(
                         audio=base64.b64encode(pcm[i : i + CHUNK]).decode()
                     )
-                    await asyncio.sleep(0.05)
+                    # Paced by the clock, not by sleeps that add up on a busy machine.
+                    wait = start + (n + 1) * 0.1 - asyncio.get_running_loop().time()
+                    await asyncio.sleep(max(0.0, wait))
 
             task = asyncio.ensure_future(feeder())
             transcript = ""

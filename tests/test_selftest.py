@@ -55,6 +55,23 @@ def test_the_driver_is_read_and_one_below_the_floor_refused(tmp_path: Path) -> N
     assert selftest.driver_refusal(selftest.read_driver(fake_proc(tmp_path / "b", new))) is None
     assert selftest.read_driver(tmp_path / "none") == selftest.Driver(None, ())
     assert selftest.driver_refusal(selftest.Driver(None, ())) is None
+    # The sentence names the variant whose CTranslate2 runs on that driver.
+    assert "WHISPER_IMAGE=cuda-r550" in sentence
+    r535 = selftest.Driver("535.230.02", ("NVIDIA L4",))
+    assert "WHISPER_IMAGE=cuda-r535" in (selftest.driver_refusal(r535) or "")
+    assert "no image variant" in (selftest.driver_refusal(selftest.Driver("525.1", ())) or "")
+
+
+def test_the_floor_follows_the_ctranslate2_the_image_carries() -> None:
+    """CTranslate2's wheels: 4.5.0-4.6.0 built with CUDA 12.2, 4.6.1-4.6.2 with 12.4, 4.6.3 on
+    with 12.8 (its build script at each tag); the installed one (4.8 here) needs R570."""
+    assert selftest.cuda_floor("4.8.5") == ("12.8", 570) == selftest.cuda_floor()
+    assert selftest.cuda_floor("4.6.3") == ("12.8", 570)
+    assert selftest.cuda_floor("4.6.2") == ("12.4", 550)
+    assert selftest.cuda_floor("4.6.0") == ("12.2", 535)
+    on_r535 = selftest.Driver("535.230.02", ("NVIDIA L4",))
+    assert selftest.driver_refusal(on_r535, ct2="4.6.0") is None
+    assert selftest.driver_refusal(on_r535, ct2="4.6.2") is not None
 
 
 def test_start_up_refuses_an_old_driver_in_one_sentence(tmp_path: Path, monkeypatch) -> None:

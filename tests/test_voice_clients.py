@@ -49,6 +49,16 @@ async def wait_until(done: Any, seconds: float = 120) -> None:
         await asyncio.sleep(0.05)
 
 
+async def settled(count: Any, seconds: float, quiet: float = 3.0) -> None:
+    """Wait until ``count()`` has not changed for ``quiet`` seconds (at most ``seconds``)."""
+    loop = asyncio.get_running_loop()
+    deadline, last, since = loop.time() + seconds, count(), loop.time()
+    while loop.time() < deadline and loop.time() - since < quiet:
+        await asyncio.sleep(0.1)
+        if count() != last:
+            last, since = count(), loop.time()
+
+
 def assert_heard(finals: list[str], spoken: list[Any]) -> None:
     heard = " ".join(finals)
     reference = " ".join(c.text for c in spoken)
@@ -134,7 +144,6 @@ def test_pipecat_realtime_stt_with_its_defaults(live: Server) -> None:
 
 async def livekit_turns(srv: Server, spoken: list[Any], **options: Any) -> list[Any]:
     from livekit import rtc
-    from livekit.agents import stt as agents_stt
     from livekit.agents.utils import http_context
     from livekit.plugins import openai as lk_openai
 
@@ -159,12 +168,7 @@ async def livekit_turns(srv: Server, spoken: list[Any], **options: Any) -> list[
             stream.push_frame(rtc.AudioFrame(audio[i : i + frame], 16000, 1, frame // 2))
             await asyncio.sleep(0.005)  # 4x real time
 
-        def finals() -> list[Any]:
-            final = agents_stt.SpeechEventType.FINAL_TRANSCRIPT
-            return [e for e in events if e.type == final]
-
-        await wait_until(lambda: len(finals()) >= len(spoken) and reader.done() is False, 120)
-        await asyncio.sleep(1.0)  # anything still in flight
+        await settled(lambda: len(events), 120)  # every turn answered, nothing in flight
         await stream.aclose()
         reader.cancel()
         await stt.aclose()

@@ -11,7 +11,10 @@
   self-test, ready); a model whose self-test fails is skipped with the worker's message;
 - GPU memory per loaded instance (nvidia-smi before and after the load);
 - bench fanout's line: a 20-minute recording unsplit and in 4 pieces on 4 warm
-  worker processes sharing the GPU, under the local emulator.
+  worker processes sharing the GPU, under the local emulator;
+- a marathon on the first model: one 2-hour job of real speech, its words per 10-minute
+  stretch (an empty stretch late in the file is the silent failure reported of some
+  drivers) and the most times a phrase repeats back to back (a repetition loop).
 
 It runs in-process on whatever models are on the machine (names resolve as the worker's:
 ``WHISPER_DOWNLOAD_ROOT``, a manifest, RunPod's cache, a folder) and skips a model it
@@ -32,6 +35,8 @@ import threading
 import time
 from pathlib import Path
 from typing import Any
+
+import numpy as np
 
 from speech_assets.clips import Clip, clips, long_clip, wav_bytes, wer
 
@@ -85,7 +90,58 @@ def _burst(worker: Any, short: list[Clip], batch: int) -> dict[str, Any]:
     }
 
 
-def check_model(name: str, device: str, batches: list[int], long_s: float, burst: int) -> dict:
+STRETCH_S = 600.0
+"""The marathon's report is per stretch of this many seconds."""
+
+
+def max_repeats(text: str, longest: int = 4) -> int:
+    """The most times any 1- to ``longest``-word phrase repeats back to back in ``text``:
+    a repetition loop reads as hundreds; real speech rarely passes 3."""
+    w = text.lower().split()
+    best = 1
+    for n in range(1, longest + 1):
+        for start in range(n):
+            run, prev = 1, None
+            for i in range(start, len(w) - n + 1, n):
+                gram = tuple(w[i : i + n])
+                run = run + 1 if gram == prev else 1
+                prev = gram
+                best = max(best, run)
+    return best
+
+
+def marathon(worker: Any, minutes: float) -> dict[str, Any]:
+    """One job of ``minutes`` of real speech (the clips repeated 1 s apart): its speed, its
+    WER, and per 10-minute stretch the words found against those spoken. A stretch with
+    almost none late in the file is the silent failure reported of CTranslate2 on some
+    drivers (a long file going empty after 1 h 49 min); ``max_repeats`` is a loop's mark."""
+    from handler.pipeline.job import run_job
+
+    clip = long_clip(minutes * 60)
+    t = time.perf_counter()
+    out = run_job({"output": ["text", "segments"]}, worker, samples=clip.samples)
+    took = time.perf_counter() - t
+    if "error" in out:
+        return {"audio_s": round(clip.seconds), "error": out.get("error_code")}
+    spoken = len(clip.text.split()) / clip.seconds
+    stretches = []
+    for a in np.arange(0.0, clip.seconds, STRETCH_S):
+        b = min(a + STRETCH_S, clip.seconds)
+        found = sum(len(s["text"].split()) for s in out["segments"] if a <= s["start"] < b)
+        stretches.append(round(found / max(1.0, spoken * (b - a)), 2))
+    return {
+        "audio_s": round(clip.seconds),
+        "rtf": round(took / clip.seconds, 4),
+        "wer": round(wer(clip.text, out["text"]), 4),
+        "words_found_per_stretch": stretches,
+        "empty_stretches": sum(x < 0.2 for x in stretches),
+        "max_repeats": max_repeats(out["text"]),
+    }
+
+
+def check_model(
+    name: str, device: str, batches: list[int], long_s: float, burst: int, marathon_min: float = 0
+) -> dict:
     from handler.pipeline.job import run_job
     from handler.settings import load_settings
     from handler.startup import start_worker
@@ -121,6 +177,8 @@ def check_model(name: str, device: str, batches: list[int], long_s: float, burst
     short = short[:burst]
     result["burst_sequential"] = _burst(worker, short, 1)
     result["burst_engine"] = _burst(worker, short, max(batches))
+    if marathon_min > 0:
+        result["marathon"] = marathon(worker, marathon_min)
     return result
 
 
@@ -177,6 +235,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--batches", default="1,8,16,32")
     parser.add_argument("--long-seconds", type=float, default=600.0)
     parser.add_argument("--burst", type=int, default=64)
+    parser.add_argument(
+        "--marathon-minutes",
+        type=float,
+        default=120.0,
+        help="one job this long on the first model: words per 10-minute stretch, loops (0: skip)",
+    )
     parser.add_argument("--out", default=str(ROOT / "bench" / "out" / "gpu_check.json"))
     parser.add_argument(
         "--diarizer",
@@ -206,9 +270,13 @@ def main(argv: list[str] | None = None) -> int:
         "models": [],
     }
     print(json.dumps({"driver": report["driver"]}), flush=True)
+    marathon_min = args.marathon_minutes
     for name in args.models.split(","):
         try:
-            entry = check_model(name, args.device, batches, args.long_seconds, args.burst)
+            entry = check_model(
+                name, args.device, batches, args.long_seconds, args.burst, marathon_min
+            )
+            marathon_min = 0  # the first model that loads runs it
             entry["cold_start"] = cold_start(args.device, name)
         except Exception as exc:  # a model not on this machine (or its self-test failed)
             entry = {"model": name, "skipped": f"{type(exc).__name__}: {str(exc)[:600]}"}
@@ -226,6 +294,9 @@ def main(argv: list[str] | None = None) -> int:
             f"| {m['model']} | {rtf} | {burst} | {m['gpu_mib_per_instance']} | "
             f"{m['cold_start'].get('ready')} |"
         )
+    for m in report["models"]:
+        if "marathon" in m:
+            print(f"marathon ({m['model']}): {json.dumps(m['marathon'])}")
     if (args.diarizer / "manifest.json").exists():
         report["diarizer"] = diarizer_speed(args.diarizer, args.long_seconds, args.device)
         print(f"diarizer: {report['diarizer']}")

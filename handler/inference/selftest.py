@@ -28,9 +28,40 @@ CLIP = Path(__file__).resolve().parent / "data" / "selftest_en.wav"
 TEXT = "And so my fellow Americans, ask not what your country can do for you"
 PASS_SHARE = 0.75
 """Share of the clip's words the transcript must contain."""
-DRIVER_FLOOR = 570
-"""The oldest NVIDIA driver branch the image's CUDA 12.8 runtime (CTranslate2 4.8's wheels)
-starts on: R570 (NVIDIA's CUDA toolkit release notes, table 3)."""
+
+CT2_CUDA: tuple[tuple[tuple[int, int, int], str, int, str], ...] = (
+    ((4, 6, 3), "12.8", 570, "cuda"),
+    ((4, 6, 1), "12.4", 550, "cuda-r550"),
+    ((4, 5, 0), "12.2", 535, "cuda-r535"),
+)
+"""(the first CTranslate2 release, the CUDA its Linux wheels are built with, the oldest
+NVIDIA driver branch that CUDA starts on, the image variant that carries it), newest first.
+The CUDA of each release: CTranslate2's ``python/tools/prepare_build_environment_linux.sh``
+at its tag (v4.5.0-v4.6.0: CUDA 12.2 and cuDNN 9.1; v4.6.1-v4.6.2: 12.4; v4.6.3 on: 12.8,
+and no cuDNN from v4.8). The driver for each CUDA: NVIDIA's CUDA toolkit release notes,
+table 3 (12.2: 535.54.03, 12.4: 550.54.14, 12.8: 570.26). The worker refuses a driver
+below the floor of the CTranslate2 it carries and names the variant that fits."""
+
+
+def cuda_floor(version: str | None = None) -> tuple[str, int]:
+    """(CUDA, driver branch) the installed CTranslate2 (or ``version``) needs."""
+    if version is None:
+        from importlib.metadata import version as installed
+
+        version = installed("ctranslate2")
+    got = tuple(int(x) for x in re.findall(r"\d+", version)[:3])
+    for first, cuda, branch, _variant in CT2_CUDA:
+        if got >= first:
+            return cuda, branch
+    return CT2_CUDA[-1][1], CT2_CUDA[-1][2]
+
+
+def variant_for(branch: int) -> str | None:
+    """The image variant (``WHISPER_IMAGE``) whose CTranslate2 runs on ``branch``."""
+    fits = [v for _first, _cuda, floor, v in CT2_CUDA if floor <= branch]
+    return fits[0] if fits else None
+
+
 PROC = Path("/proc/driver/nvidia")
 
 
@@ -69,16 +100,24 @@ def read_driver(proc: Path = PROC) -> Driver:
     return Driver(found.group(1) if found else None, tuple(gpus))
 
 
-def driver_refusal(driver: Driver) -> str | None:
-    """The one sentence that refuses a driver below the floor (None: fine or none)."""
+def driver_refusal(driver: Driver, ct2: str | None = None) -> str | None:
+    """The one sentence that refuses a driver below the floor of the CTranslate2 this
+    image carries (``ct2``: its version, else the installed one); None: fine or none."""
     branch = driver.branch
-    if branch is None or branch >= DRIVER_FLOOR:
+    cuda, floor = cuda_floor(ct2)
+    if branch is None or branch >= floor:
         return None
+    variant = variant_for(branch)
+    instead = (
+        f"build the image with --build-arg WHISPER_IMAGE={variant} for this driver"
+        if variant
+        else "no image variant here runs on it"
+    )
     return (
-        f"the host's {driver.describe()} is older than this image needs (R{DRIVER_FLOOR} or "
-        "newer, for CUDA 12.8): CTranslate2's kernels would not load or would answer empty. "
-        f"Run it on a host with driver {DRIVER_FLOOR}+ (on RunPod: allowedCudaVersions 12.8 "
-        "or newer)"
+        f"the host's {driver.describe()} is older than this image needs (R{floor} or "
+        f"newer, for CUDA {cuda}): CTranslate2's kernels would not load or would answer "
+        f"empty. Run it on a host with driver {floor}+ (on RunPod: allowedCudaVersions "
+        f"{cuda} or newer), or {instead}"
     )
 
 
@@ -134,7 +173,7 @@ def _failure(name: str, n: int, heard: str, share: float, compute: str) -> str:
         f"speech self-test failed: model {name} (instance {n}) gave {what} for the bundled "
         f"speech clip, on {read_driver().describe()}, CTranslate2 {ctranslate2.__version__}, "
         f"compute type {compute}. This worker will not serve. On a GPU this is most often a "
-        f"driver that cannot run CTranslate2's kernels (R{DRIVER_FLOOR}+ needed): move to "
+        f"driver that cannot run CTranslate2's kernels (R{cuda_floor()[1]}+ needed): move to "
         "another host or GPU type, or try WHISPER_COMPUTE_TYPE=float16 or int8_float16. "
         "A model fine-tuned for another language: set WHISPER_SELF_TEST_CLIP and "
         "WHISPER_SELF_TEST_TEXT"
