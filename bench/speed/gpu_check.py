@@ -125,16 +125,16 @@ def marathon(worker: Any, minutes: float) -> dict[str, Any]:
         return {"audio_s": round(clip.seconds), "error": out.get("error_code")}
     spoken = len(clip.text.split()) / clip.seconds
     stretches = []
-    for a in np.arange(0.0, clip.seconds, STRETCH_S):
-        b = min(a + STRETCH_S, clip.seconds)
+    for k in range(int(np.ceil(clip.seconds / STRETCH_S))):
+        a, b = k * STRETCH_S, min((k + 1) * STRETCH_S, clip.seconds)
         found = sum(len(s["text"].split()) for s in out["segments"] if a <= s["start"] < b)
-        stretches.append(round(found / max(1.0, spoken * (b - a)), 2))
+        stretches.append(round(float(found / max(1.0, spoken * (b - a))), 2))
     return {
         "audio_s": round(clip.seconds),
         "rtf": round(took / clip.seconds, 4),
         "wer": round(wer(clip.text, out["text"]), 4),
         "words_found_per_stretch": stretches,
-        "empty_stretches": sum(x < 0.2 for x in stretches),
+        "empty_stretches": int(sum(x < 0.2 for x in stretches)),
         "max_repeats": max_repeats(out["text"]),
     }
 
