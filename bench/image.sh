@@ -5,7 +5,8 @@
 #
 #   bench/image.sh setup            podman's settings for this sandbox (runc, no ulimits)
 #   bench/image.sh base             make ubuntu:24.04 locally (faithful to the official one)
-#   bench/image.sh build VARIANT    build one variant: cpu | cuda | diarization | diarizer-gpu
+#   bench/image.sh build VARIANT    build one variant: cpu | cuda | cpu-diarization |
+#                                   cuda-diarizer-gpu | cuda-r550 | cuda-r535
 #   bench/image.sh test VARIANT     the container tests (tests/test_image.py) against it
 #   bench/image.sh measure VARIANT  sizes layer by layer, start-up with the page cache
 #                                   dropped and warm
@@ -115,7 +116,7 @@ EOF
         | awk '{printf "%.0f MiB", $1/1048576}')"
 }
 
-VARIANTS=(cpu cuda cpu-diarization cuda-diarizer-gpu)
+VARIANTS=(cpu cuda cpu-diarization cuda-diarizer-gpu cuda-r550 cuda-r535)
 
 variant_args() {
     # The build arguments of each variant the Dockerfile offers.
@@ -124,6 +125,7 @@ variant_args() {
         cuda) echo "" ;;
         cpu-diarization) echo "--build-arg WHISPER_IMAGE=cpu --build-arg DIARIZATION=true" ;;
         cuda-diarizer-gpu) echo "--build-arg DIARIZATION=true --build-arg DIARIZER_GPU=true" ;;
+        cuda-r550|cuda-r535) echo "--build-arg WHISPER_IMAGE=$1" ;;
         *) echo "unknown variant $1 (${VARIANTS[*]})" >&2; exit 2 ;;
     esac
 }

@@ -342,6 +342,13 @@ def test_the_cuda_libraries_resolve_in_the_cuda_image():
     probe = "import ctypes; [ctypes.CDLL(n) for n in ('libcublas.so.12', 'libcublasLt.so.12')]"
     run = podman("run", "--rm", "--network", "none", IMAGE, "python", "-c", probe, check=False)
     assert run.returncode == 0, run.stderr
+    if env.get("IMAGE_CTRANSLATE2"):  # an older driver's variant: its CTranslate2 and cuDNN 9
+        probe = (
+            "import ctypes, ctranslate2; ctypes.CDLL('libcudnn.so.9'); "
+            "print(ctranslate2.__version__)"
+        )
+        run = podman("run", "--rm", "--network", "none", IMAGE, "python", "-c", probe)
+        assert run.stdout.strip() == env["IMAGE_CTRANSLATE2"], run.stdout
     if env.get("WHISPER_DIARIZATION") != "true":
         return
     script = (
