@@ -33,6 +33,7 @@ from pydantic import (
 from handler.contract import OutputFormat
 from handler.errors import Code, WorkerError
 from handler.output.cues import Layout
+from handler.schema_parts import KnownSpeaker, PieceSeal, VadParameters
 
 MAX_TEMPERATURES = 20
 """Temperatures one job may fall back through (a list or the official worker's increment)."""
@@ -92,45 +93,6 @@ OFFICIAL_KEYS = LEGACY_KEYS | frozenset(
 )
 
 
-class VadParameters(BaseModel):
-    """faster_whisper.vad.VadOptions, checked field by field."""
-
-    model_config = ConfigDict(extra="forbid")
-
-    threshold: float | None = Field(None, ge=0, le=1)
-    neg_threshold: float | None = Field(None, ge=0, le=1)
-    min_speech_duration_ms: int | None = Field(None, ge=0, le=60_000)
-    max_speech_duration_s: float | None = Field(None, gt=0)
-    min_silence_duration_ms: int | None = Field(None, ge=0, le=60_000)
-    speech_pad_ms: int | None = Field(None, ge=0, le=10_000)
-
-
-class KnownSpeaker(BaseModel):
-    """A name and a 2-10-s clip of that voice, to name a diarized speaker."""
-
-    model_config = ConfigDict(extra="forbid")
-
-    name: str = Field(min_length=1, max_length=64, pattern=r"^[^\x00-\x1f<>]+$")
-    audio_base64: str | None = Field(None, min_length=1)
-    audio_url: str | None = Field(None, min_length=1, max_length=8192)
-
-    @model_validator(mode="after")
-    def _one_source(self) -> KnownSpeaker:
-        if (self.audio_base64 is None) == (self.audio_url is None):
-            raise ValueError("give exactly one of audio_base64 or audio_url")
-        return self
-
-
-class PieceSeal(BaseModel):
-    """A split job's piece in the piece bucket: its digest, the seal's expiry (Unix
-    seconds) and the seal (handler.audio.seal); set by the worker that cut it."""
-
-    model_config = ConfigDict(extra="forbid")
-    sha256: str = Field(pattern=r"^[0-9a-f]{64}$")
-    expires: int = Field(ge=0)
-    sig: str = Field(pattern=r"^[0-9a-f]{64}$")
-
-
 class JobInput(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
@@ -178,6 +140,13 @@ class JobInput(BaseModel):
     speaker_windows: bool | None = None
     """A split job's piece: return the speech windows and their voice embeddings under
     ``speaker_windows`` instead of speakers, for the whole recording to cluster."""
+
+    # --- word times ----------------------------------------------------------------------
+    word_alignment: Literal["whisper", "forced", "auto"] | None = None
+    """How words are timed: ``whisper`` (its cross-attention times), ``forced`` (the
+    recognised words aligned to the audio again by a forced aligner, English here),
+    ``auto`` (forced where an aligner for the language is installed). Implies word
+    timestamps. Unset: the deployment's WHISPER_WORD_ALIGNMENT."""
 
     # --- faster-whisper options (names as in WhisperModel.transcribe) ---------------------
     language: str | None = Field(None, min_length=2, max_length=8, pattern=r"^[a-zA-Z_-]+$")
@@ -428,6 +397,7 @@ DECODING_OPTIONS: frozenset[str] = frozenset(
         "speaker_windows",
         "piece",
         "split",
+        "word_alignment",
     }
 )
 

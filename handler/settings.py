@@ -105,6 +105,13 @@ class Settings(BaseModel):
     DIARIZATION_UNAVAILABLE. The image must hold the model (`--build-arg DIARIZATION=true`)."""
     diarization_model: str = "/models/diarizer"
     """Folder of the exported speaker-embedding model (builder/diarizer.py writes it)."""
+    word_alignment: Literal["whisper", "forced", "auto"] = "whisper"
+    """How jobs that do not say time their words: `whisper` (its own times), `forced` (the
+    words aligned again by PocketSphinx, English), `auto` (forced where the language has an
+    aligner). docs/word-times.md has the measurements behind the default."""
+    align_threads: int = Field(2, ge=1, le=64)
+    """Forced-alignment decoders (CPU threads, about 25 MB each): at most this many jobs
+    align at once; the others wait their turn, outside any model slot."""
     vad_default: bool = True
     """VAD is on unless a job turns it off (silence must not come back as 'you you')."""
     warmup: bool = True

@@ -12,6 +12,7 @@ from handler.inference import transcribe
 from handler.output import formats, speakers
 from handler.output.cues import Layout
 from handler.output.offload import deliver
+from handler.pipeline import words
 from handler.pipeline.runtime import Call, Plan, Runtime
 from handler.schema import JobInput
 
@@ -82,6 +83,12 @@ def _shape(
             out["speaker_embeddings"] = call.diarization.centroids
         if job.speaker_windows and call.speaker_windows is not None:
             out["speaker_windows"] = call.speaker_windows.to_json()
+    if (timed := words.summary(call)) is not None:
+        out["word_alignment"] = timed
+        if isinstance(out.get("verbose_json"), dict):
+            out["verbose_json"]["word_alignment"] = timed
+        if tr.parts is not None:
+            out["word_alignment_languages"] = dict(call.word_alignment or {})
     if call.pieces is not None:
         out["pieces"] = call.pieces
     if warnings:

@@ -25,7 +25,7 @@ from handler.inference import checks, code_switch, language, pieces, transcribe
 from handler.inference.memory import job_bytes
 from handler.inference.models import LoadedModel
 from handler.output import coverage
-from handler.pipeline import answer, speakers, split
+from handler.pipeline import answer, speakers, split, words
 from handler.pipeline.runtime import (
     MIN_AUDIO_SECONDS,
     Call,
@@ -87,8 +87,11 @@ def _run(raw_input: Any, worker: Runtime, call: Call) -> dict[str, Any]:
         tr = _nothing_to_transcribe(plan, call)
     elif (n := _pieces_wanted(plan, duration)) > 1:
         tr = split.run(plan, audio, n, worker, call, run_here=run_job)
+        words.after_split(plan, tr, worker, call)
     else:
         tr = _transcribe(plan, audio, worker, call)
+        budget = compute_budget(worker.settings, duration)
+        words.run(plan, tr, audio.samples, worker, call, budget)
     del audio  # its samples may be gigabytes: not kept while the result is shaped
     output = answer.answer(plan, tr, duration, worker, call)
     answer.log_done(call, duration, plan)
@@ -120,7 +123,10 @@ def _plan(job: JobInput, worker: Runtime) -> Plan:
                 "DIARIZATION=true and set WHISPER_DIARIZATION=true",
             )
         kwargs["word_timestamps"] = True  # segments are split at the words' speakers
-    return Plan(job, model, kwargs, languages, job.batch_size or settings.batch_size)
+    plan = Plan(job, model, kwargs, languages, job.batch_size or settings.batch_size)
+    if words.method(plan, worker) != "whisper":
+        kwargs["word_timestamps"] = True  # the aligner times the recognised words
+    return plan
 
 
 def _fetch_and_decode(plan: Plan, settings: Settings, call: Call) -> DecodedAudio:
@@ -199,9 +205,11 @@ def _transcribe(
                         **options,
                     )
                 else:
-                    # Nothing reads the samples after this: the speech is gathered in them.
+                    # Unless the diarizer or the aligner reads the samples after this, the
+                    # speech is gathered in them.
+                    keep = job.diarize or words.method(plan, worker) != "whisper"
                     tr = transcribe.run(
-                        instance, audio.samples, kwargs, consume_audio=not job.diarize, **options
+                        instance, audio.samples, kwargs, consume_audio=not keep, **options
                     )
     call.timings["transcribe"] = tr.seconds
     call.warnings += tr.warnings

@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from handler.audio.sources import JOB_DIR_PREFIX
-from handler.inference import allocator, transcribe
+from handler.inference import align, allocator, transcribe
 from handler.inference.engine import Engine
 from handler.inference.memory import MIB, MemoryBudget, auto_budget_bytes
 from handler.inference.models import LoadedModel, ModelPool
@@ -66,7 +66,15 @@ class Runtime:
     fan_out: FanOut | None = None
     """Runs a split job's pieces as jobs of the worker's own endpoint (the queue face sets
     it when the endpoint's key is in the environment); None: ``split`` is refused."""
+    _aligner: align.Aligner | None = None
     _lock: threading.Lock = field(default_factory=threading.Lock)
+
+    def aligner(self) -> align.Aligner | None:
+        """The forced aligner's decoders, shared by the jobs (None: not installed)."""
+        with self._lock:
+            if self._aligner is None and align.available():
+                self._aligner = align.Aligner(self.settings.align_threads)
+            return self._aligner
 
     def memory_budget(self) -> MemoryBudget:
         with self._lock:
@@ -150,6 +158,8 @@ class Call:
     """A split job's piece (``speaker_windows``): its embedded windows, not its speakers."""
     pieces: list[dict[str, Any]] | None = None
     """A split job's pieces: where each is, its job, its tries and seconds."""
+    word_alignment: dict[str, str] | None = None
+    """How the words were timed, per language (``forced`` or ``whisper``); None: no words."""
 
 
 PieceDone = Callable[[int, dict[str, Any]], None]

@@ -21,7 +21,8 @@ from handler.audio.read import read_audio
 from handler.contract import SAMPLE_RATE
 from handler.errors import Code, WorkerError
 from handler.guard import Guard
-from handler.schema import JobInput, KnownSpeaker
+from handler.schema import JobInput
+from handler.schema_parts import KnownSpeaker
 from handler.settings import Settings
 
 log = logging.getLogger(__name__)

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import difflib
+from typing import Any
 
 
 class LiveItem:
@@ -20,6 +21,8 @@ class LiveItem:
         self.interim_at = 0
         """Samples of the turn when its last interim decode started."""
         self.interim: asyncio.Future | None = None
+        self.audio_from_ms = start_ms
+        """Where the committed turn's samples begin in the session's audio."""
 
     def agreed_delta(self, words: list[str]) -> str:
         """The words this decode and the previous one agree on beyond those already sent;
@@ -54,6 +57,22 @@ class LiveItem:
         new = words[n:]
         self.emitted = list(words)
         return (" " if n else "") + " ".join(new)
+
+    def timed_words(self, result: dict[str, Any]) -> dict[str, Any]:
+        """A session with ``word_alignment`` set: the turn's words, timed in seconds from
+        the start of the session's audio (as ``audio_start_ms`` counts), and how."""
+        offset = self.audio_from_ms / 1000
+        return {
+            "words": [
+                {
+                    "word": w["word"].strip(),
+                    "start": round(offset + w["start"], 3),
+                    "end": round(offset + w["end"], 3),
+                }
+                for w in result["words"]
+            ],
+            "word_alignment": result.get("word_alignment", "whisper"),
+        }
 
 
 def _bare(word: str) -> str:

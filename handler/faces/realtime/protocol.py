@@ -11,7 +11,7 @@ from typing import Any
 from handler.audio.live import LEGACY_FORMATS, LiveDecoder
 from handler.errors import WorkerError
 from handler.faces.openai_api import resolve_model
-from handler.inference import language
+from handler.inference import align, language
 from handler.inference.live_vad import TurnRules
 from handler.inference.models import ModelPool
 from handler.settings import Settings
@@ -74,6 +74,8 @@ class Config:
         self.languages: list[str] | None = None
         self.keywords: list[str] | None = None
         self.turns: TurnRules | None = TurnRules()
+        self.word_alignment: str | None = None
+        """Our extension: completed transcripts carry their timed ``words``."""
 
     def session(self, session_id: str, expires_at: int) -> dict[str, Any]:
         turn = (
@@ -105,6 +107,7 @@ class Config:
                         "languages": self.languages,
                         "keywords": self.keywords,
                         "prompt": self.prompt,
+                        **({"word_alignment": self.word_alignment} if self.word_alignment else {}),
                     },
                     "turn_detection": turn,
                 }
@@ -180,11 +183,15 @@ class Config:
             raise SessionError(f"{where}.prompt: a string of at most 2000 characters")
         if t.get("delay") not in (None, *DELAYS):
             raise SessionError(f"{where}.delay: one of {', '.join(DELAYS)}")
+        timing = t.get("word_alignment", self.word_alignment)
+        if timing not in (None, *align.METHODS):
+            raise SessionError(f"{where}.word_alignment: one of {', '.join(align.METHODS)}")
         if lang is None and langs and len(langs) == 1:
             lang = langs[0]  # detection among one language is that language
         self._languages_served(model, lang, langs, where)
         self.model, self.language, self.languages = model, lang, langs or None
         self.keywords, self.prompt = keywords or None, prompt
+        self.word_alignment = timing
 
     def _languages_served(
         self, model: str, lang: str | None, langs: list[str] | None, where: str
@@ -242,6 +249,9 @@ class Config:
             job["initial_prompt"] = self.prompt
         if self.keywords:
             job["hotwords"] = ", ".join(self.keywords)
+        if self.word_alignment:
+            job["word_alignment"] = self.word_alignment
+            job["output"] = ["text", "words"]
         return job
 
 

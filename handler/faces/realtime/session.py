@@ -296,6 +296,7 @@ class Session:
             }
         )
         self.previous_item = turn.item_id
+        turn.audio_from_ms = start_ms
         self.last_final = self._spawn(self._final(turn, samples, self.last_final))
         self.finals.add(self.last_final)
         self.finals = {t for t in self.finals if not t.done()}
@@ -392,15 +393,16 @@ class Session:
         delta, text = turn.final(result["text"].split())
         if delta:
             await self._delta(turn, delta)
-        await self.send(
-            {
-                "type": "conversation.item.input_audio_transcription.completed",
-                "item_id": turn.item_id,
-                "content_index": 0,
-                "transcript": text,
-                "usage": {"type": "duration", "seconds": round(len(samples) / SAMPLE_RATE, 3)},
-            }
-        )
+        completed = {
+            "type": "conversation.item.input_audio_transcription.completed",
+            "item_id": turn.item_id,
+            "content_index": 0,
+            "transcript": text,
+            "usage": {"type": "duration", "seconds": round(len(samples) / SAMPLE_RATE, 3)},
+        }
+        if "words" in result:
+            completed.update(turn.timed_words(result))
+        await self.send(completed)
 
     async def send(self, event: dict[str, Any]) -> None:
         event.setdefault("event_id", new_id("event"))
