@@ -187,6 +187,36 @@ def test_verbose_json_with_words_and_segments_matches_the_sdk_types(server: Serv
     assert words_only.words and not words_only.segments
 
 
+def test_word_alignment_as_an_extra_form_field_through_the_openai_sdk(server: Server) -> None:
+    client = server.client()
+    timed = {}
+    for how in ("whisper", "forced"):
+        with open(JFK, "rb") as f:
+            res = client.audio.transcriptions.create(
+                model="whisper-1",
+                file=f,
+                response_format="verbose_json",
+                timestamp_granularities=["word"],
+                extra_body={"word_alignment": how},
+            )
+        assert isinstance(res, TranscriptionVerbose) and res.words
+        assert (res.model_extra or {}).get("word_alignment") == how
+        timed[how] = res
+    assert timed["forced"].text == timed["whisper"].text
+    assert [w.word for w in timed["forced"].words or []] == [
+        w.word for w in timed["whisper"].words or []
+    ]
+    assert [w.start for w in timed["forced"].words or []] != [
+        w.start for w in timed["whisper"].words or []
+    ]
+    with open(JFK, "rb") as f, pytest.raises(openai.BadRequestError) as info:
+        client.audio.transcriptions.create(
+            model="whisper-1", file=f, extra_body={"word_alignment": "ctc"}
+        )
+    assert info.value.status_code == 400 and info.value.body["code"] == "INVALID_INPUT"
+    assert "word_alignment" in info.value.message and "forced" in info.value.message
+
+
 def test_extra_body_options_reach_the_job_schema(server: Server) -> None:
     client = server.client()
     with open(JFK, "rb") as f:

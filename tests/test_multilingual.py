@@ -253,3 +253,23 @@ def test_the_head_of_speech_for_detection_is_the_whole_recordings_vad_read_in_pa
             head = speech_head(audio, kwargs, limit)
             assert len(head) == len(want) and sum(len(h) for h in head) == limit
             assert all(np.array_equal(h, w) for h, w in zip(head, want, strict=True))
+
+
+def test_forced_word_alignment_says_where_no_aligner_exists(base_worker):
+    """English words are aligned; Spanish ones keep Whisper's times: said in ``warnings``
+    under ``forced``, silently (but in ``word_alignment``) under ``auto``."""
+    es = b64(DATA / CLIPS["es"][0])
+    for how in ("forced", "auto"):
+        out = run_job(
+            {"audio_base64": es, "word_timestamps": True, "word_alignment": how}, base_worker
+        )
+        assert out["language"] == "es" and out["word_alignment"] == "whisper"
+        warned = [w for w in out.get("warnings", []) if "word_alignment" in w]
+        assert bool(warned) == (how == "forced"), out.get("warnings")
+        assert "es" in " ".join(warned) or how == "auto"
+    en = run_job(
+        {"audio_base64": b64(DATA / "jfk.wav"), "word_timestamps": True, "word_alignment": "auto"},
+        base_worker,
+    )
+    assert en["language"] == "en" and en["word_alignment"] == "forced"
+    assert not [w for w in en.get("warnings", []) if "word_alignment" in w]

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import copy
 import json
 import threading
 import time
@@ -612,3 +613,43 @@ def test_a_deeply_nested_event_is_refused_with_an_error_and_a_close_code(live: S
     assert "nested" in live.logs()
     with raw(live) as ws:  # the server goes on
         events_until(ws, "session.created")
+
+
+@pytest.mark.e2e
+def test_a_session_with_word_alignment_gets_timed_words_in_each_transcript(live: Server) -> None:
+    """Our extension of the session: ``transcription.word_alignment`` makes each completed
+    transcript carry its words, timed (by the forced aligner) on the session's clock."""
+    jfk = clips()[0]
+    audio = np.concatenate([silence(0.5), jfk.samples, silence(1.5)])
+    session = copy.deepcopy(SESSION)
+    session["audio"]["input"]["transcription"]["word_alignment"] = "forced"  # type: ignore[index]
+    client = live.client()
+    completed: list[dict[str, Any]] = []
+    with client.realtime.connect(extra_query={"intent": "transcription"}) as conn:
+        assert conn.recv().type == "session.created"
+        conn.session.update(
+            session={**session, "audio": {"input": {"transcription": {"word_alignment": "best"}}}}
+        )  # type: ignore[arg-type]
+        refused = conn.recv()
+        assert refused.type == "error" and "word_alignment" in refused.error.message
+        conn.session.update(session=session)  # type: ignore[arg-type]
+        updated = conn.recv().model_dump()
+        assert updated["session"]["audio"]["input"]["transcription"]["word_alignment"] == "forced"
+        feeder = threading.Thread(target=feed, args=(conn.input_audio_buffer.append, pcm24(audio)))
+        feeder.start()
+        deadline = time.time() + 120
+        while time.time() < deadline and not (completed and not feeder.is_alive()):
+            ev = conn.recv()
+            if ev.type == "conversation.item.input_audio_transcription.completed":
+                completed.append(ev.model_dump())
+            assert ev.type != "error" or ev.error.code == "idle_timeout", ev
+        feeder.join()
+    assert completed
+    spoken = [w for c in completed for w in c["words"]]
+    assert all(c["word_alignment"] == "forced" for c in completed)
+    assert " ".join(w["word"] for w in spoken) == " ".join(c["transcript"] for c in completed)
+    starts = [w["start"] for w in spoken]
+    assert starts == sorted(starts) and all(w["start"] <= w["end"] for w in spoken)
+    # JFK's first word begins 0.29 s into the clip, which starts 0.5 s into the stream.
+    assert 0.6 <= spoken[0]["start"] <= 1.0, spoken[:3]
+    assert spoken[-1]["end"] <= len(audio) / 16000

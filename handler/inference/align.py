@@ -205,7 +205,7 @@ def _align_segment(
     if end - start > MAX_WINDOW_S or end - start < 0.1:
         out.kept += len(words)
         return max(prev_end, words[-1]["end"])
-    placed = _force(dec, samples, start, end, tokens)
+    placed = force_align(dec, samples, start, end, tokens)
     if placed is None or len(placed) != len(tokens):
         out.kept += len(words)
         return max(prev_end, words[-1]["end"])
@@ -227,7 +227,7 @@ def _anchor(dec: Any, following: Segment | None) -> tuple[str, float] | None:
     return said[0], first["end"]
 
 
-def _force(
+def force_align(
     dec: Any, samples: np.ndarray, start: float, end: float, tokens: list[str]
 ) -> list[tuple[float, float]] | None:
     """(start, end) seconds of each token aligned in samples[start:end]; None on failure."""
@@ -238,9 +238,12 @@ def _force(
         dec.start_utt()
         dec.process_raw(pcm, full_utt=True)
         dec.end_utt()
-        segs = list(dec.seg())
+        found = dec.seg()  # None: the words could not be aligned to this audio
     except (RuntimeError, ValueError):
         return None
+    if found is None:
+        return None
+    segs = list(found)
     return [
         (start + s.start_frame * FRAME_S, start + (s.end_frame + 1) * FRAME_S)
         for s in segs
