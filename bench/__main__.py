@@ -59,6 +59,8 @@ COMMANDS: tuple[Command, ...] = (
             "who spoke when: DER, attribution, speed, memory, WER"),
     Command("known-speakers", "bench.accuracy.known_speakers",
             "known speakers' names: right and wrong rates on real voices; counts"),
+    Command("word-times", "bench.accuracy.word_times",
+            "word times against human boundaries: Whisper's, forced, plain; the pass's cost"),
     Command("corpus", "bench.common.eval_corpus",
             "fetch and check the evaluation corpus (real speech, five languages)"),
     # Speed and memory.

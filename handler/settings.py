@@ -110,7 +110,7 @@ class Settings(BaseModel):
     words aligned again by PocketSphinx, English), `auto` (forced where the language has an
     aligner). docs/word-times.md has the measurements behind the default."""
     align_threads: int = Field(2, ge=1, le=64)
-    """Forced-alignment decoders (CPU threads, about 25 MB each): at most this many jobs
+    """Forced-alignment decoders (CPU threads, about 100 MB each): at most this many jobs
     align at once; the others wait their turn, outside any model slot."""
     vad_default: bool = True
     """VAD is on unless a job turns it off (silence must not come back as 'you you')."""

@@ -159,7 +159,11 @@ def _children(em: Emulator, parent: str) -> list[Any]:
 @pytest.mark.e2e
 def test_a_split_job_is_pieces_on_the_queue_stitched_into_one_result(endpoint) -> None:
     em = endpoint
-    job = {**long_job(75), "output": ["text", "segments", "srt", "verbose_json"]}
+    job = {
+        **long_job(75),
+        "output": ["text", "segments", "srt", "verbose_json"],
+        "word_alignment": "forced",
+    }
     whole = em.wait_job(em.submit(job), JOB_S)
     assert whole["status"] == "COMPLETED", whole
     parent = em.submit({**job, "split": 3})
@@ -168,6 +172,10 @@ def test_a_split_job_is_pieces_on_the_queue_stitched_into_one_result(endpoint) -
     out = status["output"]
     children = _children(em, parent)
     assert len(children) == 3 and all(c.status == "COMPLETED" for c in children)
+    # Each piece aligned its own words (the parent holds no audio it could align with).
+    assert all(c.input["word_alignment"] == "forced" for c in children)
+    assert all(c.output["word_alignment"] == "forced" for c in children)
+    assert out["word_alignment"] == whole["output"]["word_alignment"] == "forced"
     # One ordinary result: the same words as unsplit, in time order, numbered once.
     assert wer(whole["output"]["text"], out["text"]) <= 0.05, (whole["output"]["text"], out)
     segs = out["segments"]

@@ -209,3 +209,37 @@ def test_words_the_dictionary_cannot_say_keep_their_place_and_order() -> None:
     starts = [w["start"] for w in seg["words"]]
     assert starts == sorted(starts) and all(w["start"] <= w["end"] for w in seg["words"])
     assert outcome.kept >= 2 and outcome.method == {"en": "forced"}
+
+
+def test_a_long_recording_aligns_one_window_at_a_time(worker: Runtime) -> None:
+    """Five minutes of words (one decode of JFK's, tiled) align with the process's memory
+    flat: the pass holds one segment's window, not the recording (bench word-times runs
+    the same on two hours)."""
+    import psutil
+
+    from handler.inference import transcribe
+
+    jfk = read_wav(DATA / "jfk.wav")
+    model = worker.pool.get(None)
+    with worker.pool.acquire(model, None) as (instance, _):
+        tr = transcribe.run(instance, jfk, {"word_timestamps": True, "language": "en"})
+    seconds = len(jfk) / SAMPLE_RATE
+    reps = int(5 * 60 / seconds)
+    samples = np.tile(jfk, reps)
+    tiled = []
+    for r in range(reps):
+        for seg in copy.deepcopy(tr.segments):
+            seg["start"] += r * seconds
+            seg["end"] += r * seconds
+            for w in seg["words"] or []:
+                w["start"] += r * seconds
+                w["end"] += r * seconds
+            tiled.append(seg)
+    aligner = align.Aligner(1)
+    aligner.warm()
+    proc = psutil.Process()
+    before = proc.memory_info().rss
+    outcome = aligner.align(tiled, samples, ["en"] * len(tiled), Guard())
+    grown = (proc.memory_info().rss - before) / 2**20
+    assert outcome.aligned >= 0.9 * (outcome.aligned + outcome.kept)
+    assert grown < 30, f"{grown:.1f} MB"

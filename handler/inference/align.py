@@ -206,6 +206,8 @@ def _align_segment(
         out.kept += len(words)
         return max(prev_end, words[-1]["end"])
     placed = force_align(dec, samples, start, end, tokens)
+    if placed is not None and anchor is not None and len(placed) == len(tokens) - 1:
+        placed.append(placed[-1])  # the anchor fell outside the window: its words stand
     if placed is None or len(placed) != len(tokens):
         out.kept += len(words)
         return max(prev_end, words[-1]["end"])
@@ -230,7 +232,9 @@ def _anchor(dec: Any, following: Segment | None) -> tuple[str, float] | None:
 def force_align(
     dec: Any, samples: np.ndarray, start: float, end: float, tokens: list[str]
 ) -> list[tuple[float, float]] | None:
-    """(start, end) seconds of each token aligned in samples[start:end]; None on failure."""
+    """(start, end) seconds of the tokens aligned in samples[start:end], in order; None on
+    failure. The aligner may stop before the last tokens (audio too short for them): the
+    list is then shorter, and only the tokens it names are timed."""
     a, b = int(start * SAMPLE_RATE), int(end * SAMPLE_RATE)
     pcm = (np.clip(samples[a:b], -1.0, 1.0) * 32767).astype("<i2").tobytes()
     try:
@@ -244,11 +248,10 @@ def force_align(
     if found is None:
         return None
     segs = list(found)
-    return [
-        (start + s.start_frame * FRAME_S, start + (s.end_frame + 1) * FRAME_S)
-        for s in segs
-        if not s.word.startswith(_FILLERS)
-    ]
+    named = [s for s in segs if not s.word.startswith(_FILLERS)]
+    if [s.word.split("(")[0] for s in named] != tokens[: len(named)]:
+        return None
+    return [(start + s.start_frame * FRAME_S, start + (s.end_frame + 1) * FRAME_S) for s in named]
 
 
 def _apply(
