@@ -392,16 +392,21 @@ def sample_job(sample, **extra):  # type: ignore[no-untyped-def]
     return {"audio_base64": base64.b64encode(sample[2]).decode(), "diarize": True, **extra}
 
 
-def test_a_diarized_job_labels_segments_words_cues_and_formats(dworker, sample) -> None:
+@pytest.mark.parametrize("timing", ["whisper", "forced"])
+def test_a_diarized_job_labels_segments_words_cues_and_formats(dworker, sample, timing) -> None:
+    """With forced word times too: speakers go to the aligned words, segments split there."""
     from openai.types.audio import TranscriptionDiarized
 
     out = run_job(
         sample_job(
-            sample, output=["text", "segments", "words", "srt", "vtt", "diarized_json", "rttm"]
+            sample,
+            output=["text", "segments", "words", "srt", "vtt", "diarized_json", "rttm"],
+            word_alignment=timing,
         ),
         dworker,
     )
     assert "error" not in out, out
+    assert out["word_alignment"] == timing
     segs = out["segments"]
     assert {s["speaker"] for s in segs} == {"A", "B"}
     for seg in segs:  # a segment is one speaker's: its words all carry that speaker

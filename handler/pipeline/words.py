@@ -50,6 +50,12 @@ def run(
     outcome = aligner.align(tr.segments, samples, languages, guard)
     call.timings["align"] = outcome.seconds
     call.word_alignment = {lang: outcome.method.get(lang, "whisper") for lang in found}
+    total = outcome.aligned + outcome.kept
+    if outcome.kept > 0.1 * total:
+        call.warnings.append(
+            f"word_alignment: {outcome.kept} of {total} words kept Whisper's times (the "
+            "aligner could not place them: music, noise, another language, numbers)"
+        )
     missing = sorted(k for k, v in call.word_alignment.items() if v == "whisper" and k)
     if how == "forced" and missing:
         call.warnings.append(
