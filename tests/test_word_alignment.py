@@ -57,9 +57,9 @@ def start_errors(worker: Runtime, how: str) -> list[float]:
 def test_forced_word_starts_are_near_the_human_boundaries(worker: Runtime) -> None:
     forced, whisper = start_errors(worker, "forced"), start_errors(worker, "whisper")
     # Eight hand-labelled words (two sentences): the aligner's starts within 40 ms on
-    # average and most within 50 ms; Whisper's own are several times further off.
+    # average and 80 % within 50 ms; Whisper's own are several times further off.
     assert np.mean(forced) <= 0.040, forced
-    assert np.mean(np.array(forced) <= 0.050) >= 0.75, forced
+    assert np.mean(np.array(forced) <= 0.050) >= 0.8, forced
     assert np.mean(whisper) > 2 * np.mean(forced), (whisper, forced)
 
 

@@ -43,7 +43,6 @@ MARGIN_S = 0.3
 is its least exact time)."""
 MAX_WINDOW_S = 45.0
 """The longest window aligned at once (a segment is at most 30 s): 1.4 MB of samples."""
-FRAME_S = 0.01
 _FILLERS = ("<", "[", "+")
 _DIGITS = "zero one two three four five six seven eight nine".split()
 
@@ -251,7 +250,12 @@ def force_align(
     named = [s for s in segs if not s.word.startswith(_FILLERS)]
     if [s.word.split("(")[0] for s in named] != tokens[: len(named)]:
         return None
-    return [(start + s.start_frame * FRAME_S, start + (s.end_frame + 1) * FRAME_S) for s in named]
+    # Frame n covers [n / frate, n / frate + wlen): two frames meet halfway between their
+    # centres, (wlen - 1 / frate) / 2 after the later one starts (7.8 ms with the model's
+    # 25.6-ms window every 10 ms), which is where a word that begins at a frame begins.
+    step = 1.0 / float(dec.config["frate"])
+    lag = start + (float(dec.config["wlen"]) - step) / 2
+    return [(lag + s.start_frame * step, lag + (s.end_frame + 1) * step) for s in named]
 
 
 def _apply(
