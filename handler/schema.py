@@ -141,6 +141,11 @@ class JobInput(BaseModel):
     """A split job's piece: return the speech windows and their voice embeddings under
     ``speaker_windows`` instead of speakers, for the whole recording to cluster."""
 
+    loop_guard: bool | None = None
+    """Repetition loops in the transcript (a phrase said back to back 4 times or more, a
+    word 6 times) decoded again without the previous text, or collapsed; ``warnings`` says
+    where. Unset: WHISPER_LOOP_GUARD (on). Off for lyrics or chants that truly repeat."""
+
     # --- word times ----------------------------------------------------------------------
     word_alignment: Literal["whisper", "forced", "auto"] | None = None
     """How words are timed: ``whisper`` (its cross-attention times), ``forced`` (the
@@ -398,6 +403,7 @@ DECODING_OPTIONS: frozenset[str] = frozenset(
         "piece",
         "split",
         "word_alignment",
+        "loop_guard",
     }
 )
 

@@ -112,6 +112,13 @@ class Settings(BaseModel):
     align_threads: int = Field(2, ge=1, le=64)
     """Forced-alignment decoders (CPU threads, about 100 MB each): at most this many jobs
     align at once; the others wait their turn, outside any model slot."""
+    loop_guard: bool = True
+    """Find repetition loops in each transcript (a phrase said back to back 4 times or
+    more, a word 6 times), decode that stretch again without the previous text and, if
+    it still loops, collapse it to one; `warnings` says where."""
+    loop_redecode_s: float = Field(600.0, ge=0)
+    """Seconds of looping audio one job may decode again; beyond, loops are collapsed.
+    0: collapse only."""
     vad_default: bool = True
     """VAD is on unless a job turns it off (silence must not come back as 'you you')."""
     warmup: bool = True

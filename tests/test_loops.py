@@ -1,0 +1,98 @@
+"""Repetition loops (``loop_guard``): found in a transcript's words, decoded again without
+the previous text, or collapsed; the real tiny.en model, made to loop by a ``prefix`` that
+repeats a phrase (the one way to make a real model loop on demand)."""
+
+from __future__ import annotations
+
+import pytest
+
+from handler.inference import loops
+from handler.pipeline.job import run_job
+from handler.pipeline.runtime import Runtime
+from speech_assets.clips import clips
+from tests.helpers import DATA, JFK_TEXT, b64, make_settings, wer
+
+LOOP = "Thank you. Thank you. Thank you. Thank you. Thank you."
+
+
+def words(text: str) -> list[str]:
+    return text.split()
+
+
+def test_a_phrase_four_times_or_a_word_six_times_is_a_loop() -> None:
+    assert loops.find(words("thank you thank you thank you thank you and so")) == [
+        loops.Loop(0, 2, 4)
+    ]
+    assert loops.find(words("no, no, no, I said")) == []
+    assert loops.find(words("very very very very very very good")) == [loops.Loop(0, 1, 6)]
+    assert loops.find(words("a b c. a b c. a b c. end")) == []  # three times is speech
+    long = "the cat sat on the mat. " * 50
+    assert loops.find(words("so " + long + "done")) == [loops.Loop(1, 6, 50)]
+
+
+def seg(i: int, text: str, start: float) -> dict:
+    ws = text.split()
+    return {
+        "id": i,
+        "start": start,
+        "end": start + len(ws),
+        "text": " " + text,
+        "words": [
+            {"word": " " + w, "start": start + k, "end": start + k + 0.9, "probability": 1.0}
+            for k, w in enumerate(ws)
+        ],
+    }
+
+
+def test_collapse_keeps_the_first_unit_and_every_other_word_in_order() -> None:
+    segments = [seg(1, "hello there", 0), seg(2, "okay okay okay okay okay okay", 2)]
+    segments.append(seg(3, "okay okay bye", 8))
+    found = loops.find(loops.segment_words(segments)[0])  # type: ignore[arg-type]
+    assert found == [loops.Loop(2, 1, 8)]
+    out = loops.collapse(segments, found[0])  # type: ignore[arg-type]
+    assert [s["text"] for s in out] == [" hello there", " okay", " bye"]
+    assert [w["word"] for s in out for w in s["words"]] == [" hello", " there", " okay", " bye"]
+    assert out[1]["end"] == out[1]["words"][-1]["end"]
+
+
+@pytest.mark.model
+def test_a_loop_is_decoded_again_without_the_previous_text(worker: Runtime) -> None:
+    # forced word times keep the job's samples as they are, so the stretch can be decoded again
+    job = {"audio_base64": b64(DATA / "jfk.wav"), "prefix": LOOP, "word_alignment": "forced"}
+    out = run_job(job, worker)
+    assert not loops.find(out["text"].split()), out["text"]
+    assert wer(JFK_TEXT, out["text"]) < 0.15
+    assert any("decoded again" in w for w in out["warnings"]), out["warnings"]
+    assert [s["id"] for s in out["segments"]] == list(range(1, len(out["segments"]) + 1))
+
+
+@pytest.mark.model
+def test_a_loop_is_collapsed_when_it_cannot_be_decoded_again(tiny_pool) -> None:
+    settings = make_settings(device="cpu", loop_redecode_s="0")
+    worker = Runtime(settings=settings, pool=tiny_pool)
+    out = run_job({"audio_base64": b64(DATA / "jfk.wav"), "prefix": LOOP}, worker)
+    assert out["text"].count("Thank you") == 1, out["text"]
+    assert any("collapsed to one" in w and "x5" in w for w in out["warnings"]), out["warnings"]
+    off = run_job(
+        {"audio_base64": b64(DATA / "jfk.wav"), "prefix": LOOP, "loop_guard": False}, worker
+    )
+    assert off["text"].count("Thank you") == 5 and not off.get("warnings")
+
+
+@pytest.mark.model
+def test_clean_speech_is_unchanged_by_the_guard(worker: Runtime) -> None:
+    for clip in clips():
+        audio = b64(DATA / "jfk.wav") if clip.name == "jfk" else None
+        if audio is None:
+            import base64
+
+            audio = base64.b64encode(clip.wav_bytes()).decode()
+        on = run_job({"audio_base64": audio}, worker)
+        off = run_job({"audio_base64": audio, "loop_guard": False}, worker)
+        assert on["text"] == off["text"] and on["segments"] == off["segments"]
+        assert not [w for w in on.get("warnings", []) if "loop" in w]
+
+
+def test_loop_guard_takes_a_json_boolean_only(worker: Runtime) -> None:
+    out = run_job({"audio_base64": b64(DATA / "jfk.wav"), "loop_guard": "no"}, worker)
+    assert out["error_code"] == "INVALID_INPUT" and "loop_guard" in out["error"]
