@@ -61,6 +61,8 @@ COMMANDS: tuple[Command, ...] = (
             "known speakers' names: right and wrong rates on real voices; counts"),
     Command("word-times", "bench.accuracy.word_times",
             "word times against human boundaries: Whisper's, forced, plain; the pass's cost"),
+    Command("loops", "bench.accuracy.loops",
+            "repetition loops per audio hour with and without the guard; WER"),
     Command("corpus", "bench.common.eval_corpus",
             "fetch and check the evaluation corpus (real speech, five languages)"),
     # Speed and memory.
