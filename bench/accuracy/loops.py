@@ -117,6 +117,7 @@ def main(argv: list[str] | None = None) -> int:
         "WHISPER_DEVICE": "cpu",
         "WHISPER_MODEL": str(folder),
         "WHISPER_CPU_THREADS": str(args.threads),
+        "WHISPER_MAX_INLINE_BYTES": str(2**31),  # recordings of many minutes, inline
     }
     worker = start_worker(load_settings(env))
     plain = WhisperModel(str(folder), device="cpu", compute_type="int8", cpu_threads=args.threads)
