@@ -128,6 +128,32 @@ def test_nothing_is_fetched_at_run_time_even_asked_for_a_url():
     assert "Traceback" not in log
 
 
+def test_forced_word_times_run_in_the_image_on_a_read_only_root():
+    """The aligner's wheel (pocketsphinx, with its model) is in the image, for its Python,
+    and aligns offline with only /tmp writable."""
+    job = json.loads((ROOT / "test_input.json").read_text())
+    job["input"].update({"word_alignment": "forced", "output": ["text", "words"]})
+    run = podman(
+        "run",
+        "--rm",
+        "--network",
+        "none",
+        "--read-only",
+        "--tmpfs",
+        "/tmp",
+        IMAGE,
+        "python",
+        "-m",
+        "handler",
+        "--test_input",
+        json.dumps(job),
+        check=False,
+    )
+    log = run.stdout + run.stderr
+    assert run.returncode == 0 and "'word_alignment': 'forced'" in log, log[-2000:]
+    assert "Traceback" not in log
+
+
 def _container_worker(em: Emulator, names: list[str], **env: str) -> str:
     """A worker that is this image as a container: the emulator's variables passed as the
     platform passes them (environment), the host's loopback reached with --network host."""
