@@ -51,7 +51,8 @@ ENV IMAGE_CUDA_REQUIREMENTS=cuda.txt \
 # CTranslate2 built with the CUDA those drivers run (4.6.2: CUDA 12.4, R550+; 4.6.0: CUDA
 # 12.2, R535+), its cuBLAS and the cuDNN 9.1 it loads (builder/cuda-r5xx.txt say where each
 # version comes from; handler/inference/selftest.py keeps the same table for the worker's
-# driver check). Everything else is the same image. Not yet built or run on a GPU here.
+# driver check). Everything else is the same image. Built and container-tested with
+# podman (docs/deploy.md); not yet run on a GPU.
 FROM base-cuda AS base-cuda-r550
 ENV IMAGE_CUDA_REQUIREMENTS=cuda-r550.txt \
     IMAGE_CTRANSLATE2=4.6.2 \
