@@ -653,3 +653,17 @@ def test_a_session_with_word_alignment_gets_timed_words_in_each_transcript(live:
     # JFK's first word begins 0.29 s into the clip, which starts 0.5 s into the stream.
     assert 0.6 <= spoken[0]["start"] <= 1.0, spoken[:3]
     assert spoken[-1]["end"] <= len(audio) / 16000
+
+
+def test_timed_words_are_written_as_the_transcript_writes_them() -> None:
+    item = LiveItem("item_1", 2000)
+    item.agreed_delta("that agent".split())
+    item.agreed_delta("that agent is".split())
+    _, text = item.final("That agent is already logged on.".split())
+    timed = [
+        {"word": " " + w, "start": 0.1 * i, "end": 0.1 * i + 0.05}
+        for i, w in enumerate("That agent is already logged on.".split())
+    ]
+    out = item.timed_words({"words": timed, "word_alignment": "forced"})
+    assert " ".join(w["word"] for w in out["words"]) == text
+    assert out["words"][0] == {"word": "that", "start": 2.0, "end": 2.05}

@@ -60,16 +60,22 @@ class LiveItem:
 
     def timed_words(self, result: dict[str, Any]) -> dict[str, Any]:
         """A session with ``word_alignment`` set: the turn's words, timed in seconds from
-        the start of the session's audio (as ``audio_start_ms`` counts), and how."""
+        the start of the session's audio (as ``audio_start_ms`` counts), and how. The
+        times are the final decode's; each word is written as the transcript writes it
+        (its words sent as deltas stand) when the two have as many words."""
         offset = self.audio_from_ms / 1000
+        timed = result["words"]
+        said = (
+            self.emitted if len(self.emitted) == len(timed) else [w["word"].strip() for w in timed]
+        )
         return {
             "words": [
                 {
-                    "word": w["word"].strip(),
+                    "word": text,
                     "start": round(offset + w["start"], 3),
                     "end": round(offset + w["end"], 3),
                 }
-                for w in result["words"]
+                for text, w in zip(said, timed, strict=True)
             ],
             "word_alignment": result.get("word_alignment", "whisper"),
         }
