@@ -4,12 +4,15 @@ repeats a phrase (the one way to make a real model loop on demand)."""
 
 from __future__ import annotations
 
+import base64
+
+import numpy as np
 import pytest
 
 from handler.inference import loops
 from handler.pipeline.job import run_job
 from handler.pipeline.runtime import Runtime
-from speech_assets.clips import clips
+from speech_assets.clips import clips, read_wav, wav_bytes
 from tests.helpers import DATA, JFK_TEXT, b64, make_settings, wer
 
 LOOP = "Thank you. Thank you. Thank you. Thank you. Thank you."
@@ -64,6 +67,39 @@ def test_a_loop_is_decoded_again_without_the_previous_text(worker: Runtime) -> N
     assert wer(JFK_TEXT, out["text"]) < 0.15
     assert any("decoded again" in w for w in out["warnings"]), out["warnings"]
     assert [s["id"] for s in out["segments"]] == list(range(1, len(out["segments"]) + 1))
+
+
+@pytest.mark.model
+def test_a_loop_in_speech_gathered_in_place_is_decoded_again(worker: Runtime) -> None:
+    """A job decoded alone moves the VAD's speech to the front of its samples (memory):
+    the stretch is read back from there, as the model first heard it."""
+    audio = np.concatenate([np.zeros(3 * 16000, np.float32), read_wav(DATA / "jfk.wav")])
+    job = {"audio_base64": base64.b64encode(wav_bytes(audio)).decode(), "prefix": LOOP}
+    out = run_job({**job, "word_timestamps": True, "output": ["text", "words"]}, worker)
+    assert any("decoded again" in w for w in out["warnings"]), out["warnings"]
+    assert not loops.find(out["text"].split()) and wer(JFK_TEXT, out["text"]) < 0.15
+    # the times are the recording's (JFK begins 3 s in, after silence the VAD dropped), as
+    # the same job without the loop times them
+    plain = run_job({**job, "prefix": None, "word_timestamps": True, "output": ["words"]}, worker)
+    assert abs(out["words"][0]["start"] - plain["words"][0]["start"]) < 0.3, out["words"][:2]
+    assert out["words"][0]["start"] > 2.5
+    assert out["words"][-1]["end"] <= len(audio) / 16000
+
+
+def test_a_stretch_of_gathered_speech_maps_back_to_the_recording() -> None:
+    from handler.inference.transcribe import Transcript
+    from handler.pipeline import repeats
+
+    rate = 16000
+    spans = [(1.0, 2.0), (5.0, 7.0)]
+    gathered = np.concatenate([np.full(rate, 1.0), np.full(2 * rate, 2.0)]).astype(np.float32)
+    tr = Transcript([], "en", 1.0, 0.0, speech=spans, gathered=True)
+    clip, pieces = repeats.stretch(gathered, tr, 1.5, 6.0)
+    assert len(clip) == int(0.6 * rate) + int(1.1 * rate)
+    assert set(clip[: int(0.6 * rate)]) == {1.0} and set(clip[int(0.6 * rate) :]) == {2.0}
+    assert repeats.in_recording(0.0, pieces) == 1.4
+    assert repeats.in_recording(0.6, pieces) == 5.0
+    assert repeats.in_recording(1.7, pieces) == 6.1
 
 
 @pytest.mark.model

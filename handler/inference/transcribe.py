@@ -47,6 +47,9 @@ class Transcript:
     """The VAD's speech spans (seconds) the transcription used; None without the VAD."""
     parts: list[tuple[float, float, str]] | None = None
     """``"language": "multi"`` only: (start s, end s, language) of each part."""
+    gathered: bool = False
+    """The speech spans were moved to the front of the job's samples (``consume_audio``):
+    the samples hold the ``speech`` spans back to back, no longer the recording."""
 
 
 def segment_dict(seg: Any) -> Segment:
@@ -153,6 +156,7 @@ def _run_sequential(
         language_probability=float(info.language_probability),
         seconds=time.perf_counter() - start,
         speech=_seconds(spans) if spans is not None else None,
+        gathered=spans is not None and consume_audio and gathers_in_place(audio),
     )
 
 
@@ -182,7 +186,7 @@ def sequential_segments(
 
     spans = get_speech_timestamps(audio, vad_options(kwargs))
     total = sum(s["end"] - s["start"] for s in spans)
-    in_place = consume and audio.dtype == np.float32 and audio.flags.writeable
+    in_place = consume and gathers_in_place(audio)
     speech = audio if in_place else np.empty(total, dtype=np.float32)
     at = 0
     for span in spans:
@@ -196,6 +200,10 @@ def sequential_segments(
     if spans:
         generator = restore_speech_timestamps(generator, spans, fw_batch.SAMPLE_RATE)
     return generator, info, spans
+
+
+def gathers_in_place(audio: np.ndarray) -> bool:
+    return audio.dtype == np.float32 and bool(audio.flags.writeable)
 
 
 def run_by_parts(

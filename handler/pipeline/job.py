@@ -90,7 +90,7 @@ def _run(raw_input: Any, worker: Runtime, call: Call) -> dict[str, Any]:
         words.after_split(plan, tr, worker, call)
     else:
         tr = _transcribe(plan, audio, worker, call)
-        repeats.fix(plan, tr, None if call.audio_consumed else audio.samples, worker, call)
+        repeats.fix(plan, tr, audio.samples, worker, call)
         budget = compute_budget(worker.settings, duration)
         words.run(plan, tr, audio.samples, worker, call, budget)
     del audio  # its samples may be gigabytes: not kept while the result is shaped
@@ -209,7 +209,6 @@ def _transcribe(
                     # Unless the diarizer or the aligner reads the samples after this, the
                     # speech is gathered in them.
                     keep = job.diarize or words.method(plan, worker) != "whisper"
-                    call.audio_consumed = not keep
                     tr = transcribe.run(
                         instance, audio.samples, kwargs, consume_audio=not keep, **options
                     )

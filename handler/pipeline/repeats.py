@@ -66,6 +66,46 @@ def _span(segments: list[Segment], loop: loops.Loop) -> tuple[int, int, float, f
     return first, last, segments[first]["start"], segments[last]["end"]
 
 
+Pieces = list[tuple[float, float, float]]
+"""(start in the re-decoded clip, seconds, start in the recording) of each piece of it."""
+
+
+def stretch(
+    samples: np.ndarray, tr: transcribe.Transcript, start: float, end: float
+) -> tuple[np.ndarray, Pieces]:
+    """The recording's audio from ``start`` to ``end`` s (a little more each side), as one
+    clip, and where its pieces lie in the recording. Samples whose speech was gathered in
+    place (``tr.gathered``) hold the VAD's spans back to back: the stretch is then the
+    parts of those spans inside it, joined, as the model first heard them."""
+    if not tr.gathered or tr.speech is None:
+        a = max(0, int((start - PAD_S) * SAMPLE_RATE))
+        b = min(len(samples), int((end + PAD_S) * SAMPLE_RATE))
+        return samples[a:b].copy(), [(0.0, (b - a) / SAMPLE_RATE, a / SAMPLE_RATE)]
+    lo_t, hi_t = int((start - PAD_S) * SAMPLE_RATE), int((end + PAD_S) * SAMPLE_RATE)
+    parts: list[np.ndarray] = []
+    pieces: Pieces = []
+    at = clip = 0
+    for s_t, e_t in tr.speech:
+        s, e = round(s_t * SAMPLE_RATE), round(e_t * SAMPLE_RATE)
+        lo, hi = max(s, lo_t), min(e, hi_t)
+        if hi > lo:
+            parts.append(samples[at + lo - s : at + hi - s].copy())
+            pieces.append((clip / SAMPLE_RATE, (hi - lo) / SAMPLE_RATE, lo / SAMPLE_RATE))
+            clip += hi - lo
+        at += e - s
+    if not parts:
+        return np.zeros(0, np.float32), []
+    return np.concatenate(parts), pieces
+
+
+def in_recording(t: float, pieces: Pieces) -> float:
+    """A time of the re-decoded clip as a time of the recording."""
+    for begin, seconds, origin in reversed(pieces):
+        if t >= begin:
+            return round(origin + min(t - begin, seconds), 3)
+    return round(pieces[0][2], 3)
+
+
 def _decode_again(
     plan: Plan,
     tr: transcribe.Transcript,
@@ -75,25 +115,26 @@ def _decode_again(
     span: tuple[int, int, float, float],
 ) -> list[Segment]:
     first, _, start, end = span
-    a = max(0, int((start - PAD_S) * SAMPLE_RATE))
-    b = min(len(samples), int((end + PAD_S) * SAMPLE_RATE))
+    clip, pieces = stretch(samples, tr, start, end)
+    if len(clip) < SAMPLE_RATE // 10:
+        return tr.segments[span[0] : span[1] + 1]  # nothing to hear again: still a loop
     kwargs: dict[str, Any] = {k: v for k, v in plan.kwargs.items() if k not in DROPPED}
     kwargs["condition_on_previous_text"] = False
+    if tr.gathered:
+        kwargs["vad_filter"] = False  # the clip is the VAD's speech already
+        kwargs.pop("vad_parameters", None)
     lang = tr.segments[first].get("language") or tr.language
     if lang and lang != code_switch.MULTI:
         kwargs["language"] = lang
-    budget = compute_budget(worker.settings, (b - a) / SAMPLE_RATE)
+    budget = compute_budget(worker.settings, len(clip) / SAMPLE_RATE)
     with worker.pool.acquire(plan.model, call.cancel) as (instance, _):
-        again = transcribe.run(
-            instance, samples[a:b].copy(), kwargs, cancel=call.cancel, budget_s=budget
-        )
-    offset = a / SAMPLE_RATE
+        again = transcribe.run(instance, clip, kwargs, cancel=call.cancel, budget_s=budget)
     for seg in again.segments:
-        seg["start"] = round(seg["start"] + offset, 3)
-        seg["end"] = round(seg["end"] + offset, 3)
+        seg["start"] = in_recording(seg["start"], pieces)
+        seg["end"] = in_recording(seg["end"], pieces)
         for w in seg.get("words") or []:
-            w["start"] = round(w["start"] + offset, 3)
-            w["end"] = round(w["end"] + offset, 3)
+            w["start"] = in_recording(w["start"], pieces)
+            w["end"] = in_recording(w["end"], pieces)
         if "language" in tr.segments[first]:
             seg["language"] = tr.segments[first]["language"]
     return again.segments

@@ -158,9 +158,6 @@ class Call:
     """A split job's piece (``speaker_windows``): its embedded windows, not its speakers."""
     pieces: list[dict[str, Any]] | None = None
     """A split job's pieces: where each is, its job, its tries and seconds."""
-    audio_consumed: bool = False
-    """The transcription gathered the speech into the job's samples (they no longer hold
-    the recording as it was)."""
     word_alignment: dict[str, str] | None = None
     """How the words were timed, per language (``forced`` or ``whisper``); None: no words."""
 
