@@ -105,15 +105,14 @@ def test_a_read_only_root_with_a_tmpfs_serves_jobs():
     assert "Traceback" not in log and "Read-only file system" not in log, log[-2000:]
 
 
-def test_nothing_is_fetched_at_run_time_even_asked_for_a_url():
-    """With no network a job whose audio is a URL fails with the fetch's own code; the
-    worker itself started and loaded everything from the image."""
-    job = {"input": {"audio_url": "https://example.com/a.mp3"}}
-    run = podman(
+def run_once_offline(job: dict[str, Any], *flags: str) -> subprocess.CompletedProcess:
+    """The image's queue worker run once on ``job`` (its --test_input), with no network."""
+    return podman(
         "run",
         "--rm",
         "--network",
         "none",
+        *flags,
         IMAGE,
         "python",
         "-m",
@@ -122,6 +121,12 @@ def test_nothing_is_fetched_at_run_time_even_asked_for_a_url():
         json.dumps(job),
         check=False,
     )
+
+
+def test_nothing_is_fetched_at_run_time_even_asked_for_a_url():
+    """With no network a job whose audio is a URL fails with the fetch's own code; the
+    worker itself started and loaded everything from the image."""
+    run = run_once_offline({"input": {"audio_url": "https://example.com/a.mp3"}})
     log = run.stdout + run.stderr
     assert "loaded model" in log, log[-2000:]
     assert "SOURCE_UNREACHABLE" in log, log[-2000:]
@@ -133,22 +138,7 @@ def test_forced_word_times_run_in_the_image_on_a_read_only_root():
     and aligns offline with only /tmp writable."""
     job = json.loads((ROOT / "test_input.json").read_text())
     job["input"].update({"word_alignment": "forced", "output": ["text", "words"]})
-    run = podman(
-        "run",
-        "--rm",
-        "--network",
-        "none",
-        "--read-only",
-        "--tmpfs",
-        "/tmp",
-        IMAGE,
-        "python",
-        "-m",
-        "handler",
-        "--test_input",
-        json.dumps(job),
-        check=False,
-    )
+    run = run_once_offline(job, "--read-only", "--tmpfs", "/tmp")
     log = run.stdout + run.stderr
     assert run.returncode == 0 and "'word_alignment': 'forced'" in log, log[-2000:]
     assert "Traceback" not in log

@@ -65,7 +65,6 @@ class Outcome:
     kept: int = 0
     """Words that kept Whisper's (shifted) times."""
     seconds: float = 0.0
-    warnings: list[str] = field(default_factory=list)
 
 
 class Aligner:

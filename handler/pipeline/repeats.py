@@ -25,9 +25,9 @@ DROPPED = ("initial_prompt", "prefix", "clip_timestamps", "max_initial_timestamp
 
 
 def fix(
-    plan: Plan, tr: transcribe.Transcript, samples: np.ndarray | None, worker: Runtime, call: Call
+    plan: Plan, tr: transcribe.Transcript, samples: np.ndarray, worker: Runtime, call: Call
 ) -> None:
-    """Find the loops in ``tr`` and mend them in place (samples None: collapse only)."""
+    """Find the loops in ``tr`` and mend them in place."""
     settings = worker.settings
     on = plan.job.loop_guard if plan.job.loop_guard is not None else settings.loop_guard
     if not on or not tr.segments:
@@ -36,14 +36,14 @@ def fix(
     found = loops.find(words)
     if not found:
         return
-    allowance = settings.loop_redecode_s if samples is not None else 0.0
+    allowance = settings.loop_redecode_s
     # Last to first: mending a stretch moves no word before it.
     for n, loop in enumerate(reversed(found)):
         span = _span(tr.segments, loop)
         unit = "".join(loops.segment_words(tr.segments)[0][loop.first : loop.first + loop.unit])
         seconds = span[3] - span[2]
         where = f"{span[2]:.1f}-{span[3]:.1f} s ('{unit.strip()[:60]}' x{loop.repeats})"
-        if samples is not None and n < MAX_LOOPS and seconds <= allowance:
+        if n < MAX_LOOPS and seconds <= allowance:
             allowance -= seconds
             again = _decode_again(plan, tr, samples, worker, call, span)
             if not loops.find(loops.segment_words(again)[0]):

@@ -7,6 +7,8 @@ import asyncio
 import difflib
 from typing import Any
 
+from handler.inference.loops import bare
+
 
 class LiveItem:
     """One conversation item: a turn's interim decodes, the words sent of it, its transcript."""
@@ -81,17 +83,13 @@ class LiveItem:
         }
 
 
-def _bare(word: str) -> str:
-    return "".join(c for c in word.lower() if c.isalnum())
-
-
 def _end_of(sent: list[str], words: list[str]) -> int:
     """Where in ``words`` the words ``sent`` end: after the last word matched with one of
     them, counting any unmatched ones after it one for one."""
     if not sent:
         return 0
     matcher = difflib.SequenceMatcher(
-        None, [_bare(w) for w in sent], [_bare(w) for w in words], autojunk=False
+        None, [bare(w) for w in sent], [bare(w) for w in words], autojunk=False
     )
     best = None
     for a, b, size in matcher.get_matching_blocks():
