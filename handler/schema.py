@@ -143,8 +143,9 @@ class JobInput(BaseModel):
 
     loop_guard: bool | None = None
     """Repetition loops in the transcript (a phrase said back to back 4 times or more, a
-    word 6 times) decoded again without the previous text, or collapsed; ``warnings`` says
-    where. Unset: WHISPER_LOOP_GUARD (on). Off for lyrics or chants that truly repeat."""
+    word 6 times) decoded again without the previous text, kept when each occurrence heard
+    alone says it, else collapsed; ``warnings`` says where a loop was mended. Unset:
+    WHISPER_LOOP_GUARD (on)."""
 
     # --- word times ----------------------------------------------------------------------
     word_alignment: Literal["whisper", "forced", "auto"] | None = None

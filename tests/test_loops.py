@@ -129,6 +129,104 @@ def test_clean_speech_is_unchanged_by_the_guard(worker: Runtime) -> None:
         assert not [w for w in on.get("warnings", []) if "loop" in w]
 
 
+JFK_CUTS = {"and so": (0.0, 0.95), "my fellow Americans": (0.95, 2.2), "ask...": (7.7, 11.0)}
+"""Where JFK's words lie in tests/data/jfk.wav (its forced word times, rounded outward)."""
+
+
+def said_again(times: int = 5) -> np.ndarray:
+    """JFK's "And so, my fellow Americans" with "my fellow Americans" really said ``times``
+    times, 0.4 s apart, then "ask what you can do for your country": a repetition in the
+    speech itself, as a voice agent's caller ("hello? hello?") or a reading of a list
+    makes it."""
+    jfk = read_wav(DATA / "jfk.wav")
+
+    def cut(name: str) -> np.ndarray:
+        a, b = JFK_CUTS[name]
+        return jfk[int(a * 16000) : int(b * 16000)]
+
+    gap = np.zeros(int(0.4 * 16000), np.float32)
+    said = [np.concatenate([cut("my fellow Americans"), gap]) for _ in range(times)]
+    return np.concatenate([cut("and so"), *said, cut("ask...")])
+
+
+@pytest.mark.model
+def test_a_phrase_the_speaker_really_repeats_is_kept(worker: Runtime) -> None:
+    """Found as a loop (x5) and still there decoded afresh, it is heard one occurrence at
+    a time: each says it, so no words are dropped (the guard collapsed it before)."""
+    job = {"audio_base64": base64.b64encode(wav_bytes(said_again())).decode()}
+    off = run_job({**job, "loop_guard": False}, worker)
+    assert off["text"].lower().count("my fellow americans") == 5, off["text"]
+    out = run_job(job, worker)
+    assert out["text"] == off["text"] and not out.get("warnings"), out
+    timed = run_job({**job, "word_timestamps": True, "output": ["text", "words"]}, worker)
+    assert [w["word"] for w in timed["words"]].count(" fellow") == 5, timed["text"]
+
+
+def still_looping(monkeypatch: pytest.MonkeyPatch) -> list[tuple[float, float]]:
+    """The second decode made to loop again (a model that loops on its own cannot be made
+    to on demand: this is the one part substituted), its words spread evenly over the
+    stretch; the occurrences are then heard by the real model. Returns the windows heard."""
+    from handler.pipeline import repeats
+
+    heard: list[tuple[float, float]] = []
+    real_decode = repeats._decode
+
+    def again(plan, tr, samples, worker, call, span):  # noqa: ANN001, ANN202
+        start, end = span[2], span[3]
+        step = (end - start) / 12
+        words = [
+            {"word": w, "start": start + i * step, "end": start + (i + 1) * step, "probability": 1}
+            for i, w in enumerate([" Thank", " you."] * 6)
+        ]
+        text = "".join(w["word"] for w in words)
+        return [{"id": 1, "start": start, "end": end, "text": text, "words": words}]
+
+    def decode(plan, tr, samples, worker, call, window, first, timed):  # noqa: ANN001, ANN202
+        heard.append(window)
+        return real_decode(plan, tr, samples, worker, call, window, first, timed)
+
+    monkeypatch.setattr(repeats, "_decode_again", again)
+    monkeypatch.setattr(repeats, "_decode", decode)
+    return heard
+
+
+@pytest.mark.model
+def test_a_loop_the_speech_does_not_say_is_collapsed(worker: Runtime, monkeypatch) -> None:
+    heard = still_looping(monkeypatch)
+    out = run_job({"audio_base64": b64(DATA / "jfk.wav"), "prefix": LOOP}, worker)
+    assert len(heard) == 4, heard  # four of the six occurrences heard, each alone
+    assert out["text"].count("Thank you") == 1, out["text"]
+    assert any("collapsed to one" in w for w in out["warnings"]), out["warnings"]
+
+
+@pytest.mark.model
+def test_a_loop_over_noise_is_collapsed(worker: Runtime, monkeypatch) -> None:
+    """No speech under it: heard alone with the VAD on, each occurrence is nothing."""
+    heard = still_looping(monkeypatch)
+    noise = (np.random.default_rng(7).standard_normal(8 * 16000) * 0.05).astype(np.float32)
+    job = {"audio_base64": base64.b64encode(wav_bytes(noise)).decode(), "prefix": LOOP}
+    out = run_job({**job, "vad_filter": False}, worker)
+    assert heard and out["text"].count("Thank you") == 1, out["text"]
+    assert any("collapsed to one" in w for w in out["warnings"]), out["warnings"]
+
+
+def test_occurrences_are_heard_in_windows_cut_where_it_is_quiet() -> None:
+    from handler.pipeline import repeats
+
+    segments = [seg(1, "a b a b a b a b a b", 0.0)]  # 10 words, 0-9.9 s: 5 slots of 1.98 s
+    loop = loops.find(loops.segment_words(segments)[0])[0]  # type: ignore[arg-type]
+    windows = repeats.occurrences(segments, loop, lambda t, r: t)  # type: ignore[arg-type]
+    # occurrences 0, 1, 3 and 4 (first and last among them), each its slot +- half a slot
+    assert windows is not None
+    flat = [t for window in windows for t in window]
+    assert flat == pytest.approx([0.0, 2.97, 0.99, 4.95, 4.95, 8.91, 6.93, 10.89])
+    snapped = repeats.occurrences(segments, loop, lambda t, r: t + r)  # type: ignore[arg-type]
+    assert snapped and snapped[0] == pytest.approx((0.495, 3.465))  # moved up to slot / 4
+    assert repeats.said_in(["my", "fellow", "americans"], ["and", "my", "fellow", "american"])
+    assert not repeats.said_in(["thank", "you"], ["ask", "not", "what"])
+    assert not repeats.said_in(["no"], [])
+
+
 def test_loop_guard_takes_a_json_boolean_only(worker: Runtime) -> None:
     out = run_job({"audio_base64": b64(DATA / "jfk.wav"), "loop_guard": "no"}, worker)
     assert out["error_code"] == "INVALID_INPUT" and "loop_guard" in out["error"]

@@ -1,10 +1,14 @@
 """Repetition loops after decoding (handler.inference.loops): each stretch that loops is
-decoded again without the previous text; if it still loops, or the job's re-decoding
-allowance is spent, the repeats are collapsed to one; ``warnings`` says where, either way."""
+decoded again without the previous text; if it still loops, its occurrences are heard one
+by one, each alone: when the speech says the unit each time (a speaker who really repeats
+a phrase), the words stay; otherwise, or when the job's re-decoding allowance is spent, the
+repeats are collapsed to one. ``warnings`` says where a loop was mended, either way."""
 
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
+from difflib import SequenceMatcher
 from typing import Any
 
 import numpy as np
@@ -19,6 +23,12 @@ MAX_LOOPS = 50
 """Loops handled per job; any beyond are collapsed without a second decode."""
 PAD_S = 0.1
 """Audio kept on each side of a re-decoded stretch."""
+CHECKS = 4
+"""Occurrences of a loop that survives a second decode heard again, each alone."""
+HEARD_PAD_S = 0.2
+"""Audio kept on each side of one occurrence (Whisper's word times are this loose)."""
+SAME = 0.6
+"""How alike (difflib's ratio over words) one occurrence heard alone and the unit must be."""
 # A re-decode starts afresh: no conditioning on earlier text, no prompt or prefix that
 # may have started the loop, no clip list meant for the whole recording.
 DROPPED = ("initial_prompt", "prefix", "clip_timestamps", "max_initial_timestamp")
@@ -37,6 +47,7 @@ def fix(
     if not found:
         return
     allowance = settings.loop_redecode_s
+    kept = 0
     # Last to first: mending a stretch moves no word before it.
     for n, loop in enumerate(reversed(found)):
         span = _span(tr.segments, loop)
@@ -46,17 +57,34 @@ def fix(
         if n < MAX_LOOPS and seconds <= allowance:
             allowance -= seconds
             again = _decode_again(plan, tr, samples, worker, call, span)
-            if not loops.find(loops.segment_words(again)[0]):
+            still = loops.find(loops.segment_words(again)[0])
+            if not still:
+                if not plan.kwargs.get("word_timestamps"):
+                    for seg in again:
+                        seg["words"] = None  # timed for the check below, not asked for
                 tr.segments[span[0] : span[1] + 1] = again
                 call.warnings.append(
                     f"repetition loop at {where}: decoded again without the previous text"
                 )
                 continue
+            # The speaker may really have said it again and again: each occurrence alone.
+            said, spent = _said_so(
+                plan, tr, samples, worker, call, again, still, allowance, span[0]
+            )
+            allowance -= spent
+            if said:
+                kept += 1
+                continue
         tr.segments[:] = loops.collapse(tr.segments, loop)
         call.warnings.append(f"repetition loop at {where}: collapsed to one")
     for i, seg in enumerate(tr.segments):
         seg["id"] = i + 1
-    log.info("job %s: %d repetition loop(s) mended", call.job_id, len(found))
+    log.info(
+        "job %s: %d repetition loop(s) mended, %d repetition(s) kept as said",
+        call.job_id,
+        len(found) - kept,
+        kept,
+    )
 
 
 def _span(segments: list[Segment], loop: loops.Loop) -> tuple[int, int, float, float]:
@@ -71,17 +99,17 @@ Pieces = list[tuple[float, float, float]]
 
 
 def stretch(
-    samples: np.ndarray, tr: transcribe.Transcript, start: float, end: float
+    samples: np.ndarray, tr: transcribe.Transcript, start: float, end: float, pad: float = PAD_S
 ) -> tuple[np.ndarray, Pieces]:
-    """The recording's audio from ``start`` to ``end`` s (a little more each side), as one
+    """The recording's audio from ``start`` to ``end`` s (``pad`` more each side), as one
     clip, and where its pieces lie in the recording. Samples whose speech was gathered in
     place (``tr.gathered``) hold the VAD's spans back to back: the stretch is then the
     parts of those spans inside it, joined, as the model first heard them."""
     if not tr.gathered or tr.speech is None:
-        a = max(0, int((start - PAD_S) * SAMPLE_RATE))
-        b = min(len(samples), int((end + PAD_S) * SAMPLE_RATE))
+        a = max(0, int((start - pad) * SAMPLE_RATE))
+        b = min(len(samples), int((end + pad) * SAMPLE_RATE))
         return samples[a:b].copy(), [(0.0, (b - a) / SAMPLE_RATE, a / SAMPLE_RATE)]
-    lo_t, hi_t = int((start - PAD_S) * SAMPLE_RATE), int((end + PAD_S) * SAMPLE_RATE)
+    lo_t, hi_t = int((start - pad) * SAMPLE_RATE), int((end + pad) * SAMPLE_RATE)
     parts: list[np.ndarray] = []
     pieces: Pieces = []
     at = clip = 0
@@ -114,13 +142,108 @@ def _decode_again(
     call: Call,
     span: tuple[int, int, float, float],
 ) -> list[Segment]:
+    """The loop's segments decoded again afresh, with timed words (for ``_said_so``)."""
     first, _, start, end = span
-    clip, pieces = stretch(samples, tr, start, end)
+    again = _decode(plan, tr, samples, worker, call, (start - PAD_S, end + PAD_S), first, True)
+    return again if again is not None else tr.segments[span[0] : span[1] + 1]
+
+
+def _said_so(
+    plan: Plan,
+    tr: transcribe.Transcript,
+    samples: np.ndarray,
+    worker: Runtime,
+    call: Call,
+    again: list[Segment],
+    still: list[loops.Loop],
+    allowance: float,
+    first: int,
+) -> tuple[bool, float]:
+    """Whether the speech says each loop's unit in each of (up to ``CHECKS``) of its
+    occurrences, timed in ``again``, each decoded alone with the VAD on, and the seconds
+    this heard (``first``: the loop's first segment, for its language). A loop made up
+    over music, noise, silence or other words is not heard there; a phrase the speaker
+    really repeats is. Untimed occurrences, or more seconds than ``allowance``, are not
+    heard at all (False)."""
+    windows = [occurrences(again, each, lambda t, r: quiet(samples, tr, t, r)) for each in still]
+    spent = sum(b - a for each in windows for a, b in each or [])
+    if not all(windows) or spent > allowance:
+        return False, 0.0
+    timed = loops.segment_words(again)[0]
+    for loop, each in zip(still, windows, strict=True):
+        unit = [k for k in map(loops.bare, timed[loop.first : loop.first + loop.unit]) if k]
+        hits = 0
+        for window in each or []:
+            alone = _decode(plan, tr, samples, worker, call, window, first, False)
+            got = [k for k in map(loops.bare, loops.segment_words(alone or [])[0]) if k]
+            hits += said_in(unit, got)
+        if hits < len(each or []):
+            return False, spent
+    return True, spent
+
+
+def occurrences(
+    segments: list[Segment], loop: loops.Loop, snap: Callable[[float, float], float]
+) -> list[tuple[float, float]] | None:
+    """Where to hear (up to ``CHECKS`` of) the loop's occurrences, first and last among
+    them: the loop's time (from the timed words of ``segments``) cut into one slot per
+    occurrence, each window a slot and half a slot each side, so that Whisper's loose word
+    times and a speaker's uneven pace still leave a whole occurrence inside; each edge
+    moved by ``snap(time, radius)`` to where no word is cut (``quiet``). None untimed."""
+    timed = [w for seg in segments for w in seg.get("words") or []]
+    if len(timed) != len(loops.segment_words(segments)[0]):
+        return None
+    start, end = timed[loop.first]["start"], timed[loop.end - 1]["end"]
+    slot = max(end - start, 0.0) / loop.repeats
+    count = min(CHECKS, loop.repeats)
+    picks = sorted({round(i * (loop.repeats - 1) / max(count - 1, 1)) for i in range(count)})
+    edges = [(max(0.0, start + (k - 0.5) * slot), start + (k + 1.5) * slot) for k in picks]
+    return [(snap(a, slot / 4), snap(b, slot / 4)) for a, b in edges]
+
+
+def quiet(samples: np.ndarray, tr: transcribe.Transcript, t: float, radius: float) -> float:
+    """The quietest moment of the recording (20-ms frames) within ``radius`` s of ``t``."""
+    clip, pieces = stretch(samples, tr, t - radius, t + radius, pad=0.0)
+    frame = SAMPLE_RATE // 50
+    if len(clip) < frame:
+        return t
+    frames = clip[: len(clip) // frame * frame].reshape(-1, frame)
+    loudest = np.square(frames, dtype=np.float64).mean(axis=1)
+    return max(0.0, in_recording((int(np.argmin(loudest)) + 0.5) / 50, pieces))
+
+
+def said_in(unit: list[str], heard: list[str]) -> bool:
+    """Whether ``heard`` holds ``unit`` (bare words), near enough (``SAME``) somewhere."""
+    n = len(unit)
+    return any(
+        SequenceMatcher(None, unit, heard[i : i + n], autojunk=False).ratio() >= SAME
+        for i in range(max(1, len(heard) - n + 1))
+    )
+
+
+def _decode(
+    plan: Plan,
+    tr: transcribe.Transcript,
+    samples: np.ndarray,
+    worker: Runtime,
+    call: Call,
+    window: tuple[float, float],
+    first: int,
+    timed: bool,
+) -> list[Segment] | None:
+    """The recording from ``window[0]`` to ``window[1]`` s decoded afresh (in the
+    language of segment ``first``), on the recording's time line; None when there is
+    nothing to hear. ``timed`` decodes a loop's stretch with timed words, as the model
+    first heard it; else one occurrence alone, whose speech the VAD must find again."""
+    clip, pieces = stretch(samples, tr, window[0], window[1], pad=0.0)
     if len(clip) < SAMPLE_RATE // 10:
-        return tr.segments[span[0] : span[1] + 1]  # nothing to hear again: still a loop
+        return None
     kwargs: dict[str, Any] = {k: v for k, v in plan.kwargs.items() if k not in DROPPED}
     kwargs["condition_on_previous_text"] = False
-    if tr.gathered:
+    kwargs["word_timestamps"] = timed
+    if not timed:
+        kwargs["vad_filter"] = True
+    elif tr.gathered:
         kwargs["vad_filter"] = False  # the clip is the VAD's speech already
         kwargs.pop("vad_parameters", None)
     lang = tr.segments[first].get("language") or tr.language
