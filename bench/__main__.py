@@ -63,6 +63,8 @@ COMMANDS: tuple[Command, ...] = (
             "word times against human boundaries: Whisper's, forced, plain; the pass's cost"),
     Command("loops", "bench.accuracy.loops",
             "repetition loops per audio hour with and without the guard; WER"),
+    Command("said-again", "bench.accuracy.said_again",
+            "phrases a speaker really repeats: kept or collapsed by the loop guard"),
     Command("corpus", "bench.common.eval_corpus",
             "fetch and check the evaluation corpus (real speech, five languages)"),
     # Speed and memory.

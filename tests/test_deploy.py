@@ -833,6 +833,13 @@ def _field(key: str) -> str:
     return key.removeprefix("WHISPER_").lower()
 
 
+RUNPOD_CUDA_VERSIONS = ("11.8", "12.0", "12.1", "12.2", "12.3", "12.4", "12.5", "12.6", "12.7")
+RUNPOD_CUDA_VERSIONS += ("12.8", "12.9", "13.0")
+"""Every value RunPod's API takes for ``allowedCudaVersions``, as the newest client of its
+REST API found (the runpod-sdk 0.6.2 crate's ``CudaVersion``, read 2026-12) lists them; the
+scheduler matches them exactly: a host whose CUDA is not listed is not offered."""
+
+
 def test_hub_metadata(hub, docker):
     assert hub["title"] and hub["description"]
     assert hub["type"] == "serverless"
@@ -845,8 +852,11 @@ def test_hub_metadata(hub, docker):
     base = _base_cuda(docker)
     for cfg in (config, json.loads(HUB_TESTS.read_text())["config"]):
         versions = [tuple(int(x) for x in v.split(".")) for v in cfg["allowedCudaVersions"]]
-        # A host whose driver is older than the base image's CUDA refuses to start it.
+        # A host whose driver is older than the base image's CUDA refuses to start it; every
+        # newer one RunPod names runs it (the exact match would exclude a host left out).
         assert versions and all(v >= base for v in versions)
+        runs = {v for v in RUNPOD_CUDA_VERSIONS if tuple(int(x) for x in v.split(".")) >= base}
+        assert set(cfg["allowedCudaVersions"]) == runs
 
 
 def test_hub_env_keys_are_real_settings_and_cover_the_deployable_ones(hub):

@@ -220,7 +220,7 @@ def _all_done(order: list[tuple[str, str]]) -> bool:
 def test_the_async_client_gets_deltas_before_a_long_turn_ends(live: Server) -> None:
     import openai
 
-    # Three readings with 0.25-s pauses: one long turn of about 20 s.
+    # Three readings with 0.25-s pauses: about 16 s of speech, cut into turns by the VAD.
     parts = []
     for c in clips()[1:4]:
         parts += [c.samples, silence(0.25)]
@@ -268,17 +268,22 @@ def test_the_async_client_gets_deltas_before_a_long_turn_ends(live: Server) -> N
         if e["type"] == "input_audio_buffer.speech_stopped"
     ]
     assert stops, [e["type"] for e in events]
-    # The longest turn (about 20 s of speech, or at least 6 s if the VAD cut it): interim
-    # text arrived while it was still being spoken. Shorter turns may end before two
-    # interim decodes agree when the machine is busy (three test processes on two cores).
-    length, n, e = max(stops, key=lambda x: x[0])
-    assert length >= 6000, [(s[0], s[2]["item_id"]) for s in stops]
-    began = starts[e["item_id"]][0]
-    assert any(
-        d["type"] == "conversation.item.input_audio_transcription.delta"
-        and d["item_id"] == e["item_id"]
-        for d in events[began:n]
-    ), events
+    # Interim text arrived for a turn while it was still being spoken (before its
+    # speech_stopped): it takes two interim decodes that agree, 2 s of speech apart, so
+    # that turn was 4 s long at least. Which turn gets there first depends on how busy the
+    # cores are (the server VAD cuts the 16 s into three to four turns; on a loaded machine
+    # the first turn's interim decodes may end after it does).
+    early = [
+        e["item_id"]
+        for _length, n, e in stops
+        if any(
+            d["type"] == "conversation.item.input_audio_transcription.delta"
+            and d["item_id"] == e["item_id"]
+            for d in events[starts[e["item_id"]][0] : n]
+        )
+    ]
+    summary = [(e["type"], e.get("item_id"), e.get("delta")) for e in events if "item_id" in e]
+    assert early, summary
     assert wer(reference, transcript) < 0.25, transcript
     for done in (e for e in events if e["type"].endswith("transcription.completed")):
         sent = "".join(
