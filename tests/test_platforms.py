@@ -2,12 +2,15 @@
 
 - ``deploy/kubernetes/knative/service.yaml`` (Knative Serving, HTTP only, scale to zero),
 - ``deploy/cloud-run/service.yaml`` (Google Cloud Run, Knative's API; the CPU image),
-- ``deploy/modal/app.py`` (Modal: the image as a web server).
+- ``deploy/modal/app.py`` (Modal: the image as a web server),
+- ``deploy/runpod-lb/hub.json`` (a RunPod Hub listing of the load-balancing type: RunPod
+  sets ``PORT`` and ``PORT_HEALTH`` and polls ``/ping``, 204 while loading, 200 ready).
 
 No cluster, Google project or Modal account exists here: the manifests are validated
 against Knative's Service CRD schema (vendored from knative/serving, made strict), the Modal
 file is imported with the real ``modal`` package (which builds the app offline), and then
-the worker is started the way each platform starts the container: the manifest's
+the worker is started the way each platform starts the container: the manifest's (or the
+Hub form's defaults')
 environment, the ``PORT`` the platform injects (Knative's ``K_SERVICE``/``K_REVISION``/
 ``K_CONFIGURATION`` too), its health probe's path polled until it answers 200, a real
 transcription through the openai SDK, and SIGTERM with a request in flight (the request is
@@ -20,6 +23,7 @@ from __future__ import annotations
 
 import copy
 import importlib.util
+import json
 import os
 import signal
 import subprocess
@@ -47,6 +51,7 @@ KNATIVE = ROOT / "deploy" / "kubernetes" / "knative" / "service.yaml"
 CLOUD_RUN = ROOT / "deploy" / "cloud-run" / "service.yaml"
 CLOUD_RUN_GPU = ROOT / "deploy" / "cloud-run" / "service-gpu.yaml"
 MODAL = ROOT / "deploy" / "modal" / "app.py"
+RUNPOD_LB = ROOT / "deploy" / "runpod-lb" / "hub.json"
 CLOUD_RUN_MAX_TIMEOUT_S = 3600  # Cloud Run's longest request timeout
 
 
@@ -76,8 +81,30 @@ def held_at_once(s: Settings) -> int:
 class Contract:
     """What a platform gives the container and expects of it."""
 
-    def __init__(self, doc: dict[str, Any] | None = None, modal: ModuleType | None = None):
-        if doc is not None:
+    health_port = False
+    """The platform probes health on a port of its own (``PORT_HEALTH``)."""
+
+    def __init__(
+        self,
+        doc: dict[str, Any] | None = None,
+        modal: ModuleType | None = None,
+        hub: dict[str, Any] | None = None,
+    ):
+        if hub is not None:  # the Hub form's defaults, as a deployer who changes none
+            self.env = {
+                e["key"]: str(e["input"]["default"]).lower()
+                if isinstance(e["input"]["default"], bool)
+                else str(e["input"]["default"])
+                for e in hub["config"]["env"]
+                if "default" in e["input"] and e["input"]["default"] != ""
+            }
+            self.port = 80  # RunPod's PORT when the endpoint sets none
+            self.probe_path = "/ping"
+            self.health_port = True
+            self.concurrency = 0  # no platform-side cap: RunPod answers 400 past its workers
+            self.timeout_s = 330  # RunPod's load balancer ends a request after 5.5 min
+            self.injected = {"RUNPOD_ENDPOINT_ID": "lb-test", "RUNPOD_POD_ID": "lb-pod"}
+        elif doc is not None:
             spec = doc["spec"]["template"]["spec"]
             (c,) = spec["containers"]
             self.env = {e["name"]: e["value"] for e in c["env"] if "value" in e}
@@ -110,6 +137,7 @@ def contracts() -> dict[str, Contract]:
         "cloud-run": Contract(knative_service(CLOUD_RUN)),
         "cloud-run-gpu": Contract(knative_service(CLOUD_RUN_GPU)),
         "modal": Contract(modal=modal_app()),
+        "runpod-lb": Contract(hub=json.loads(RUNPOD_LB.read_text())),
     }
 
 
@@ -159,6 +187,30 @@ def test_cloud_runs_gpu_service_runs_the_variant_for_its_driver() -> None:
     assert selftest.driver_refusal(r535, ct2=".".join(map(str, ct2[0]))) is None
 
 
+def test_the_load_balancing_listing_is_the_queue_listing_in_http_mode() -> None:
+    """RunPod's Hub lists a repository as a load-balancing endpoint with ``endpointType:
+    LB`` in its hub.json (RunPod's changelog, "Load balancing Serverless repos (beta)").
+    Everything else (GPUs, CUDA versions, every setting and its default) is the queue
+    listing's, checked against the settings by tests/test_deploy.py; only the mode's
+    default and the queue-only preset differ."""
+    queue = json.loads((ROOT / ".runpod" / "hub.json").read_text())
+    lb = json.loads(RUNPOD_LB.read_text())
+    assert lb["config"].pop("endpointType") == "LB" and "endpointType" not in queue["config"]
+    assert lb["type"] == queue["type"] == "serverless" and lb["category"] == queue["category"]
+    modes = {e["key"]: e["input"] for e in lb["config"]["env"]}["WHISPER_MODE"]
+    assert modes["default"] == "http" and {o["value"] for o in modes["options"]} >= {"http"}
+    strip = {"WHISPER_MODE"}
+    envs = [[e for e in d["config"]["env"] if e["key"] not in strip] for d in (lb, queue)]
+    assert envs[0] == envs[1]
+    streaming = [p for p in queue["config"]["presets"] if "WHISPER_STREAM" in p["defaults"]]
+    assert lb["config"]["presets"] == [p for p in queue["config"]["presets"] if p not in streaming]
+    rest = [
+        {k: v for k, v in d["config"].items() if k not in ("env", "presets")} for d in (lb, queue)
+    ]
+    assert rest[0] == rest[1]
+    assert load_settings({"WHISPER_MODE": modes["default"]}).mode == "http"
+
+
 def test_the_modal_app_is_built_as_documented() -> None:
     m = modal_app()
     import modal
@@ -168,8 +220,11 @@ def test_the_modal_app_is_built_as_documented() -> None:
     assert m.STARTUP_TIMEOUT_S >= 300 and m.SCALEDOWN_S >= 2
 
 
-def start_as(c: Contract, name: str, monkeypatch: pytest.MonkeyPatch) -> tuple[Any, int, Path]:
+def start_as(c: Contract, name: str, monkeypatch: pytest.MonkeyPatch) -> tuple[Any, int, Path, int]:
+    """The worker as the platform starts it: its process, its port, its log, and the port
+    the platform probes (``PORT_HEALTH`` where the platform sets one)."""
     port = free_port()  # the platform's choice; the manifest's port in production
+    health = free_port() if c.health_port else port
     log = Path(os.environ.get("TMPDIR", "/tmp")) / f"platform-{name}-{port}.log"
     if name == "modal":  # the app's own function starts the worker, as in the container
         m = modal_app()
@@ -191,12 +246,13 @@ def start_as(c: Contract, name: str, monkeypatch: pytest.MonkeyPatch) -> tuple[A
             proc.wait(10)
             raise
         log.write_text("")
-        return proc, port, log
+        return proc, port, log, health
     env = {
         **{k: v for k, v in os.environ.items() if not k.startswith(("WHISPER_", "PORT"))},
         **c.env,
         **c.injected,
         "PORT": str(port),
+        **({"PORT_HEALTH": str(health)} if c.health_port else {}),
         "HOST": "127.0.0.1",
         "WHISPER_DEVICE": "cpu",  # substituted: no GPU here, tiny.en instead of the baked model
     }
@@ -208,7 +264,7 @@ def start_as(c: Contract, name: str, monkeypatch: pytest.MonkeyPatch) -> tuple[A
             stdout=out,
             stderr=subprocess.STDOUT,
         )
-    return proc, port, log
+    return proc, port, log, health
 
 
 def running(base: str) -> float:
@@ -222,22 +278,27 @@ def running(base: str) -> float:
 
 
 @pytest.mark.e2e
-@pytest.mark.parametrize("name", ["knative", "cloud-run", "modal"])
+@pytest.mark.parametrize("name", ["knative", "cloud-run", "modal", "runpod-lb"])
 def test_the_worker_starts_serves_and_drains_as_the_platform_runs_it(
     name: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     c = contracts()[name]
-    proc, port, log = start_as(c, name, monkeypatch)
+    proc, port, log, health = start_as(c, name, monkeypatch)
     base = f"http://127.0.0.1:{port}"
+    seen: set[int] = set()
     try:
 
         def probe() -> int:
             try:
-                return requests.get(base + c.probe_path, timeout=2).status_code
+                code = requests.get(f"http://127.0.0.1:{health}{c.probe_path}", timeout=2)
             except requests.ConnectionError:
                 return 0
+            seen.add(code.status_code)
+            return code.status_code
 
         wait_for(lambda: probe() == 200 or proc.poll() is not None, START_S, "the probe to pass")
+        if c.health_port:  # RunPod's LB: 204 loading, 200 ready, anything else unhealthy;
+            assert seen == {200, 204}, seen  # the health port answers while the model loads
         assert proc.poll() is None, log.read_text()[-2000:]
         client = openai.OpenAI(base_url=base + "/v1", api_key="unused", max_retries=0, timeout=300)
         with open(DATA / "jfk.wav", "rb") as f:
