@@ -114,7 +114,8 @@ def marathon(worker: Any, minutes: float) -> dict[str, Any]:
     """One job of ``minutes`` of real speech (the clips repeated 1 s apart): its speed, its
     WER, and per 10-minute stretch the words found against those spoken. A stretch with
     almost none late in the file is the silent failure reported of CTranslate2 on some
-    drivers (a long file going empty after 1 h 49 min); ``max_repeats`` is a loop's mark."""
+    drivers (a long file going empty after 1 h 49 min); ``max_repeats`` is a loop's mark
+    left in the text, ``loop_warnings`` the loops the guard mended before."""
     from handler.pipeline.job import run_job
 
     clip = long_clip(minutes * 60)
@@ -136,6 +137,8 @@ def marathon(worker: Any, minutes: float) -> dict[str, Any]:
         "words_found_per_stretch": stretches,
         "empty_stretches": int(sum(x < 0.2 for x in stretches)),
         "max_repeats": max_repeats(out["text"]),
+        # loops the worker's guard mended (decoded again or collapsed): where they were
+        "loop_warnings": [w for w in out.get("warnings", []) if "repetition loop" in w],
     }
 
 
