@@ -264,6 +264,7 @@ def test_the_gpu_check_runs_on_the_cpu(tmp_path) -> None:
     run = tiny["marathon"]
     assert run["audio_s"] >= 25 and run["wer"] < 0.2 and run["empty_stretches"] == 0
     assert run["words_found_per_stretch"][0] > 0.8 and run["max_repeats"] < 5
+    assert run["loop_warnings"] == []
     assert tiny["cold_start"]["self_test"] > 0
     # bench fanout's line: unsplit and 4 pieces on 4 warm worker processes.
     fanout = report["fanout"]["rows"]
