@@ -194,7 +194,7 @@ def still_looping(monkeypatch: pytest.MonkeyPatch) -> list[tuple[float, float]]:
 def test_a_loop_the_speech_does_not_say_is_collapsed(worker: Runtime, monkeypatch) -> None:
     heard = still_looping(monkeypatch)
     out = run_job({"audio_base64": b64(DATA / "jfk.wav"), "prefix": LOOP}, worker)
-    assert len(heard) == 4, heard  # four of the six occurrences heard, each alone
+    assert len(heard) == 1, heard  # the first occurrence heard alone is JFK's words: enough
     assert out["text"].count("Thank you") == 1, out["text"]
     assert any("collapsed to one" in w for w in out["warnings"]), out["warnings"]
 

@@ -160,26 +160,26 @@ def _said_so(
     first: int,
 ) -> tuple[bool, float]:
     """Whether the speech says each loop's unit in each of (up to ``CHECKS``) of its
-    occurrences, timed in ``again``, each decoded alone with the VAD on, and the seconds
-    this heard (``first``: the loop's first segment, for its language). A loop made up
-    over music, noise, silence or other words is not heard there; a phrase the speaker
-    really repeats is. Untimed occurrences, or more seconds than ``allowance``, are not
-    heard at all (False)."""
+    occurrences, timed in ``again``, each decoded alone with the VAD on (stopping at the
+    first that does not), and the seconds this heard (``first``: the loop's first
+    segment, for its language). A loop made up over music, noise, silence or other words
+    is not heard there; a phrase the speaker really repeats is. Untimed occurrences, or
+    more seconds than ``allowance``, are not heard at all (False)."""
     windows = [occurrences(again, each, lambda t, r: quiet(samples, tr, t, r)) for each in still]
     spent = sum(b - a for each in windows for a, b in each or [])
     if not all(windows) or spent > allowance:
         return False, 0.0
     timed = loops.segment_words(again)[0]
+    heard = 0.0
     for loop, each in zip(still, windows, strict=True):
         unit = [k for k in map(loops.bare, timed[loop.first : loop.first + loop.unit]) if k]
-        hits = 0
         for window in each or []:
             alone = _decode(plan, tr, samples, worker, call, window, first, False)
+            heard += window[1] - window[0]
             got = [k for k in map(loops.bare, loops.segment_words(alone or [])[0]) if k]
-            hits += said_in(unit, got)
-        if hits < len(each or []):
-            return False, spent
-    return True, spent
+            if not said_in(unit, got):
+                return False, heard  # one that does not say it is enough
+    return True, heard
 
 
 def occurrences(
