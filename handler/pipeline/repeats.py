@@ -1,7 +1,7 @@
 """Repetition loops after decoding (handler.inference.loops): each stretch that loops is
-decoded again without the previous text; if it still loops, its occurrences are heard one
-by one, each alone: when the speech says the unit each time (a speaker who really repeats
-a phrase), the words stay; otherwise, or when the job's re-decoding allowance is spent, the
+first heard one occurrence at a time, each alone: when the speech says the unit each time
+(a speaker who really repeats a phrase), the words stay. Otherwise the stretch is decoded
+again without the previous text; if it still loops, or the job's allowance is spent, the
 repeats are collapsed to one. ``warnings`` says where a loop was mended, either way."""
 
 from __future__ import annotations
@@ -24,7 +24,7 @@ MAX_LOOPS = 50
 PAD_S = 0.1
 """Audio kept on each side of a re-decoded stretch."""
 CHECKS = 4
-"""Occurrences of a loop that survives a second decode heard again, each alone."""
+"""Occurrences of a loop heard again, each alone, before anything is mended."""
 HEARD_PAD_S = 0.2
 """Audio kept on each side of one occurrence (Whisper's word times are this loose)."""
 SAME = 0.6
@@ -54,26 +54,21 @@ def fix(
         unit = "".join(loops.segment_words(tr.segments)[0][loop.first : loop.first + loop.unit])
         seconds = span[3] - span[2]
         where = f"{span[2]:.1f}-{span[3]:.1f} s ('{unit.strip()[:60]}' x{loop.repeats})"
+        if n < MAX_LOOPS:
+            # The speaker may really have said it again and again: each occurrence alone.
+            said, spent = _said_so(plan, tr, samples, worker, call, loop, allowance, span[0])
+            allowance -= spent
+            if said:
+                kept += 1
+                continue
         if n < MAX_LOOPS and seconds <= allowance:
             allowance -= seconds
             again = _decode_again(plan, tr, samples, worker, call, span)
-            still = loops.find(loops.segment_words(again)[0])
-            if not still:
-                if not plan.kwargs.get("word_timestamps"):
-                    for seg in again:
-                        seg["words"] = None  # timed for the check below, not asked for
+            if not loops.find(loops.segment_words(again)[0]):
                 tr.segments[span[0] : span[1] + 1] = again
                 call.warnings.append(
                     f"repetition loop at {where}: decoded again without the previous text"
                 )
-                continue
-            # The speaker may really have said it again and again: each occurrence alone.
-            said, spent = _said_so(
-                plan, tr, samples, worker, call, again, still, allowance, span[0]
-            )
-            allowance -= spent
-            if said:
-                kept += 1
                 continue
         tr.segments[:] = loops.collapse(tr.segments, loop)
         call.warnings.append(f"repetition loop at {where}: collapsed to one")
@@ -142,9 +137,9 @@ def _decode_again(
     call: Call,
     span: tuple[int, int, float, float],
 ) -> list[Segment]:
-    """The loop's segments decoded again afresh, with timed words (for ``_said_so``)."""
+    """The loop's segments decoded again afresh."""
     first, _, start, end = span
-    again = _decode(plan, tr, samples, worker, call, (start - PAD_S, end + PAD_S), first, True)
+    again = _decode(plan, tr, samples, worker, call, (start - PAD_S, end + PAD_S), first, False)
     return again if again is not None else tr.segments[span[0] : span[1] + 1]
 
 
@@ -154,46 +149,60 @@ def _said_so(
     samples: np.ndarray,
     worker: Runtime,
     call: Call,
-    again: list[Segment],
-    still: list[loops.Loop],
+    loop: loops.Loop,
     allowance: float,
     first: int,
 ) -> tuple[bool, float]:
-    """Whether the speech says each loop's unit in each of (up to ``CHECKS``) of its
-    occurrences, timed in ``again``, each decoded alone with the VAD on (stopping at the
-    first that does not), and the seconds this heard (``first``: the loop's first
-    segment, for its language). A loop made up over music, noise, silence or other words
-    is not heard there; a phrase the speaker really repeats is. Untimed occurrences, or
-    more seconds than ``allowance``, are not heard at all (False)."""
-    windows = [occurrences(again, each, lambda t, r: quiet(samples, tr, t, r)) for each in still]
-    spent = sum(b - a for each in windows for a, b in each or [])
-    if not all(windows) or spent > allowance:
+    """Whether the speech says the loop's unit in (up to ``CHECKS``) of its occurrences,
+    each decoded alone with the VAD on, and the seconds this heard (``first``: the loop's
+    first segment, for its language). One occurrence of three or more may be misheard
+    (a short clip cut from running speech); the hearing stops at a second. A loop made up
+    over music, noise, silence or other words is not heard there; a phrase the speaker
+    really repeats is. More seconds than ``allowance``: not heard at all (False)."""
+    windows = occurrences(tr.segments, loop, lambda t, r: quiet(samples, tr, t, r))
+    if sum(b - a for a, b in windows) > allowance:
         return False, 0.0
-    timed = loops.segment_words(again)[0]
-    heard = 0.0
-    for loop, each in zip(still, windows, strict=True):
-        unit = [k for k in map(loops.bare, timed[loop.first : loop.first + loop.unit]) if k]
-        for window in each or []:
-            alone = _decode(plan, tr, samples, worker, call, window, first, False)
-            heard += window[1] - window[0]
-            got = [k for k in map(loops.bare, loops.segment_words(alone or [])[0]) if k]
-            if not said_in(unit, got):
-                return False, heard  # one that does not say it is enough
+    words = loops.segment_words(tr.segments)[0]
+    unit = [k for k in map(loops.bare, words[loop.first : loop.first + loop.unit]) if k]
+    heard, misses = 0.0, 0
+    for window in windows:
+        alone = _decode(plan, tr, samples, worker, call, window, first, True)
+        heard += window[1] - window[0]
+        got = [k for k in map(loops.bare, loops.segment_words(alone or [])[0]) if k]
+        misses += not said_in(unit, got)
+        if misses > (1 if len(windows) >= 3 else 0):
+            return False, heard
     return True, heard
+
+
+def word_times(segments: list[Segment]) -> list[tuple[float, float]]:
+    """Each word's (start, end) in ``loops.segment_words`` order: its own times when the
+    segment is timed, else its share of the segment's time by characters."""
+    out: list[tuple[float, float]] = []
+    for seg in segments:
+        if seg.get("words"):
+            out += [(w["start"], w["end"]) for w in seg["words"] or []]
+            continue
+        pieces = loops.pieces(seg)
+        total = sum(len(p) for p in pieces) or 1
+        step = (seg["end"] - seg["start"]) / total
+        at = seg["start"]
+        for p in pieces:
+            out.append((at, at + len(p) * step))
+            at += len(p) * step
+    return out
 
 
 def occurrences(
     segments: list[Segment], loop: loops.Loop, snap: Callable[[float, float], float]
-) -> list[tuple[float, float]] | None:
+) -> list[tuple[float, float]]:
     """Where to hear (up to ``CHECKS`` of) the loop's occurrences, first and last among
-    them: the loop's time (from the timed words of ``segments``) cut into one slot per
-    occurrence, each window a slot and half a slot each side, so that Whisper's loose word
-    times and a speaker's uneven pace still leave a whole occurrence inside; each edge
-    moved by ``snap(time, radius)`` to where no word is cut (``quiet``). None untimed."""
-    timed = [w for seg in segments for w in seg.get("words") or []]
-    if len(timed) != len(loops.segment_words(segments)[0]):
-        return None
-    start, end = timed[loop.first]["start"], timed[loop.end - 1]["end"]
+    them: the loop's time (``word_times``) cut into one slot per occurrence, each window a
+    slot and half a slot each side, so that loose word times and a speaker's uneven pace
+    still leave a whole occurrence inside; each edge moved by ``snap(time, radius)`` to
+    where no word is cut (``quiet``)."""
+    times = word_times(segments)
+    start, end = times[loop.first][0], times[loop.end - 1][1]
     slot = max(end - start, 0.0) / loop.repeats
     count = min(CHECKS, loop.repeats)
     picks = sorted({round(i * (loop.repeats - 1) / max(count - 1, 1)) for i in range(count)})
@@ -229,19 +238,19 @@ def _decode(
     call: Call,
     window: tuple[float, float],
     first: int,
-    timed: bool,
+    alone: bool,
 ) -> list[Segment] | None:
     """The recording from ``window[0]`` to ``window[1]`` s decoded afresh (in the
     language of segment ``first``), on the recording's time line; None when there is
-    nothing to hear. ``timed`` decodes a loop's stretch with timed words, as the model
-    first heard it; else one occurrence alone, whose speech the VAD must find again."""
+    nothing to hear. ``alone``: one occurrence, untimed, whose speech the VAD must find
+    again; else a loop's stretch, as the model first heard it."""
     clip, pieces = stretch(samples, tr, window[0], window[1], pad=0.0)
     if len(clip) < SAMPLE_RATE // 10:
         return None
     kwargs: dict[str, Any] = {k: v for k, v in plan.kwargs.items() if k not in DROPPED}
     kwargs["condition_on_previous_text"] = False
-    kwargs["word_timestamps"] = timed
-    if not timed:
+    if alone:
+        kwargs["word_timestamps"] = False
         kwargs["vad_filter"] = True
     elif tr.gathered:
         kwargs["vad_filter"] = False  # the clip is the VAD's speech already
