@@ -143,8 +143,8 @@ class JobInput(BaseModel):
 
     loop_guard: bool | None = None
     """Repetition loops in the transcript (a phrase said back to back 4 times or more, a
-    word 6 times) decoded again without the previous text, kept when each occurrence heard
-    alone says it, else collapsed; ``warnings`` says where a loop was mended. Unset:
+    word 6 times) kept when its occurrences heard alone say it, else decoded again without
+    the previous text or collapsed; ``warnings`` says where a loop was mended. Unset:
     WHISPER_LOOP_GUARD (on)."""
 
     # --- word times ----------------------------------------------------------------------

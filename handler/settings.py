@@ -114,9 +114,9 @@ class Settings(BaseModel):
     align at once; the others wait their turn, outside any model slot."""
     loop_guard: bool = True
     """Find repetition loops in each transcript (a phrase said back to back 4 times or
-    more, a word 6 times), decode that stretch again without the previous text and, if
-    it still loops, hear occurrences of it one by one: a phrase the speech says each time
-    stays, else it is collapsed to one; `warnings` says where a loop was mended."""
+    more, a word 6 times) and hear occurrences of each alone: a phrase the speech says
+    each time stays; else the stretch is decoded again without the previous text and, if
+    it still loops, collapsed to one; `warnings` says where a loop was mended."""
     loop_redecode_s: float = Field(600.0, ge=0)
     """Seconds of looping audio one job may decode again; beyond, loops are collapsed.
     0: collapse only."""
