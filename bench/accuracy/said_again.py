@@ -10,8 +10,8 @@ corpus (1-8 words; ``python -m bench corpus`` fetches it) said 4-7 times back to
 the same run:
 
 - ``off``: the worker with ``loop_guard`` false (what the model heard);
-- ``collapse``: the guard as it was before occurrences were heard one by one (a loop that
-  survives the second decode is collapsed: ``repeats.CHECKS`` set to 0 for this row);
+- ``collapse``: the guard as it was before occurrences were heard (decoded again, and
+  collapsed if it still loops: ``repeats.CHECKS`` set to 0 for this row);
 - ``on``: the guard as it is.
 
 Per configuration: the cases whose text still shows the repetition (a phrase back to back

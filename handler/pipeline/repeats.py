@@ -158,9 +158,10 @@ def _said_so(
     first segment, for its language). One occurrence of three or more may be misheard
     (a short clip cut from running speech); the hearing stops at a second. A loop made up
     over music, noise, silence or other words is not heard there; a phrase the speaker
-    really repeats is. More seconds than ``allowance``: not heard at all (False)."""
+    really repeats is. More seconds than ``allowance``, or ``CHECKS`` 0: not heard at all
+    (False)."""
     windows = occurrences(tr.segments, loop, lambda t, r: quiet(samples, tr, t, r))
-    if sum(b - a for a, b in windows) > allowance:
+    if not windows or sum(b - a for a, b in windows) > allowance:
         return False, 0.0
     words = loops.segment_words(tr.segments)[0]
     unit = [k for k in map(loops.bare, words[loop.first : loop.first + loop.unit]) if k]
