@@ -254,11 +254,14 @@ class EndpointState:
         now = time.time()
         with self.cond:
             self._seen(worker_id)
-            if self.done_failures_left > 0 and not self.done_failure_after_commit:
+            # Injected failures meet results only: a progress update posted meanwhile (more
+            # of them the slower the job) would otherwise use them up.
+            inject = self.done_failures_left > 0 and not _is_progress(body)
+            if inject and not self.done_failure_after_commit:
                 self.done_failures_left -= 1
                 return self.done_failure_status, {"error": "injected failure"}
             status, answer = self._apply_done(worker_id, job_id, body, now)
-            if self.done_failures_left > 0 and self.done_failure_after_commit:
+            if inject and self.done_failure_after_commit:
                 # The post was applied, but the worker is told it failed: it will re-post.
                 self.done_failures_left -= 1
                 return self.done_failure_status, {"error": "injected failure after commit"}
@@ -545,3 +548,12 @@ def _policy_seconds(policy: dict[str, Any], key: str) -> float | None:
     if isinstance(value, (int, float)) and not isinstance(value, bool) and value > 0:
         return value / 1000.0
     return None
+
+
+def _is_progress(body: bytes) -> bool:
+    """A job-done post that is a progress update (``status: IN_PROGRESS``), not a result."""
+    try:
+        parsed = json.loads(body)
+    except ValueError:
+        return False
+    return isinstance(parsed, dict) and parsed.get("status") == IN_PROGRESS

@@ -439,6 +439,25 @@ def test_worker_protocol_raw(tmp_path: Path) -> None:
         assert em.worker_states() == {"w9": "busy"}
 
 
+def test_injected_job_done_failures_meet_results_not_progress(tmp_path: Path) -> None:
+    """A progress update posted while a result failure is armed goes through; the result
+    meets the failure (it did not: the progress used it up, and a slow test machine, whose
+    jobs post more progress, saw no re-post of the result)."""
+    with _emulator(tmp_path, take_poll_s=0.3, stop_poll_s=0.3) as em:
+        job_id = em.submit({"k": 1})
+        code, job = call(em, "GET", "job-take/w9?gpu=x&job_in_progress=0", auth="worker")
+        assert code == 200 and job["id"] == job_id
+        em.fail_job_done(1, status=502, after_commit=True)
+        done = f"job-done/w9/{job_id}?gpu=x&isStream=false"
+        progress = {"status": "IN_PROGRESS", "output": {"pct": 50}}
+        assert call(em, "POST", done, progress, auth="worker")[0] == 200
+        assert em.state.done_failures_left == 1
+        assert call(em, "POST", done, {"output": {"k": 1}}, auth="worker")[0] == 502
+        assert em.state.done_failures_left == 0 and em.status(job_id)["status"] == "COMPLETED"
+        assert call(em, "POST", done, {"output": {"k": 1}}, auth="worker")[0] == 200
+        assert em.records()["jobs"][job_id]["late_posts"] == 1
+
+
 def test_cli_prints_urls_and_stops_on_sigterm() -> None:
     proc = subprocess.Popen(
         # No worker: stopping one mid-start-up is the flaky part.
