@@ -376,3 +376,61 @@ def test_the_cuda_libraries_resolve_in_the_cuda_image():
     ldd = podman("run", "--rm", "--network", "none", IMAGE, "python", "-c", script).stdout
     missing = [ln for ln in ldd.splitlines() if "not found" in ln and "libcuda.so" not in ln]
     assert "libcudnn.so.9" in ldd and not missing, ldd
+
+
+@pytest.mark.parametrize("platform", ["knative", "cloud-run", "runpod-lb"])
+def test_each_platforms_file_runs_the_image_as_that_platform_does(platform, names):
+    """The manifest's (or the Hub form's) environment, the port the platform injects (and
+    RunPod's separate PORT_HEALTH), a read-only root, the platform's health probe polled
+    until 200, a transcription through the openai SDK, then SIGTERM (``podman stop``): the
+    container exits 0. Substituted: the CPU and the image's baked model for the GPU and
+    the model the manifest names (WHISPER_DEVICE and WHISPER_MODEL left out)."""
+    from openai import OpenAI
+
+    from tests.test_platforms import CLOUD_RUN, KNATIVE, RUNPOD_LB, Contract, knative_service
+
+    c = {
+        "knative": lambda: Contract(knative_service(KNATIVE)),
+        "cloud-run": lambda: Contract(knative_service(CLOUD_RUN)),
+        "runpod-lb": lambda: Contract(hub=json.loads(RUNPOD_LB.read_text())),
+    }[platform]()
+    env = {k: v for k, v in c.env.items() if k not in ("WHISPER_DEVICE", "WHISPER_MODEL")}
+    env |= {**c.injected, "PORT": str(c.port), "WHISPER_DEVICE": "cpu"}
+    port, health = free_port(), free_port()
+    publish = ["-p", f"127.0.0.1:{port}:{c.port}"]
+    if c.health_port:
+        env["PORT_HEALTH"] = str(c.port + 1)
+        publish += ["-p", f"127.0.0.1:{health}:{c.port + 1}"]
+    else:
+        health = port
+    name = f"ww-{platform}-{uuid.uuid4().hex[:8]}"
+    names.append(name)
+    flags = [x for k, v in env.items() for x in ("-e", f"{k}={v}")]
+    # Docker (RunPod's runtime) lets any user bind ports under 1024 since 20.10; podman
+    # does not by default, and RunPod's load balancer sets PORT=80 when the endpoint names
+    # none: the container gets Docker's default here.
+    sysctl = ["--sysctl", "net.ipv4.ip_unprivileged_port_start=0"]
+    ro = ["--read-only", "--tmpfs", "/tmp"]
+    podman("run", "-d", "--name", name, *ro, *sysctl, *publish, *flags, IMAGE)
+    seen: set[int] = set()
+
+    def probe() -> bool:
+        try:
+            code = requests.get(f"http://127.0.0.1:{health}{c.probe_path}", timeout=2).status_code
+        except requests.RequestException:
+            return False
+        seen.add(code)
+        return code == 200
+
+    wait_for(probe, READY_S, f"{c.probe_path} to answer 200")
+    if c.health_port:
+        assert seen <= {200, 204}, seen  # RunPod's LB: anything else is unhealthy
+    client = OpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key="unused", max_retries=0)
+    with open(DATA / "jfk.wav", "rb") as f:
+        text = client.audio.transcriptions.create(model="whisper-1", file=f).text
+    assert wer(JFK_TEXT, text) <= 0.1
+    podman("stop", "-t", str(int(GRACE_S)), name, timeout=GRACE_S + 30)
+    state = podman("inspect", "--format", "{{.State.ExitCode}}", name).stdout.strip()
+    logs = podman("logs", name, check=False).stderr + podman("logs", name, check=False).stdout
+    assert state == "0", logs[-2000:]
+    assert "Traceback" not in logs, logs[-2000:]
