@@ -106,20 +106,12 @@ def main(argv: list[str] | None = None) -> int:
 
     from faster_whisper import WhisperModel
 
+    from bench.common.worker import cpu_worker
     from handler.pipeline.job import run_job
-    from handler.settings import load_settings
-    from handler.startup import start_worker
     from speech_assets.clips import wav_bytes, wer
-    from speech_assets.models import model_dir
 
-    folder = model_dir(args.model, ROOT / "bench" / "out" / "models")
-    env = {
-        "WHISPER_DEVICE": "cpu",
-        "WHISPER_MODEL": str(folder),
-        "WHISPER_CPU_THREADS": str(args.threads),
-        "WHISPER_MAX_INLINE_BYTES": str(2**31),  # recordings of many minutes, inline
-    }
-    worker = start_worker(load_settings(env))
+    # recordings of many minutes, inline
+    worker, folder = cpu_worker(args.model, args.threads, WHISPER_MAX_INLINE_BYTES=str(2**31))
     plain = WhisperModel(str(folder), device="cpu", compute_type="int8", cpu_threads=args.threads)
     rng = random.Random(args.seed)
     rows: dict[str, dict[str, Any]] = {

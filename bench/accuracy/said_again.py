@@ -85,21 +85,13 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     before = describe()
 
+    from bench.common.worker import cpu_worker
     from handler.inference import loops
     from handler.pipeline import repeats
     from handler.pipeline.job import run_job
-    from handler.settings import load_settings
-    from handler.startup import start_worker
     from speech_assets.clips import wav_bytes, wer
-    from speech_assets.models import model_dir
 
-    folder = model_dir(args.model, ROOT / "bench" / "out" / "models")
-    env = {
-        "WHISPER_DEVICE": "cpu",
-        "WHISPER_MODEL": str(folder),
-        "WHISPER_CPU_THREADS": str(args.threads),
-    }
-    worker = start_worker(load_settings(env))
+    worker, _ = cpu_worker(args.model, args.threads)
     checks = repeats.CHECKS
     rows: dict[str, dict[str, Any]] = {
         k: {"repeating": 0, "repeats": 0, "wer": [], "seconds": 0.0, "warnings": 0}
