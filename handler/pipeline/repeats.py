@@ -51,7 +51,8 @@ def fix(
     # Last to first: mending a stretch moves no word before it.
     for n, loop in enumerate(reversed(found)):
         span = _span(tr.segments, loop)
-        unit = "".join(loops.segment_words(tr.segments)[0][loop.first : loop.first + loop.unit])
+        # The unit as found: mending the loops after this one leaves the words before them.
+        unit = "".join(words[loop.first : loop.first + loop.unit])
         seconds = span[3] - span[2]
         where = f"{span[2]:.1f}-{span[3]:.1f} s ('{unit.strip()[:60]}' x{loop.repeats})"
         if n < MAX_LOOPS:
@@ -61,15 +62,15 @@ def fix(
             if said:
                 kept += 1
                 continue
-        if n < MAX_LOOPS and seconds <= allowance:
-            allowance -= seconds
-            again = _decode_again(plan, tr, samples, worker, call, span)
-            if not loops.find(loops.segment_words(again)[0]):
-                tr.segments[span[0] : span[1] + 1] = again
-                call.warnings.append(
-                    f"repetition loop at {where}: decoded again without the previous text"
-                )
-                continue
+            if seconds <= allowance:
+                allowance -= seconds
+                again = _decode_again(plan, tr, samples, worker, call, span)
+                if not loops.find(loops.segment_words(again)[0]):
+                    tr.segments[span[0] : span[1] + 1] = again
+                    call.warnings.append(
+                        f"repetition loop at {where}: decoded again without the previous text"
+                    )
+                    continue
         tr.segments[:] = loops.collapse(tr.segments, loop)
         call.warnings.append(f"repetition loop at {where}: collapsed to one")
     for i, seg in enumerate(tr.segments):
