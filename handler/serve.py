@@ -11,8 +11,10 @@ The routes live in handler.faces.http_server; this module owns the process: port
 from __future__ import annotations
 
 import asyncio
+import errno
 import logging
 import os
+import socket
 import sys
 from typing import Any
 
@@ -36,6 +38,61 @@ def _state(settings: Settings) -> ServerState:
     return state
 
 
+def port_from_env(name: str, default: int) -> int:
+    """A port setting, or ValueError saying in one sentence what it must be."""
+    raw = (os.environ.get(name) or "").strip()
+    if not raw:
+        return default
+    if not raw.isdigit() or int(raw) > 65535:
+        raise ValueError(f"{name} must be a port number from 0 to 65535, not {raw[:20]!r}")
+    return int(raw)
+
+
+def listen(host: str, port: int, name: str) -> socket.socket:
+    """A listening socket on host:port, or ValueError with one line saying what to change.
+
+    Bound here rather than by uvicorn, which answers a refused bind with SystemExit(3) and
+    a traceback from inside the event loop. Under 1024 as a user (the image runs as uid
+    10001) only Docker's default ``net.ipv4.ip_unprivileged_port_start=0`` allows it;
+    podman and a Kubernetes pod keep 1024.
+    """
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    try:
+        return socket.create_server((host, port), family=family, backlog=2048)
+    except OSError as exc:
+        where = f"{host}:{port} ({name})"
+        if exc.errno == errno.EACCES and 0 < port < 1024:
+            raise ValueError(
+                f"cannot listen on {where}: permission denied; ports under 1024 need "
+                "CAP_NET_BIND_SERVICE or net.ipv4.ip_unprivileged_port_start=0 (Docker's "
+                f"default; podman and Kubernetes keep 1024) and this process (uid {os.getuid()}) "
+                f"has neither: set {name} to 1024 or more, e.g. 8000"
+            ) from None
+        if exc.errno == errno.EADDRINUSE:
+            raise ValueError(
+                f"cannot listen on {where}: another process holds it; set {name} to a free port"
+            ) from None
+        reason = exc.strerror or type(exc).__name__
+        raise ValueError(f"cannot listen on {where}: {reason}; check HOST and {name}") from None
+
+
+def listen_on_ports(host: str) -> list[socket.socket]:
+    """``PORT``'s socket, then ``PORT_HEALTH``'s where it differs; ValueError (one line)
+    when either cannot be had, with nothing left open."""
+    sockets: list[socket.socket] = []
+    try:
+        port = port_from_env("PORT", 80)
+        health_port = port_from_env("PORT_HEALTH", port)
+        sockets.append(listen(host, port, "PORT"))
+        if health_port != port:
+            sockets.append(listen(host, health_port, "PORT_HEALTH"))
+    except ValueError:
+        for sock in sockets:
+            sock.close()
+        raise
+    return sockets
+
+
 def _uvicorn(app: Any, host: str, port: int, settings: Settings) -> Any:
     import uvicorn  # in the caller's thread, before the loader starts (it imports nothing)
 
@@ -53,25 +110,25 @@ def _uvicorn(app: Any, host: str, port: int, settings: Settings) -> Any:
 
 
 def serve(settings: Settings | None = None) -> int:
-    """Serve until stopped; 1 when the settings or the model load fail."""
+    """Serve until stopped; 1 when the settings, the ports or the model load fail."""
+    host = os.environ.get("HOST") or "0.0.0.0"
     try:
         loader = Loader(settings)  # settings, logging and imports, in this thread
-    except STARTUP_ERRORS as exc:
+        sockets = listen_on_ports(host)  # ValueError: one line saying which port and why
+    except (*STARTUP_ERRORS, ValueError) as exc:
         print(f"whisper-worker: {exc}", file=sys.stderr)
         return 1
+    port, health_port = (sock.getsockname()[1] for sock in (sockets[0], sockets[-1]))
 
     state = _state(loader.settings)
     gateway = state.gateway is not None
-    port = int(os.environ.get("PORT") or 80)
-    health_port = int(os.environ.get("PORT_HEALTH") or port)
     health_path = os.environ.get("HEALTH_CHECK_PATH") or "/ping"
-    host = os.environ.get("HOST") or "0.0.0.0"
 
     def server(app: Any, at: int) -> Any:
         return _uvicorn(app, host, at, loader.settings)
 
     servers = [server(build_asgi(state, health_path), port)]
-    if health_port != port:
+    if len(sockets) > 1:
         health = FastAPI(docs_url=None, redoc_url=None)
         add_health_route(health, state, health_path)
         servers.append(server(health, health_port))
@@ -92,7 +149,7 @@ def serve(settings: Settings | None = None) -> int:
 
     async def main() -> None:
         state.slots = asyncio.Semaphore(loader.settings.concurrency)
-        tasks = [asyncio.ensure_future(s.serve()) for s in servers]
+        tasks = [asyncio.ensure_future(s.serve([k])) for s, k in zip(servers, sockets, strict=True)]
         # Load once the health route answers (204 meanwhile), so a load balancer sees the
         # worker as starting rather than unreachable.
         while not all(s.started for s in servers) and not any(t.done() for t in tasks):

@@ -691,3 +691,52 @@ def test_a_weak_api_key_is_refused_in_plain_words() -> None:
     assert "WHISPER_API_KEY" in out and "at least 16 characters" in out, out
     assert "openssl rand -hex 32" in out and "items" not in out and weak not in out, out
     assert "Traceback" not in out
+
+
+def serve_refusal(env: dict[str, str], *prefix: str) -> str:
+    """What ``python -m handler serve`` says when it cannot listen; it must exit 1."""
+    done = subprocess.run(
+        [*prefix, sys.executable, "-m", "handler", "serve"],
+        env={**os.environ, **env},
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    out = done.stdout + done.stderr
+    assert done.returncode == 1, out
+    assert "Traceback" not in out and len(out.strip().splitlines()) == 1, out
+    return out
+
+
+def test_a_port_it_cannot_listen_on_is_one_line_and_exit_one() -> None:
+    """A taken PORT or PORT_HEALTH stopped the server with uvicorn's SystemExit(3) and a
+    traceback from inside the event loop; a PORT that is not a number, with ValueError's.
+    Each is one line naming the setting and exit 1 (a setting to fix, not a crash)."""
+    with socket.socket() as taken:
+        taken.bind(("0.0.0.0", 0))
+        taken.listen()
+        port = str(taken.getsockname()[1])
+        out = serve_refusal({"PORT": port})
+        assert f"0.0.0.0:{port} (PORT)" in out and "another process holds it" in out, out
+        out = serve_refusal({"PORT": str(free_port()), "PORT_HEALTH": port})
+        assert "(PORT_HEALTH)" in out and "set PORT_HEALTH to a free port" in out, out
+    for bad in ("abc", "70000", "-1"):
+        out = serve_refusal({"PORT": bad})
+        assert "PORT must be a port number from 0 to 65535" in out, out
+
+
+def test_a_low_port_without_the_right_to_bind_it_says_what_to_set() -> None:
+    """RunPod's load balancer sets PORT=80 when an endpoint names none; the image runs as
+    uid 10001, which Docker lets bind it but podman and a Kubernetes pod do not. There the
+    worker died with uvicorn's "permission denied" and a traceback. Reproduced here by
+    starting it without CAP_NET_BIND_SERVICE (setpriv), so the kernel refuses the bind."""
+    start = int(Path("/proc/sys/net/ipv4/ip_unprivileged_port_start").read_text())
+    if start == 0:
+        pytest.skip("this kernel lets anyone bind any port")
+    drop = ["setpriv", "--bounding-set=-net_bind_service", "--inh-caps=-net_bind_service"]
+    probe = subprocess.run([*drop, "true"], capture_output=True)
+    if probe.returncode != 0:
+        pytest.skip(f"setpriv cannot drop a capability here: {probe.stderr!r}")
+    out = serve_refusal({"PORT": str(start - 1)}, *drop)
+    assert "permission denied" in out and "ip_unprivileged_port_start=0" in out, out
+    assert "set PORT to 1024 or more" in out, out
