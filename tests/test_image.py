@@ -434,3 +434,19 @@ def test_each_platforms_file_runs_the_image_as_that_platform_does(platform, name
     logs = podman("logs", name, check=False).stderr + podman("logs", name, check=False).stdout
     assert state == "0", logs[-2000:]
     assert "Traceback" not in logs, logs[-2000:]
+
+
+def test_port_80_where_the_runtime_keeps_low_ports_for_root_is_one_line_and_exit_1(names):
+    """RunPod's load balancer sets PORT=80 when the endpoint names none; podman and a
+    Kubernetes pod (unlike Docker) keep ports under 1024 for root, and the image runs as uid
+    10001. The worker exited 3 with uvicorn's traceback there; now one line that says what
+    to set, and exit 1, before any model is loaded."""
+    name = f"ww-port80-{uuid.uuid4().hex[:8]}"
+    names.append(name)
+    flags = ["--read-only", "--tmpfs", "/tmp", "-e", "WHISPER_MODE=http", "-e", "PORT=80"]
+    sysctl = ["--sysctl", "net.ipv4.ip_unprivileged_port_start=1024"]  # podman's default
+    done = podman("run", "--name", name, *flags, *sysctl, IMAGE, check=False, timeout=READY_S)
+    out = (done.stdout + done.stderr).strip()
+    assert done.returncode == 1, out[-2000:]
+    assert "Traceback" not in out and "cannot listen on 0.0.0.0:80 (PORT)" in out, out[-2000:]
+    assert "set PORT to 1024 or more" in out, out[-2000:]

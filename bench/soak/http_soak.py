@@ -46,6 +46,7 @@ from typing import Any
 import psutil
 import requests
 
+from bench.common.servers import free_port, start_until_healthy
 from bench.soak.soak import DOWNLOAD_TIMEOUT_S, MAX_DOWNLOAD, Handler, Sources, cases
 from speech_assets.clips import DATA, clips, long_clip, wer
 
@@ -274,15 +275,9 @@ def judge(probe: Probe, answer: Any, burst: bool = False) -> str | None:
     return None
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 def start_server(tmp: Path, extra: dict[str, str] | None = None) -> tuple[subprocess.Popen, str]:
     """``python -m handler serve`` on a free port, tiny.en; returns (process, base URL)."""
-    port = _free_port()
+    port = free_port()
     env = {
         **os.environ,
         "PORT": str(port),
@@ -297,25 +292,9 @@ def start_server(tmp: Path, extra: dict[str, str] | None = None) -> tuple[subpro
         "TMPDIR": str(tmp),
         **(extra or {}),
     }
-    log = open(tmp / "server.log", "w")  # noqa: SIM115  (closed with the process)
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "handler", "serve"],
-        cwd=ROOT,
-        env=env,
-        stdout=log,
-        stderr=subprocess.STDOUT,
-    )
+    argv = [sys.executable, "-m", "handler", "serve"]
     base = f"http://127.0.0.1:{port}"
-    deadline = time.time() + 180
-    while time.time() < deadline and proc.poll() is None:
-        try:
-            if requests.get(base + "/ping", timeout=5).status_code == 200:
-                return proc, base
-        except requests.ConnectionError:
-            pass
-        time.sleep(0.2)
-    proc.kill()
-    raise RuntimeError(f"the server did not start: {(tmp / 'server.log').read_text()[-1500:]}")
+    return start_until_healthy(argv, env, tmp / "server.log", base + "/ping", cwd=ROOT), base
 
 
 def _gauge(base: str, name: str) -> float:

@@ -13,9 +13,7 @@ import argparse
 import base64
 import json
 import os
-import socket
 import statistics
-import subprocess
 import sys
 import tempfile
 import threading
@@ -28,6 +26,7 @@ import requests
 
 from bench.common.machine import describe, stamp
 from bench.common.report import percentile
+from bench.common.servers import free_port, start_until_healthy
 from runpod_emulator import Emulator
 from speech_assets.clips import Clip, clips, wer
 
@@ -82,35 +81,16 @@ def drive(send: Callable[[Clip], str], pool: list[Clip], n: int, clients: int) -
     }
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 def run_http(env: dict[str, str], pool: list[Clip], n: int, clients: int) -> dict[str, Any]:
     port = free_port()
     url = f"http://127.0.0.1:{port}"
     full = {**os.environ, **env, "PORT": str(port), "HOST": "127.0.0.1"}
-    with tempfile.TemporaryFile("w+") as log:
-        proc = subprocess.Popen(
-            [sys.executable, "-m", "handler", "serve"],
-            cwd=ROOT,
-            env=full,
-            stdout=log,
-            stderr=subprocess.STDOUT,
+    argv = [sys.executable, "-m", "handler", "serve"]
+    with tempfile.TemporaryDirectory() as logs:
+        proc = start_until_healthy(
+            argv, full, Path(logs) / "server.log", url + "/ping", cwd=ROOT, wait_s=300
         )
         try:
-            deadline = time.time() + 300
-            while time.time() < deadline:
-                try:
-                    if requests.get(url + "/ping", timeout=5).status_code == 200:
-                        break
-                except requests.ConnectionError:
-                    pass
-                if proc.poll() is not None:
-                    raise RuntimeError("the HTTP server exited during start-up")
-                time.sleep(0.1)
             session = threading.local()
 
             def send(clip: Clip) -> str:

@@ -35,11 +35,11 @@ from pathlib import Path
 from typing import Any
 
 import openai
-import requests
 
 from bench.common.machine import describe
 from bench.common.machine import line as machine_line
 from bench.common.report import percentile
+from bench.common.servers import free_port, start_until_healthy
 from bench.speed.realtime import SessionLog, measure, recording, run_session
 from speech_assets.clips import clips, wer
 
@@ -80,29 +80,13 @@ def proxy_config(worker: str) -> str:
 
 
 def start_proxy(command: Path, worker: str, tmp: Path, key: str) -> tuple[subprocess.Popen, str]:
-    from bench.speed.http_vs_queue import free_port
-
     config = tmp / "litellm.json"  # JSON is YAML: the proxy reads it as its config
     config.write_text(proxy_config(worker))
     port = free_port()
-    log = open(tmp / "proxy.log", "w")  # noqa: SIM115  (closed with the process)
-    proc = subprocess.Popen(
-        [str(command), "--config", str(config), "--host", "127.0.0.1", "--port", str(port)],
-        env={**os.environ, "LITELLM_MASTER_KEY": key, "LITELLM_LOG": "ERROR"},
-        stdout=log,
-        stderr=subprocess.STDOUT,
-    )
+    argv = [str(command), "--config", str(config), "--host", "127.0.0.1", "--port", str(port)]
+    env = {**os.environ, "LITELLM_MASTER_KEY": key, "LITELLM_LOG": "ERROR"}
     base = f"http://127.0.0.1:{port}"
-    deadline = time.time() + 180
-    while time.time() < deadline and proc.poll() is None:
-        try:
-            if requests.get(base + "/health/liveliness", timeout=5).status_code == 200:
-                return proc, base
-        except requests.ConnectionError:
-            pass
-        time.sleep(0.5)
-    proc.kill()
-    raise RuntimeError(f"the proxy did not start: {(tmp / 'proxy.log').read_text()[-2000:]}")
+    return start_until_healthy(argv, env, tmp / "proxy.log", base + "/health/liveliness"), base
 
 
 def files_through(base: str, key: str) -> dict[str, Any]:
