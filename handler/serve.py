@@ -93,14 +93,25 @@ def listen_on_ports(host: str) -> list[socket.socket]:
     return sockets
 
 
-def _uvicorn(app: Any, host: str, port: int, settings: Settings) -> Any:
+def _uvicorn(app: Any, host: str, port: int, state: ServerState) -> Any:
     import uvicorn  # in the caller's thread, before the loader starts (it imports nothing)
+
+    from handler.faces.receive_deadline import guarded_protocol
+
+    settings = state.settings
+    timeouts = state.metrics.receive_timeouts
+    protocol = guarded_protocol(
+        settings.http_receive_timeout_s,
+        settings.http_min_receive_rate,
+        lambda phase: timeouts.labels(phase=phase).inc(),
+    )
 
     # An oversized WebSocket message closes the socket with 1009 (message too big).
     config = uvicorn.Config(
         app,
         host=host,
         port=port,
+        http=protocol,
         log_config=None,
         access_log=False,
         lifespan="off",
@@ -125,7 +136,7 @@ def serve(settings: Settings | None = None) -> int:
     health_path = os.environ.get("HEALTH_CHECK_PATH") or "/ping"
 
     def server(app: Any, at: int) -> Any:
-        return _uvicorn(app, host, at, loader.settings)
+        return _uvicorn(app, host, at, state)
 
     servers = [server(build_asgi(state, health_path), port)]
     if len(sockets) > 1:

@@ -217,6 +217,14 @@ class Settings(BaseModel):
     http_max_queue: int = Field(16, ge=0, le=10_000)
     """HTTP mode: requests that may wait for a free slot beyond the max_concurrency running;
     past it a request gets 429 with Retry-After at once."""
+    http_receive_timeout_s: float = Field(20.0, ge=1, le=600)
+    """HTTP mode: seconds a client has to send a request's headers (from connecting, or
+    from the request's first byte) and, again, its body (from the headers), each extended
+    by a second per http_min_receive_rate bytes received (headers: to twice this at most).
+    A slower sender is disconnected (408), as Apache's mod_reqtimeout does (Slowloris)."""
+    http_min_receive_rate: int = Field(500, ge=1, le=100_000_000)
+    """HTTP mode: bytes a second that keep extending a request's receive deadline (see
+    http_receive_timeout_s); 500 B/s is 4 kbit/s, below any uplink that can send audio."""
     api_key: SecretStr | None = Field(None, max_length=512)
     """HTTP mode: when set, every route but the health routes needs `Authorization: Bearer
     <key>` (at least 16 characters: make one with `openssl rand -hex 32`; compared in

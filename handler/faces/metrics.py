@@ -52,6 +52,12 @@ class Metrics:
             buckets=LATENCY_BUCKETS,
             registry=r,
         )
+        self.receive_timeouts = Counter(
+            "whisper_http_receive_timeouts",
+            "Connections closed because a request's headers or body came too slowly",
+            ["phase"],
+            registry=r,
+        )
         self.jobs = Counter(
             "whisper_jobs",
             "Jobs ended, by outcome (ok or the error code)",

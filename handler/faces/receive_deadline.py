@@ -1,0 +1,120 @@
+"""A deadline for receiving each HTTP request, against slow senders (Slowloris).
+
+uvicorn has none (its issue 157, open since 2018): ``timeout_keep_alive`` only covers the
+quiet between requests and is reset by every byte, so a connection that sends half a
+request line, or trickles one byte now and then, was held for ever; hundreds of them took
+as many sockets (measured: 300 half-sent requests all still open after 40 s). ASGI
+middleware cannot help: it runs once the headers are in.
+
+The rule is Apache's mod_reqtimeout default (``header=20-40,MinRate=500
+body=20,MinRate=500``): the headers must arrive within ``timeout`` seconds of the
+connection (or of the request's first byte on a kept-alive one), extended by one second
+for every ``min_rate`` bytes received, to twice ``timeout`` at most; the body within
+``timeout`` of the headers, extended the same way with no ceiling. A real upload, however
+large, keeps extending its own deadline; a sender slower than ``min_rate`` bytes a second
+(500 by default: 4 kbit/s, far below any uplink that can send audio) is disconnected.
+Nothing applies while the response is written or once a WebSocket is upgraded (the
+realtime face keeps its own idle limits).
+
+Built on uvicorn's httptools protocol (its callbacks ``on_headers_complete`` and
+``on_message_complete``), the parser uvicorn itself prefers when httptools is installed.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Callable
+from typing import Any
+
+from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
+
+log = logging.getLogger(__name__)
+
+
+TIMEOUT_408 = b"HTTP/1.1 408 Request Timeout\r\ncontent-length: 0\r\nconnection: close\r\n\r\n"
+
+
+class ReceiveDeadline(HttpToolsProtocol):
+    """uvicorn's httptools protocol with a receive deadline (made by guarded_protocol)."""
+
+    timeout = 20.0
+    min_rate = 500.0
+    on_timeout: tuple[Callable[[str], None], ...] = ()  # a tuple: a bare function would bind
+
+    _phase: str | None = None
+    _started = 0.0
+    _received = 0
+    _timer: asyncio.TimerHandle | None = None
+
+    def connection_made(self, transport: Any) -> None:
+        super().connection_made(transport)
+        self._begin("headers")
+
+    def data_received(self, data: bytes) -> None:
+        if self._phase is not None:  # credited to the phase the bytes arrive in
+            self._received += len(data)
+            self._arm()
+        super().data_received(data)  # may complete the headers or the request
+
+    def on_message_begin(self) -> None:
+        super().on_message_begin()
+        if self._phase is None:  # a kept-alive connection's next request
+            self._begin("headers")
+
+    def on_headers_complete(self) -> None:
+        super().on_headers_complete()
+        if self._phase == "headers":
+            self._begin("body")
+
+    def on_message_complete(self) -> None:
+        super().on_message_complete()
+        self._end()
+
+    def handle_websocket_upgrade(self) -> None:
+        self._end()
+        super().handle_websocket_upgrade()
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self._end()
+        super().connection_lost(exc)
+
+    def _begin(self, phase: str) -> None:
+        self._phase, self._started, self._received = phase, self.loop.time(), 0
+        self._arm()
+
+    def _arm(self) -> None:
+        if self._timer is not None:
+            self._timer.cancel()
+        allowed = self.timeout + self._received / self.min_rate
+        if self._phase == "headers":
+            allowed = min(allowed, 2 * self.timeout)
+        self._timer = self.loop.call_at(self._started + allowed, self._expired)
+
+    def _end(self) -> None:
+        self._phase = None
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
+
+    def _expired(self) -> None:
+        phase, self._phase, self._timer = self._phase, None, None
+        if phase is None or self.transport is None or self.transport.is_closing():
+            return
+        log.debug("closed a connection: its request's %s did not arrive in time", phase)
+        for tell in self.on_timeout:
+            tell(phase)
+        # (while headers arrive, self.cycle is still the previous request's, answered)
+        if phase == "headers" or self.cycle is None or not self.cycle.response_started:
+            self.transport.write(TIMEOUT_408)
+        self.transport.close()
+
+
+def guarded_protocol(
+    timeout: float, min_rate: float, on_timeout: Callable[[str], None] | None = None
+) -> type[ReceiveDeadline]:
+    """The protocol class for uvicorn's ``http=``: ``timeout`` and ``min_rate`` as above;
+    ``on_timeout(phase)`` is told of each connection closed ("headers" or "body")."""
+    told = (on_timeout,) if on_timeout is not None else ()
+    attrs = {"timeout": timeout, "min_rate": float(min_rate), "on_timeout": told}
+    return type("GuardedReceiveDeadline", (ReceiveDeadline,), attrs)

@@ -1,0 +1,146 @@
+"""Slow senders (Slowloris) against HTTP mode, through real sockets to a real server.
+
+Found by a probe: uvicorn has no deadline for receiving a request, so 300 connections that
+each sent half a request line were all still open 40 s later (and would have stayed so),
+one socket each. Now the headers must come within WHISPER_HTTP_RECEIVE_TIMEOUT_S (twice
+that at most) and the body within the same, each extended a second per
+WHISPER_HTTP_MIN_RECEIVE_RATE bytes; a slower sender gets 408 and is disconnected, a real
+upload sent slowly but above the rate is transcribed, and a WebSocket session or a kept
+connection between requests is not the guard's to close. The deadlines here are 2 s so
+the test is short; the waits allow 30 s for a busy machine.
+"""
+
+from __future__ import annotations
+
+import socket
+import threading
+import time
+from collections.abc import Iterator
+
+import pytest
+import requests
+import urllib3
+
+from tests.helpers import DATA, JFK_TEXT, wer
+from tests.test_http import Server
+
+TIMEOUT_S = 2.0
+CLOSE_WITHIN_S = 30.0  # generous: the deadline is 2 s (4 s for headers at most)
+
+
+@pytest.fixture(scope="module")
+def server() -> Iterator[Server]:
+    srv = Server(
+        {"WHISPER_HTTP_RECEIVE_TIMEOUT_S": str(TIMEOUT_S), "WHISPER_HTTP_MIN_RECEIVE_RATE": "500"}
+    )
+    yield srv
+    srv.stop()
+
+
+def until_closed(
+    srv: Server, first: bytes, drip: bytes = b"", piece: int = 1
+) -> tuple[float, bytes]:
+    """Connect, send ``first``, then ``drip`` ``piece`` bytes every 0.25 s until the server
+    closes the connection; (seconds it stayed open, what the server sent)."""
+    sock = socket.create_connection(("127.0.0.1", srv.port), timeout=CLOSE_WITHIN_S)
+    stop = threading.Event()
+
+    def trickle() -> None:
+        for at in range(0, len(drip), piece):
+            if stop.wait(0.25):
+                return
+            try:
+                sock.sendall(drip[at : at + piece])
+            except OSError:
+                return
+
+    started = time.monotonic()
+    sock.sendall(first)
+    dripper = threading.Thread(target=trickle, daemon=True)
+    dripper.start()
+    got = b""
+    try:
+        while chunk := sock.recv(4096):
+            got += chunk
+    except OSError:
+        pass  # a reset after the 408: the server closed with our bytes unread
+    finally:
+        stop.set()
+        sock.close()
+        dripper.join()
+    return time.monotonic() - started, got
+
+
+def timeouts(srv: Server, phase: str) -> float:
+    body = requests.get(srv.url + "/metrics", timeout=30).text
+    key = f'whisper_http_receive_timeouts_total{{phase="{phase}"}} '
+    lines = [ln for ln in body.splitlines() if ln.startswith(key)]
+    return float(lines[0].split()[-1]) if lines else 0.0
+
+
+def test_a_connection_that_sends_nothing_or_half_a_request_gets_408(server: Server) -> None:
+    before = timeouts(server, "headers")
+    took, got = until_closed(server, b"")
+    assert took < CLOSE_WITHIN_S and got.startswith(b"HTTP/1.1 408"), (took, got)
+    line = b"POST /v1/audio/transcriptions HTTP/1.1\r\nHost: x\r\n"
+    took, got = until_closed(server, line, drip=b"X-Padding: " + b"a" * 400)
+    # 4 bytes a second buy next to nothing: closed soon after the timeout
+    assert TIMEOUT_S - 0.5 < took < CLOSE_WITHIN_S and got.startswith(b"HTTP/1.1 408"), took
+    # 2.4 kB a second of headers that never end: closed at the ceiling, twice the timeout
+    endless = b"".join(b"X-Pad-%d: %s\r\n" % (i, b"a" * 580) for i in range(200))
+    took, got = until_closed(server, line, drip=endless, piece=600)
+    assert 2 * TIMEOUT_S - 0.5 < took < CLOSE_WITHIN_S and got.startswith(b"HTTP/1.1 408"), took
+    assert timeouts(server, "headers") == before + 3
+    assert requests.get(server.url + "/ping", timeout=30).status_code == 200
+
+
+def test_a_body_that_trickles_is_cut_and_counted(server: Server) -> None:
+    before = timeouts(server, "body")
+    head = (
+        b"POST /v1/audio/transcriptions HTTP/1.1\r\nHost: x\r\nContent-Length: 100000\r\n"
+        b"Content-Type: multipart/form-data; boundary=zz\r\n\r\n--zz\r\n"
+    )
+    took, got = until_closed(server, head, drip=b"a" * 400)
+    assert TIMEOUT_S - 0.5 < took < CLOSE_WITHIN_S and got.startswith(b"HTTP/1.1 408"), took
+    assert timeouts(server, "body") == before + 1
+    # a kept-alive connection's next request is held to the same rule
+    ping = b"GET /ping HTTP/1.1\r\nHost: x\r\n\r\n"
+    took, got = until_closed(server, ping, drip=b"GET /ping HTTP/1.1\r\nX-Slow: " + b"a" * 400)
+    assert got.startswith(b"HTTP/1.1 200") and b"HTTP/1.1 408" in got, got
+    assert took < CLOSE_WITHIN_S
+
+
+def test_a_slow_real_upload_keeps_extending_its_deadline(server: Server) -> None:
+    """JFK's WAV (350 kB) sent in 25-kB pieces 0.3 s apart: 4 s, twice the timeout, at
+    about 80 kB/s (a slow phone uplink): each piece buys 50 s, so it is transcribed."""
+    body, content_type = urllib3.encode_multipart_formdata(
+        {"file": ("jfk.wav", (DATA / "jfk.wav").read_bytes(), "audio/wav"), "model": "whisper-1"}
+    )
+    step = 25_000
+
+    def pieces() -> Iterator[bytes]:
+        for at in range(0, len(body), step):
+            yield body[at : at + step]
+            time.sleep(0.3)
+
+    started = time.monotonic()
+    r = requests.post(
+        server.url + "/v1/audio/transcriptions",
+        data=pieces(),
+        headers={"Content-Type": content_type},
+        timeout=300,
+    )
+    assert r.status_code == 200, r.text
+    assert time.monotonic() - started > 2 * TIMEOUT_S
+    assert wer(JFK_TEXT, r.json()["text"]) <= 0.1
+
+
+def test_a_quiet_websocket_session_is_not_the_guards_to_close(server: Server) -> None:
+    from websockets.sync.client import connect
+
+    url = server.url.replace("http", "ws") + "/v1/realtime?intent=transcription"
+    with connect(url, open_timeout=30) as ws:
+        assert '"session.created"' in str(ws.recv(timeout=30))
+        time.sleep(3 * TIMEOUT_S)  # past any receive deadline
+        ws.send('{"type": "input_audio_buffer.commit"}')
+        assert "input_audio_buffer_commit_empty" in str(ws.recv(timeout=30))
