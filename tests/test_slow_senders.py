@@ -31,7 +31,12 @@ CLOSE_WITHIN_S = 30.0  # generous: the deadline is 2 s (4 s for headers at most)
 @pytest.fixture(scope="module")
 def server() -> Iterator[Server]:
     srv = Server(
-        {"WHISPER_HTTP_RECEIVE_TIMEOUT_S": str(TIMEOUT_S), "WHISPER_HTTP_MIN_RECEIVE_RATE": "500"}
+        {
+            "WHISPER_HTTP_RECEIVE_TIMEOUT_S": str(TIMEOUT_S),
+            "WHISPER_HTTP_MIN_RECEIVE_RATE": "500",
+            "WHISPER_MAX_CONCURRENCY": "1",
+            "WHISPER_HTTP_MAX_QUEUE": "1",
+        }
     )
     yield srv
     srv.stop()
@@ -144,3 +149,49 @@ def test_a_quiet_websocket_session_is_not_the_guards_to_close(server: Server) ->
         time.sleep(3 * TIMEOUT_S)  # past any receive deadline
         ws.send('{"type": "input_audio_buffer.commit"}')
         assert "input_audio_buffer_commit_empty" in str(ws.recv(timeout=30))
+
+
+def test_bodies_received_at_once_are_bounded_by_the_queue(server: Server) -> None:
+    """Every upload was received in full, at once, however many came: 2 running or
+    waiting jobs here (capacity 2) and ten 3-MB bodies in flight held ten bodies' worth of
+    spooled files and, once read, memory. Past the capacity a body now gets 429 (with
+    Retry-After) at once; uvicorn discards what the client still sends."""
+    head = (
+        b"POST /v1/audio/transcriptions HTTP/1.1\r\nHost: x\r\nContent-Length: 3000000\r\n"
+        b"Content-Type: multipart/form-data; boundary=zz\r\n\r\n"
+    )
+    part = (
+        b'--zz\r\nContent-Disposition: form-data; name="file"; filename="a.wav"\r\n'
+        b"Content-Type: audio/wav\r\n\r\n"
+    )
+    socks = [socket.create_connection(("127.0.0.1", server.port), timeout=60) for _ in range(4)]
+    answers: dict[int, bytes] = {}
+
+    def read(i: int, sock: socket.socket) -> None:
+        try:
+            answers[i] = sock.recv(4096)
+        except OSError:
+            answers[i] = b""
+
+    readers = [threading.Thread(target=read, args=(i, s), daemon=True) for i, s in enumerate(socks)]
+    try:
+        for sock in socks:
+            sock.sendall(head + part + b"a" * 100_000)
+        for t in readers:
+            t.start()
+        deadline = time.monotonic() + CLOSE_WITHIN_S
+        while len(answers) < 2 and time.monotonic() < deadline:
+            for sock in socks:  # well above the minimum rate: nobody is cut for slowness
+                try:
+                    sock.sendall(b"a" * 2000)
+                except OSError:
+                    pass
+            time.sleep(0.2)
+        refused = [a for a in answers.values() if a.startswith(b"HTTP/1.1 429")]
+        assert len(refused) == 2 and len(answers) == 2, answers
+        assert all(b"retry-after" in a.lower() and b"QUEUE_FULL" in a for a in refused)
+    finally:
+        for sock in socks:
+            sock.close()
+        for t in readers:
+            t.join(10)

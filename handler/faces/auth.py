@@ -10,7 +10,8 @@ cannot set headers on a WebSocket). A refusal is OpenAI's 401 body; on a WebSock
 401 when the server can send an HTTP answer to the handshake, else a close with 1008
 (policy violation). The key itself is never logged.
 
-Also here, the other guard every HTTP request passes: the body cap (``BodyLimit``).
+Also here, the other guards every HTTP request passes: the body cap (``BodyLimit``) and
+the number of bodies received at once (``ReceiveLimit``).
 """
 
 from __future__ import annotations
@@ -118,3 +119,50 @@ class BodyLimit:
             return message
 
         await self.app(scope, counted, send)
+
+
+class ReceiveLimit:
+    """ASGI middleware: at most ``limit`` request bodies being received at once; past it,
+    ``refusal()`` at once with the body unread (uvicorn discards the rest as it comes).
+
+    Without it every upload was taken in full, however many came together, each spooled to
+    a temporary file and then read into memory; the routes refuse past their queue only
+    after the body is in. With ``limit`` the worker's capacity (running plus waiting jobs),
+    what bodies hold is bounded by ``limit`` times the body cap. A body's place is freed
+    when its last byte has been read, or when its request ends.
+    """
+
+    def __init__(self, app: ASGIApp, limit: int, refusal: Callable[[], ASGIApp]) -> None:
+        self.app = app
+        self.limit = limit
+        self.refusal = refusal
+        self.receiving = 0
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        headers = dict(scope.get("headers") or []) if scope["type"] == "http" else {}
+        sized = headers.get(b"content-length", b"0") not in (b"0", b"")
+        if not sized and b"transfer-encoding" not in headers:  # no body: nothing to hold
+            await self.app(scope, receive, send)
+            return
+        if self.receiving >= self.limit:
+            await self.refusal()(scope, receive, send)
+            return
+        self.receiving += 1
+        held = True
+
+        def release() -> None:
+            nonlocal held
+            if held:
+                held = False
+                self.receiving -= 1
+
+        async def counted() -> Message:
+            message = await receive()
+            if message["type"] != "http.request" or not message.get("more_body", False):
+                release()
+            return message
+
+        try:
+            await self.app(scope, counted, send)
+        finally:
+            release()

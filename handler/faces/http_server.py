@@ -43,7 +43,7 @@ from starlette.types import ASGIApp
 from handler.contract import Segment
 from handler.errors import Code, WorkerError
 from handler.faces import openai_api, realtime
-from handler.faces.auth import ApiKey, BodyLimit, BodyTooLarge
+from handler.faces.auth import ApiKey, BodyLimit, BodyTooLarge, ReceiveLimit
 from handler.faces.metrics import Metrics, RequestMetrics
 from handler.faces.runpod_api import add_runpod_routes
 from handler.pipeline.job import run_job
@@ -312,6 +312,13 @@ def _ready_worker(state: ServerState) -> Runtime | Response:
     return state.worker
 
 
+def _receiving_full(state: ServerState) -> JSONResponse:
+    return _error(
+        Code.QUEUE_FULL,
+        f"the server is receiving {state.capacity} uploads already; retry later",
+    )
+
+
 def _queue_full(state: ServerState) -> JSONResponse:
     return _error(
         Code.QUEUE_FULL,
@@ -498,6 +505,7 @@ def build_asgi(state: ServerState, health_path: str = "/ping") -> ASGIApp:
     app = create_app(state, health_path=health_path)
     limit = state.settings.max_upload_bytes
     inner: ASGIApp = BodyLimit(app, limit, lambda: _too_large(limit))
+    inner = ReceiveLimit(inner, state.capacity, lambda: _receiving_full(state))
     key = state.settings.api_key
     if key is not None:
         inner = ApiKey(inner, key.get_secret_value(), open_paths={health_path, "/ready"})
