@@ -96,14 +96,14 @@ def listen_on_ports(host: str) -> list[socket.socket]:
 def _uvicorn(app: Any, host: str, port: int, state: ServerState) -> Any:
     import uvicorn  # in the caller's thread, before the loader starts (it imports nothing)
 
-    from handler.faces.receive_deadline import guarded_protocol
+    from handler.faces.receive_guard import guarded_protocol
 
     settings = state.settings
-    timeouts = state.metrics.receive_timeouts
+    cut = state.metrics.connections_cut
     protocol = guarded_protocol(
         settings.http_receive_timeout_s,
         settings.http_min_receive_rate,
-        lambda phase: timeouts.labels(phase=phase).inc(),
+        lambda reason: cut.labels(reason=reason).inc(),
     )
 
     # An oversized WebSocket message closes the socket with 1009 (message too big).

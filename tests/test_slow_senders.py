@@ -76,15 +76,15 @@ def until_closed(
     return time.monotonic() - started, got
 
 
-def timeouts(srv: Server, phase: str) -> float:
+def cut(srv: Server, reason: str) -> float:
     body = requests.get(srv.url + "/metrics", timeout=30).text
-    key = f'whisper_http_receive_timeouts_total{{phase="{phase}"}} '
+    key = f'whisper_http_connections_cut_total{{reason="{reason}"}} '
     lines = [ln for ln in body.splitlines() if ln.startswith(key)]
     return float(lines[0].split()[-1]) if lines else 0.0
 
 
 def test_a_connection_that_sends_nothing_or_half_a_request_gets_408(server: Server) -> None:
-    before = timeouts(server, "headers")
+    before = cut(server, "slow_headers")
     took, got = until_closed(server, b"")
     assert took < CLOSE_WITHIN_S and got.startswith(b"HTTP/1.1 408"), (took, got)
     line = b"POST /v1/audio/transcriptions HTTP/1.1\r\nHost: x\r\n"
@@ -95,19 +95,19 @@ def test_a_connection_that_sends_nothing_or_half_a_request_gets_408(server: Serv
     endless = b"".join(b"X-Pad-%d: %s\r\n" % (i, b"a" * 580) for i in range(200))
     took, got = until_closed(server, line, drip=endless, piece=600)
     assert 2 * TIMEOUT_S - 0.5 < took < CLOSE_WITHIN_S and got.startswith(b"HTTP/1.1 408"), took
-    assert timeouts(server, "headers") == before + 3
+    assert cut(server, "slow_headers") == before + 3
     assert requests.get(server.url + "/ping", timeout=30).status_code == 200
 
 
 def test_a_body_that_trickles_is_cut_and_counted(server: Server) -> None:
-    before = timeouts(server, "body")
+    before = cut(server, "slow_body")
     head = (
         b"POST /v1/audio/transcriptions HTTP/1.1\r\nHost: x\r\nContent-Length: 100000\r\n"
         b"Content-Type: multipart/form-data; boundary=zz\r\n\r\n--zz\r\n"
     )
     took, got = until_closed(server, head, drip=b"a" * 400)
     assert TIMEOUT_S - 0.5 < took < CLOSE_WITHIN_S and got.startswith(b"HTTP/1.1 408"), took
-    assert timeouts(server, "body") == before + 1
+    assert cut(server, "slow_body") == before + 1
     # a kept-alive connection's next request is held to the same rule
     ping = b"GET /ping HTTP/1.1\r\nHost: x\r\n\r\n"
     took, got = until_closed(server, ping, drip=b"GET /ping HTTP/1.1\r\nX-Slow: " + b"a" * 400)
@@ -195,3 +195,34 @@ def test_bodies_received_at_once_are_bounded_by_the_queue(server: Server) -> Non
             sock.close()
         for t in readers:
             t.join(10)
+
+
+def test_endless_headers_get_431_and_leave_memory_flat(server: Server) -> None:
+    """httptools caps nothing: one connection's endless header lines grew the worker by
+    200 MB in 0.4 s, and one endless header line is buffered whole by the parser. Past
+    64 KiB of request line and headers: 431, the connection closed, memory flat."""
+    import psutil
+
+    worker = psutil.Process(server.proc.pid)
+    before_rss, before = worker.memory_info().rss, cut(server, "headers_too_large")
+    many_lines = b"".join(b"X-Pad-%d: %s\r\n" % (i, b"a" * 1000) for i in range(1000))
+    for endless in (many_lines, b"X-One: " + b"a" * 1_000_000):
+        sock = socket.create_connection(("127.0.0.1", server.port), timeout=CLOSE_WITHIN_S)
+        got = b""
+        try:
+            sock.sendall(b"GET /ping HTTP/1.1\r\nHost: x\r\n")
+            for at in range(0, len(endless), 16_384):
+                sock.sendall(endless[at : at + 16_384])
+        except OSError:
+            pass  # closed by the server while we still sent
+        try:
+            while chunk := sock.recv(4096):
+                got += chunk
+        except OSError:
+            pass
+        finally:
+            sock.close()
+        assert got.startswith(b"HTTP/1.1 431"), got[:200]
+    assert cut(server, "headers_too_large") == before + 2
+    assert worker.memory_info().rss - before_rss < 50_000_000
+    assert requests.get(server.url + "/ping", timeout=30).status_code == 200

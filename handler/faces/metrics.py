@@ -52,10 +52,11 @@ class Metrics:
             buckets=LATENCY_BUCKETS,
             registry=r,
         )
-        self.receive_timeouts = Counter(
-            "whisper_http_receive_timeouts",
-            "Connections closed because a request's headers or body came too slowly",
-            ["phase"],
+        self.connections_cut = Counter(
+            "whisper_http_connections_cut",
+            "Connections closed while a request arrived: slow_headers, slow_body (slower than "
+            "the receive deadline allows) or headers_too_large",
+            ["reason"],
             registry=r,
         )
         self.jobs = Counter(
