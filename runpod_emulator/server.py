@@ -187,8 +187,8 @@ class _Handler(BaseHTTPRequestHandler):
             body = self._read_body(limit)
             try:
                 request = json.loads(body or b"{}")
-            except ValueError:
-                self._send(400, {"error": "body is not JSON"})
+            except (ValueError, RecursionError):  # RecursionError: nested past the limit
+                self._send(400, {"error": "body is not JSON (or nests too deeply)"})
                 return
             if not isinstance(request, dict) or "input" not in request:
                 self._send(400, {"error": "missing input"})

@@ -441,7 +441,7 @@ class EndpointState:
             return None, None, (404, {"error": "job not found"})
         try:
             return job, json.loads(body or b"{}"), None
-        except ValueError:
+        except (ValueError, RecursionError):
             return job, None, (400, {"error": "body is not JSON"})
 
     def _seen(self, worker_id: str) -> Worker:
@@ -554,6 +554,6 @@ def _is_progress(body: bytes) -> bool:
     """A job-done post that is a progress update (``status: IN_PROGRESS``), not a result."""
     try:
         parsed = json.loads(body)
-    except ValueError:
+    except (ValueError, RecursionError):
         return False
     return isinstance(parsed, dict) and parsed.get("status") == IN_PROGRESS

@@ -128,6 +128,8 @@ def test_job_completes_with_output_and_timings(echo: Emulator) -> None:
     before = time.time()
     code, answer = call(echo, "POST", "run", {"input": {"hello": "world"}})
     assert code == 200 and answer["status"] == "IN_QUEUE"
+    deep = b"[" * 100_000 + b"]" * 100_000  # past Python's recursion limit: refused, no crash
+    assert call(echo, "POST", "run", raw=deep)[0] == 400
     status = wait_status(echo, answer["id"], {"COMPLETED", "FAILED"})
     assert status["status"] == "COMPLETED"
     assert status["output"] == {"echo": {"hello": "world"}}
@@ -430,6 +432,8 @@ def test_worker_protocol_raw(tmp_path: Path) -> None:
         assert code == 200 and stop == {"jobsToStop": [ids[0]]}
         done = f"job-done/w9/{ids[1]}?gpu=x&isStream=false"
         assert call(em, "POST", done, raw=b"not json", auth="worker")[0] == 400
+        deep = b"[" * 100_000 + b"]" * 100_000  # past Python's recursion limit: 400 too
+        assert call(em, "POST", done, raw=deep, auth="worker")[0] == 400
         assert call(em, "POST", done, {"error": {"code": 1}}, auth="worker")[0] == 200
         assert em.status(ids[1])["status"] == "COMPLETED" and "output" not in em.status(ids[1])
         assert call(em, "POST", "job-done/w9/nope?isStream=false", {}, auth="worker")[0] == 404

@@ -740,3 +740,24 @@ def test_a_low_port_without_the_right_to_bind_it_says_what_to_set() -> None:
     out = serve_refusal({"PORT": str(start - 1)}, *drop)
     assert "permission denied" in out and "ip_unprivileged_port_start=0" in out, out
     assert "set PORT to 1024 or more" in out, out
+
+
+def test_json_nested_past_pythons_recursion_limit_is_invalid_input(server: Server) -> None:
+    """A 100,000-deep array (200 kB) made json.loads raise RecursionError, which the
+    routes did not catch: /v1/jobs answered 500 INTERNAL, retryable, with a traceback in
+    the log, for input that can never succeed. Each JSON route and a JSON form field."""
+    deep = "[" * 100_000 + "]" * 100_000
+    for path, body in (("/v1/jobs", deep), ("/v1/jobs", '{"input": ' + deep + "}")):
+        r = requests.post(server.url + path, data=body, timeout=60)
+        assert r.status_code == 400 and r.json()["error"]["code"] == "INVALID_INPUT", r.text
+    r = requests.post(server.url + "/v2/e/run", data=deep, timeout=60)
+    assert r.status_code == 400 and "JSON" in r.json()["error"], r.text
+    with open(DATA / "jfk.wav", "rb") as f:
+        r = requests.post(
+            server.url + "/v1/audio/transcriptions",
+            files={"file": ("jfk.wav", f, "audio/wav")},
+            data={"model": "whisper-1", "timestamp_granularities": deep},
+            timeout=60,
+        )
+    assert r.status_code == 400 and r.json()["error"]["code"] == "INVALID_INPUT", r.text
+    assert "RecursionError" not in server.logs() and "Traceback" not in server.logs()

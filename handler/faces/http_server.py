@@ -240,8 +240,8 @@ async def _native(state: ServerState, request: Request) -> Response:
         job = json.loads(await request.body())
     except BodyTooLarge:
         raise
-    except ValueError:
-        return _error(Code.INVALID_INPUT, "the body is not JSON")
+    except (ValueError, RecursionError):  # RecursionError: nested past Python's limit
+        return _error(Code.INVALID_INPUT, "the body is not JSON (or nests too deeply)")
     if not isinstance(job, dict) or "input" not in job:
         return _error(Code.INVALID_INPUT, 'a job is {"input": {...}}')
     if worker is None:

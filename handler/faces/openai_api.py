@@ -115,6 +115,8 @@ def fold_form(items: Iterable[tuple[str, str]]) -> dict[str, Any]:
                 try:
                     out[key] = json.loads(text)
                     continue
+                except RecursionError:
+                    raise _bad(f"field {key!r} nests too deeply") from None
                 except ValueError:
                     pass
             out[key] = value

@@ -96,8 +96,8 @@ class RunPodApi:
         body = await request.body()
         try:
             payload = json.loads(body or b"{}")
-        except ValueError:
-            return _answer(400, {"error": "the body is not JSON"})
+        except (ValueError, RecursionError):  # RecursionError: nested past Python's limit
+            return _answer(400, {"error": "the body is not JSON (or nests too deeply)"})
         if not isinstance(payload, dict) or "input" not in payload:
             return _answer(400, {"error": 'a job is {"input": {...}}'})
         if (refused := _webhook_refused(payload.get("webhook"))) is not None:
