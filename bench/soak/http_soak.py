@@ -9,7 +9,8 @@ on 127.0.0.1 and sends a seeded mix, each request with the answer it must get:
 - every bad-input class of the queue soak (bench/soak/soak.py: not base64, not audio, a PNG,
   hours declared, private and metadata URLs, 404/500/short/dripping/hanging/endless
   sources, ...) through ``/v1/jobs``, and the HTTP face's own: a body over the upload cap,
-  a form that is not multipart, an unknown model, a refused field, an unknown route;
+  a form that is not multipart, an unknown model, a refused field, an unknown route, a
+  sender slower than the receive deadline (408) and endless headers (431);
 - disconnects: mid-upload (half a body, then the socket closed), mid-transcription (a long
   clip with a one-second client timeout), mid-stream (the first event read, then closed);
 - bursts past the admission limit (8 requests at once against 4 places: 429 with
@@ -52,6 +53,7 @@ from speech_assets.clips import DATA, clips, long_clip, wer
 
 ROOT = Path(__file__).resolve().parents[2]
 UPLOAD_CAP = 2_000_000
+RECEIVE_TIMEOUT_S = 3  # the soak's slow sender is cut off in seconds, not the default 20
 CONCURRENCY, WAITING = 2, 2
 RETRIES_429 = 600
 """A refused request comes back this many times at most (0.2-0.5 s apart): minutes."""
@@ -160,6 +162,37 @@ def _half_upload(base: str) -> None:
         s.sendall(head.encode() + b"x" * 100_000)  # then the socket closes, mid-body
 
 
+def _cut_off(first: bytes, rest: bytes, piece: int, gap_s: float) -> Callable[[str], Any]:
+    """Send ``first``, then ``rest`` ``piece`` bytes every ``gap_s`` until the server
+    closes the connection; (status of its answer, None)."""
+
+    def send(base: str) -> tuple[int, Any]:
+        host, port = base.removeprefix("http://").split(":")
+        with socket.create_connection((host, int(port)), timeout=60) as s:
+            s.settimeout(gap_s)
+            s.sendall(first)
+            got = b""
+            for at in range(0, len(rest), piece):
+                try:
+                    s.sendall(rest[at : at + piece])
+                    got += s.recv(4096)  # times out (nothing yet) until the server answers
+                except TimeoutError:
+                    continue
+                except OSError:
+                    break
+                if got:
+                    break
+            s.settimeout(10)
+            try:
+                while chunk := s.recv(4096):
+                    got += chunk
+            except OSError:
+                pass
+        return int(got.split(b" ", 2)[1]) if got.startswith(b"HTTP/1.1 ") else 0, None
+
+    return send
+
+
 def _raw(method: str, path: str, **kw: Any) -> Callable[[str], Any]:
     def send(base: str) -> tuple[int, Any]:
         r = requests.request(method, base + path, timeout=60, **kw)
@@ -233,6 +266,16 @@ def probes(source_url: str) -> tuple[list[Probe], list[Probe], list[Probe]]:
             {"UNSUPPORTED_OR_CORRUPT_MEDIA", "NO_AUDIO_STREAM"},
         ),
         Probe("unknown-route", _raw("GET", "/v1/nothing"), {404}, {"not_found"}),
+        Probe(  # slower than the receive deadline allows (RECEIVE_TIMEOUT_S here)
+            "slow-headers",
+            _cut_off(f"POST {TRANSCRIBE} HTTP/1.1\r\n".encode(), b"X-Slow: " + b"a" * 400, 1, 0.5),
+            {408},
+        ),
+        Probe(  # past the 64-KiB cap on the request line and headers
+            "endless-headers",
+            _cut_off(b"GET /ping HTTP/1.1\r\n", b"X-Pad: " + b"a" * 1_000_000, 16_384, 0.05),
+            {431},
+        ),
     ]
     long_wav = long_clip(90).wav_bytes()
     gone = [
@@ -289,6 +332,7 @@ def start_server(tmp: Path, extra: dict[str, str] | None = None) -> tuple[subpro
         "WHISPER_ALLOW_PRIVATE_URLS": "true",
         "WHISPER_DOWNLOAD_TIMEOUT_S": str(DOWNLOAD_TIMEOUT_S),
         "WHISPER_MAX_DOWNLOAD_BYTES": str(MAX_DOWNLOAD),
+        "WHISPER_HTTP_RECEIVE_TIMEOUT_S": str(RECEIVE_TIMEOUT_S),
         "TMPDIR": str(tmp),
         **(extra or {}),
     }
