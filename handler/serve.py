@@ -57,8 +57,10 @@ def listen(host: str, port: int, name: str) -> socket.socket:
     podman and a Kubernetes pod keep 1024.
     """
     family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    # "::" takes IPv4 too, as uvicorn's own bind did (create_server sets IPV6_V6ONLY else)
+    both = host == "::" and socket.has_dualstack_ipv6()
     try:
-        return socket.create_server((host, port), family=family, backlog=2048)
+        return socket.create_server((host, port), family=family, backlog=2048, dualstack_ipv6=both)
     except OSError as exc:
         where = f"{host}:{port} ({name})"
         if exc.errno == errno.EACCES and 0 < port < 1024:

@@ -761,3 +761,17 @@ def test_json_nested_past_pythons_recursion_limit_is_invalid_input(server: Serve
         )
     assert r.status_code == 400 and r.json()["error"]["code"] == "INVALID_INPUT", r.text
     assert "RecursionError" not in server.logs() and "Traceback" not in server.logs()
+
+
+def test_host_double_colon_serves_ipv6_and_ipv4() -> None:
+    """HOST=:: (an IPv6 cluster's wildcard) answered on IPv4 too while uvicorn bound the
+    port; binding it ourselves with socket.create_server set IPV6_V6ONLY and lost IPv4."""
+    if not socket.has_ipv6 or not socket.has_dualstack_ipv6():
+        pytest.skip("no dual-stack IPv6 here")
+    srv = Server({"HOST": "::"})  # ready once 127.0.0.1 answers on the health port
+    try:
+        for host in ("127.0.0.1", "[::1]"):
+            r = requests.get(f"http://{host}:{srv.port}/ping", timeout=30)
+            assert r.status_code == 200, (host, r.status_code)
+    finally:
+        srv.stop()
