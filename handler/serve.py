@@ -11,16 +11,21 @@ The routes live in handler.faces.http_server; this module owns the process: port
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import errno
 import logging
 import os
+import signal
 import socket
 import sys
+from collections.abc import Iterator
 from typing import Any
 
 from fastapi import FastAPI
 
+from handler.faces import webhooks
 from handler.faces.http_server import ServerState, add_health_route, build_asgi
+from handler.faces.jobs import Jobs
 from handler.pipeline.runtime import Runtime
 from handler.settings import Settings
 from handler.startup import STARTUP_ERRORS, Loader
@@ -119,7 +124,21 @@ def _uvicorn(app: Any, host: str, port: int, state: ServerState) -> Any:
         lifespan="off",
         ws_max_size=settings.realtime_max_message_bytes,
     )
-    return uvicorn.Server(config)
+    return _quiet_server(uvicorn.Server)(config)
+
+
+def _quiet_server(base: type) -> type:
+    """uvicorn's Server without its own signal handling: uvicorn sets the handler per server
+    (a second server replaces the first's) and, once stopped, raises the signal again, which
+    killed the process before the job API's jobs could drain. serve() handles SIGTERM and
+    SIGINT itself, for every server at once."""
+
+    class Server(base):
+        @contextlib.contextmanager
+        def capture_signals(self) -> Iterator[None]:
+            yield
+
+    return Server
 
 
 def serve(settings: Settings | None = None) -> int:
@@ -131,50 +150,68 @@ def serve(settings: Settings | None = None) -> int:
     except (*STARTUP_ERRORS, ValueError) as exc:
         print(f"whisper-worker: {exc}", file=sys.stderr)
         return 1
-    port, health_port = (sock.getsockname()[1] for sock in (sockets[0], sockets[-1]))
-
-    state = _state(loader.settings)
-    gateway = state.gateway is not None
-    health_path = os.environ.get("HEALTH_CHECK_PATH") or "/ping"
-
-    def server(app: Any, at: int) -> Any:
-        return _uvicorn(app, host, at, state)
-
-    servers = [server(build_asgi(state, health_path), port)]
-    if len(sockets) > 1:
-        health = FastAPI(docs_url=None, redoc_url=None)
-        add_health_route(health, state, health_path)
-        servers.append(server(health, health_port))
-
-    def ready(worker: Runtime) -> None:
-        loader.ready()
-        state.metrics.load.set(loader.times.model_load + loader.times.warmup)
-        state.worker = worker
-        log.info("serving on port %d (health %s on %d)", port, health_path, health_port)
-
-    def failed(message: str) -> None:
-        if loader.self_test_failed:  # keep answering 503 with the reason; never serve
-            log.error("%s", message)
-            state.failure = message
-            return
-        for s in servers:
-            s.should_exit = True
-
-    async def main() -> None:
-        state.slots = asyncio.Semaphore(loader.settings.concurrency)
-        tasks = [asyncio.ensure_future(s.serve([k])) for s, k in zip(servers, sockets, strict=True)]
-        # Load once the health route answers (204 meanwhile), so a load balancer sees the
-        # worker as starting rather than unreachable.
-        while not all(s.started for s in servers) and not any(t.done() for t in tasks):
-            await asyncio.sleep(0.01)
-        if gateway:  # a gateway loads no model: it queues jobs for the consumers
-            log.info("gateway serving on port %d (health %s on %d)", port, health_path, health_port)
-        else:
-            loader.start(on_ready=ready, on_error=failed)
-        await asyncio.gather(*tasks)
-
-    asyncio.run(main())
+    process = _Process(loader, host, sockets)
+    asyncio.run(process.main())
+    webhooks.wait_idle(timeout=loader.settings.drain_s + 30)  # the drained jobs' webhooks
     if loader.error is not None and not loader.self_test_failed:
         print(f"whisper-worker: {loader.error}", file=sys.stderr)
         return 1
     return 0
+
+
+class _Process:
+    """The servers on their sockets, the model's load beside them, and the stop."""
+
+    def __init__(self, loader: Loader, host: str, sockets: list[socket.socket]) -> None:
+        self.loader, self.sockets = loader, sockets
+        self.port, self.health_port = (k.getsockname()[1] for k in (sockets[0], sockets[-1]))
+        self.state = state = _state(loader.settings)
+        self.health_path = os.environ.get("HEALTH_CHECK_PATH") or "/ping"
+        self.servers = [_uvicorn(build_asgi(state, self.health_path), host, self.port, state)]
+        if len(sockets) > 1:
+            health = FastAPI(docs_url=None, redoc_url=None)
+            add_health_route(health, state, self.health_path)
+            self.servers.append(_uvicorn(health, host, self.health_port, state))
+
+    def ready(self, worker: Runtime) -> None:
+        self.loader.ready()
+        self.state.metrics.load.set(self.loader.times.model_load + self.loader.times.warmup)
+        self.state.worker = worker
+        log.info("serving on port %d (health %s on %d)", *self.where())
+
+    def where(self) -> tuple[int, str, int]:
+        return self.port, self.health_path, self.health_port
+
+    def failed(self, message: str) -> None:
+        if self.loader.self_test_failed:  # keep answering 503 with the reason; never serve
+            log.error("%s", message)
+            self.state.failure = message
+            return
+        for s in self.servers:
+            s.should_exit = True
+
+    def stop(self) -> None:
+        """SIGTERM or SIGINT; a second SIGINT (Ctrl-C twice) stops at once."""
+        for s in self.servers:
+            s.force_exit = s.should_exit
+            s.should_exit = True
+
+    async def main(self) -> None:
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            asyncio.get_running_loop().add_signal_handler(sig, self.stop)
+        self.state.slots = asyncio.Semaphore(self.loader.settings.concurrency)
+        tasks = [
+            asyncio.ensure_future(s.serve([k]))
+            for s, k in zip(self.servers, self.sockets, strict=True)
+        ]
+        # Load once the health route answers (204 meanwhile), so a load balancer sees the
+        # worker as starting rather than unreachable.
+        while not all(s.started for s in self.servers) and not any(t.done() for t in tasks):
+            await asyncio.sleep(0.01)
+        if self.state.gateway is not None:  # a gateway loads no model: consumers run jobs
+            log.info("gateway serving on port %d (health %s on %d)", *self.where())
+        else:
+            self.loader.start(on_ready=self.ready, on_error=self.failed)
+        await asyncio.gather(*tasks)
+        if isinstance(self.state.jobs, Jobs):  # stopped: the job API's jobs finish or fail
+            await self.state.jobs.drain(self.loader.settings.drain_s)

@@ -248,6 +248,11 @@ class Settings(BaseModel):
     "<X-Whisper-Timestamp>.<body>"). Never logged."""
     webhook_retry_s: float = Field(10.0, ge=0.1, le=600)
     """HTTP mode: seconds between the 3 tries of a job's webhook."""
+    drain_s: float = Field(25.0, ge=0, le=3600)
+    """HTTP mode, on SIGTERM: once the requests in flight are answered, seconds the job
+    API's running jobs get to finish (their webhooks called) before they fail NOT_READY;
+    queued jobs fail NOT_READY (retryable) at once. Keep it under the platform's grace
+    period (Kubernetes: 30 s unless terminationGracePeriodSeconds says more)."""
     realtime_max_sessions: int = Field(8, ge=0, le=1000)
     """HTTP mode: live sessions on `/v1/realtime` at once; the next gets an `error` event and
     a close (1013, try again later). 0 turns the route off."""

@@ -283,6 +283,7 @@ def test_the_store_is_bounded_by_count_bytes_and_time() -> None:
         release.set()
         await asyncio.wait_for(asyncio.gather(a.task, b.task), 10)  # type: ignore[arg-type]
         assert a.status_object()["output"] == {"text": "a"} and b.ended
+        a.finished = (b.finished or time.time()) - 1  # a ended first (the threads race)
         c = jobs.submit({"say": "c"}, 10, None)  # room made: the oldest ended job went
         assert jobs.get(a.id) is None and jobs.get(b.id) is b
         with pytest.raises(StoreFull):
@@ -293,3 +294,84 @@ def test_the_store_is_bounded_by_count_bytes_and_time() -> None:
         assert jobs.get(b.id) is None and jobs.health()["jobs"]["completed"] == 0
 
     asyncio.run(scenario())
+
+
+def test_sigterm_lets_running_jobs_finish_and_fails_queued_ones_retryably() -> None:
+    """On SIGTERM (a platform scaling the server down) the job API's jobs were cancelled
+    with the event loop: a running job's webhook said CANCELLED (as if its caller had
+    cancelled it) and a queued one's nothing useful. Now the running job gets
+    WHISPER_DRAIN_S to finish and its webhook carries the transcript; a queued job fails
+    at once with NOT_READY, retryable, so its caller submits it elsewhere."""
+    import signal
+
+    posted: list[dict[str, Any]] = []
+
+    def hook(h: Any) -> None:
+        posted.append(json.loads(h.rfile.read(int(h.headers["Content-Length"]))))
+        respond(h, 200)
+
+    audio = wav_bytes(long_clip(240).samples)
+    with LocalServer() as side:
+        side.route("/hook", hook)
+        side.route("/long.wav", lambda h: respond(h, 200, audio, {"Content-Type": "audio/wav"}))
+        srv = Server({**ENV, "WHISPER_MAX_CONCURRENCY": "1", "WHISPER_DRAIN_S": "240"})
+        try:
+            slow = {"audio_url": side.url("/long.wav"), "batch_size": 1, "beam_size": 5}
+            first, second = (
+                call(srv, "POST", "run", {"input": slow, "webhook": side.url("/hook")}).json()
+                for _ in range(2)
+            )
+            wait_for(
+                lambda: call(srv, "GET", f"status/{first['id']}").json()["status"] == "IN_PROGRESS",
+                120,
+                "the first job to run",
+            )
+            assert call(srv, "GET", f"status/{second['id']}").json()["status"] == "IN_QUEUE"
+            srv.proc.send_signal(signal.SIGTERM)
+            srv.proc.wait(300)
+            wait_for(lambda: len(posted) >= 2, 30, "both webhooks")
+        finally:
+            if srv.proc.poll() is None:
+                srv.proc.kill()
+            logs = srv.logs()
+            srv.stop()
+    by_id = {p["id"]: p for p in posted}
+    done, refused = by_id[first["id"]], by_id[second["id"]]
+    assert done["status"] == "COMPLETED" and len(done["output"]["text"]) > 1000, done
+    assert refused["status"] == "FAILED", refused
+    assert refused["output"]["error_code"] == "NOT_READY" and refused["output"]["retryable"]
+    assert srv.proc.returncode == 0 and "Traceback" not in logs, logs[-2000:]
+
+
+def test_a_job_that_outlasts_the_drain_fails_retryably_and_is_told_to_stop() -> None:
+    """The drain's bound (the store on its own; the run is a stand-in that runs until told
+    to stop): past WHISPER_DRAIN_S a running job fails NOT_READY, retryable, and its
+    cancel event is set so its thread leaves the model."""
+    import asyncio
+    import threading
+
+    from handler.faces.jobs import Jobs
+    from tests.helpers import make_settings
+
+    stopped = threading.Event()
+
+    def endless(job_input: Any, worker: Any, *, cancel: Any, **_: Any) -> dict[str, Any]:
+        if cancel.wait(60):
+            stopped.set()
+        return {"text": "too late"}
+
+    async def run_in_slot(job: Any, cancel: Any) -> Any:
+        return await asyncio.get_running_loop().run_in_executor(None, job, cancel)
+
+    async def scenario() -> None:
+        jobs = Jobs(make_settings(), lambda: object(), run_in_slot, run=endless)  # type: ignore[arg-type]
+        rec = jobs.submit({}, 10, None)
+        while rec.status != "IN_PROGRESS":
+            await asyncio.sleep(0.01)
+        await jobs.drain(0.2)
+        st = rec.status_object()
+        assert st["status"] == "FAILED" and st["output"]["error_code"] == "NOT_READY", st
+        assert st["output"]["retryable"] and "stopped before the job could finish" in st["error"]
+
+    asyncio.run(scenario())
+    assert stopped.wait(10)

@@ -89,6 +89,8 @@ class ServerState:
     """Why this server will never serve (the speech self-test failed): /ping and /ready
     answer 503 with it."""
     gateway: Any = None
+    jobs: Any = None
+    """The job API's store (handler.faces.jobs.Jobs; with a broker, its store in Redis)."""
     """With a broker: the job API's store in Redis (handler.faces.broker.gateway); no model here."""
     live: realtime.LiveState = field(init=False)
     """What the live sessions share: their count, their thread pool."""
@@ -130,7 +132,7 @@ def create_app(state: ServerState, *, health_path: str = "/ping") -> FastAPI:
     add_health_route(app, state, health_path)
     add_service_routes(app, state)
     add_job_routes(app, state)
-    add_runpod_routes(app, state, _settle)
+    state.jobs = add_runpod_routes(app, state, _settle)
     return app
 
 

@@ -182,6 +182,26 @@ class Jobs:
             "workers": {"idle": 1 - running, "running": running},
         }
 
+    async def drain(self, timeout_s: float) -> None:
+        """On shutdown: queued jobs fail NOT_READY now (retryable: their callers submit them
+        again elsewhere); running ones get ``timeout_s`` to finish, then fail the same way
+        and are told to stop. Each ending calls its webhook."""
+        for rec in [r for r in self.records.values() if r.status == "IN_QUEUE"]:
+            self._stop(rec, "this worker is stopping before the job could start")
+        running = [r for r in self.records.values() if not r.ended and r.task is not None]
+        if running:
+            log.info("draining: %d running job(s), up to %.0f s", len(running), timeout_s)
+            await asyncio.wait([r.task for r in running if r.task], timeout=timeout_s)
+        for rec in [r for r in running if not r.ended]:
+            self._stop(rec, "this worker stopped before the job could finish")
+
+    def _stop(self, rec: Record, why: str) -> None:
+        rec.cancel.set()  # a running thread leaves the model at its next check
+        if rec.task is not None:
+            rec.task.cancel()
+        stopping = {"error": f"{why}; submit it again", "error_code": "NOT_READY"}
+        self._finished(rec, {**stopping, "retryable": True})
+
     # --- bounds ---------------------------------------------------------------------
 
     def expire(self) -> None:
