@@ -117,12 +117,15 @@ def test_run_then_poll_with_progress(endpoints: Endpoints, audio: Path) -> None:
     ids: list[str] = []
     states: list[str] = []
     progress: list[float] = []
-    with client_for(endpoints.fake) as client:
+    # Polled every 0.2 s over the job's 2.4 s of progress: with the default backoff (0.25 s
+    # doubling) a loaded CI machine once saw IN_PROGRESS before the first progress post and
+    # then COMPLETED, and no progress at all.
+    with client_for(endpoints.fake, poll_initial_s=0.1, poll_max_s=0.2) as client:
         result = client.transcribe(
             audio,
             language="en",
             fake_progress=[10, 50, 90],
-            fake_gap=0.4,
+            fake_gap=0.8,
             on_submit=ids.append,
             on_status=lambda s: states.append(s["status"]),
             on_progress=progress.append,
