@@ -216,7 +216,9 @@ class Settings(BaseModel):
     default). A longer job is safe: its consumer's lease keeps others from running it."""
     http_max_queue: int = Field(16, ge=0, le=10_000)
     """HTTP mode: requests that may wait for a free slot beyond the max_concurrency running;
-    past it a request gets 429 with Retry-After at once."""
+    past it a request gets 429 with Retry-After at once. Bodies received at once are bounded
+    by the same sum (a gateway, WHISPER_BROKER_URL, too: raise this on one that fronts many
+    consumers)."""
     http_receive_timeout_s: float = Field(20.0, ge=1, le=600)
     """HTTP mode: seconds a client has to send a request's headers (from connecting, or
     from the request's first byte) and, again, its body (from the headers), each extended
