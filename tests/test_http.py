@@ -78,7 +78,9 @@ class Server:
             if code == 200:
                 return
             time.sleep(0.01)
-        raise AssertionError(f"server did not get ready: {self.health} {self.logs()[-2000:]}")
+        logs = self.logs()
+        self.stop()  # a server that never got ready must not outlive the test
+        raise AssertionError(f"server did not get ready: {self.health} {logs[-2000:]}")
 
     def logs(self) -> str:
         self.log.flush()
