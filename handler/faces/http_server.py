@@ -89,9 +89,9 @@ class ServerState:
     """Why this server will never serve (the speech self-test failed): /ping and /ready
     answer 503 with it."""
     gateway: Any = None
-    jobs: Any = None
-    """The job API's store (handler.faces.jobs.Jobs; with a broker, its store in Redis)."""
     """With a broker: the job API's store in Redis (handler.faces.broker.gateway); no model here."""
+    jobs: Any = None
+    """The job API's store (handler.faces.jobs.Jobs; with a broker, the gateway's)."""
     live: realtime.LiveState = field(init=False)
     """What the live sessions share: their count, their thread pool."""
 
@@ -314,18 +314,8 @@ def _ready_worker(state: ServerState) -> Runtime | Response:
     return state.worker
 
 
-def _receiving_full(state: ServerState) -> JSONResponse:
-    return _error(
-        Code.QUEUE_FULL,
-        f"the server is receiving {state.capacity} uploads already; retry later",
-    )
-
-
-def _queue_full(state: ServerState) -> JSONResponse:
-    return _error(
-        Code.QUEUE_FULL,
-        f"the server is busy ({state.capacity} requests running or waiting); retry later",
-    )
+def _queue_full(state: ServerState, holding: str = "requests running or waiting") -> JSONResponse:
+    return _error(Code.QUEUE_FULL, f"the server is busy ({state.capacity} {holding}); retry later")
 
 
 async def _run_admitted(
@@ -507,7 +497,9 @@ def build_asgi(state: ServerState, health_path: str = "/ping") -> ASGIApp:
     app = create_app(state, health_path=health_path)
     limit = state.settings.max_upload_bytes
     inner: ASGIApp = BodyLimit(app, limit, lambda: _too_large(limit))
-    inner = ReceiveLimit(inner, state.capacity, lambda: _receiving_full(state))
+    inner = ReceiveLimit(
+        inner, state.capacity, lambda: _queue_full(state, "uploads being received")
+    )
     key = state.settings.api_key
     if key is not None:
         inner = ApiKey(inner, key.get_secret_value(), open_paths={health_path, "/ready"})
