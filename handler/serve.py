@@ -104,6 +104,7 @@ def _uvicorn(app: Any, host: str, port: int, state: ServerState) -> Any:
     import uvicorn  # in the caller's thread, before the loader starts (it imports nothing)
 
     from handler.faces.receive_guard import guarded_protocol
+    from handler.faces.send_guard import guarded_ws_protocol
 
     settings = state.settings
     cut = state.metrics.connections_cut
@@ -113,12 +114,16 @@ def _uvicorn(app: Any, host: str, port: int, state: ServerState) -> Any:
         lambda reason: cut.labels(reason=reason).inc(),
     )
 
+    ws_protocol = guarded_ws_protocol(
+        settings.realtime_send_timeout_s, lambda reason: cut.labels(reason=reason).inc()
+    )
     # An oversized WebSocket message closes the socket with 1009 (message too big).
     config = uvicorn.Config(
         app,
         host=host,
         port=port,
         http=protocol,
+        ws=ws_protocol,
         log_config=None,
         access_log=False,
         lifespan="off",

@@ -265,6 +265,10 @@ class Settings(BaseModel):
     this long, manual mode refuses audio past it until a commit or clear."""
     realtime_idle_s: float = Field(60.0, gt=0, le=3600)
     """HTTP mode: a live session that sends nothing this long is closed."""
+    realtime_send_timeout_s: float = Field(20.0, gt=0, le=600)
+    """HTTP mode: seconds an event to a live client may wait for the client to read what
+    was sent before it; past that the connection is cut (a client that stops reading would
+    otherwise hold its session for ever)."""
     realtime_max_message_bytes: int = Field(1_048_576, ge=1024, le=16_777_216)
     """HTTP mode: largest WebSocket message; a bigger one closes the socket with 1009 (about
     5 s of 24-kHz PCM as base64 per MiB)."""

@@ -6,13 +6,17 @@ one socket each. Now the headers must come within WHISPER_HTTP_RECEIVE_TIMEOUT_S
 that at most) and the body within the same, each extended a second per
 WHISPER_HTTP_MIN_RECEIVE_RATE bytes; a slower sender gets 408 and is disconnected, a real
 upload sent slowly but above the rate is transcribed, and a WebSocket session or a kept
-connection between requests is not the guard's to close. The deadlines here are 2 s so
-the test is short; the waits allow 30 s for a busy machine.
+connection between requests is not the guard's to close. A live WebSocket client that
+stops reading is cut after WHISPER_REALTIME_SEND_TIMEOUT_S (handler/faces/send_guard.py).
+The deadlines here are 2 s so the test is short; the waits allow 30 s for a busy machine.
 """
 
 from __future__ import annotations
 
+import base64
+import os
 import socket
+import struct
 import threading
 import time
 from collections.abc import Iterator
@@ -36,6 +40,8 @@ def server() -> Iterator[Server]:
             "WHISPER_HTTP_MIN_RECEIVE_RATE": "500",
             "WHISPER_MAX_CONCURRENCY": "1",
             "WHISPER_HTTP_MAX_QUEUE": "1",
+            "WHISPER_REALTIME_MAX_SESSIONS": "1",
+            "WHISPER_REALTIME_SEND_TIMEOUT_S": str(TIMEOUT_S),
         }
     )
     yield srv
@@ -149,6 +155,59 @@ def test_a_quiet_websocket_session_is_not_the_guards_to_close(server: Server) ->
         time.sleep(3 * TIMEOUT_S)  # past any receive deadline
         ws.send('{"type": "input_audio_buffer.commit"}')
         assert "input_audio_buffer_commit_empty" in str(ws.recv(timeout=30))
+
+
+def ws_frame(text: str) -> bytes:
+    """One masked text frame, as a client sends it (RFC 6455 5.2)."""
+    data, mask = text.encode(), os.urandom(4)
+    size = bytes([0x80 | len(data)]) if len(data) < 126 else b"\xfe" + struct.pack(">H", len(data))
+    return b"\x81" + size + mask + bytes(b ^ mask[i % 4] for i, b in enumerate(data))
+
+
+def test_a_live_client_that_never_reads_is_cut_and_frees_its_session(server: Server) -> None:
+    """Found by a probe: a WebSocket client that sent events and read none of the answers
+    held its live session for ever (151 s and counting, with 1 session allowed every other
+    client got session_limit): the server's send waited for a socket that never drained,
+    so neither the idle limit nor uvicorn's keepalive (its close waits for the same
+    buffer) ended it. Now an event the client does not take within
+    WHISPER_REALTIME_SEND_TIMEOUT_S cuts the connection."""
+    from websockets.sync.client import connect
+
+    before = cut(server, "slow_reader")
+    sock = socket.socket()
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)  # fills at once
+    sock.settimeout(CLOSE_WITHIN_S)
+    sock.connect(("127.0.0.1", server.port))
+    key = base64.b64encode(os.urandom(16)).decode()
+    sock.sendall(
+        b"GET /v1/realtime?intent=transcription HTTP/1.1\r\nHost: x\r\nUpgrade: websocket\r\n"
+        b"Connection: Upgrade\r\nSec-WebSocket-Version: 13\r\n"
+        + f"Sec-WebSocket-Key: {key}\r\n\r\n".encode()
+    )
+    clear = ws_frame('{"type": "input_audio_buffer.clear"}') * 100  # 100 answers each
+    sock.settimeout(5)
+    try:
+        for _ in range(10_000):  # until the server stops reading us (or cuts us)
+            sock.sendall(clear)
+    except OSError:
+        pass
+    url = server.url.replace("http", "ws") + "/v1/realtime?intent=transcription"
+    deadline, first = time.monotonic() + CLOSE_WITHIN_S, ""
+    while time.monotonic() < deadline:
+        with connect(url, open_timeout=30) as ws:
+            first = str(ws.recv(timeout=30))
+        if '"session.created"' in first:
+            break
+        time.sleep(0.5)
+    assert '"session.created"' in first, first  # the slot was freed
+    assert cut(server, "slow_reader") == before + 1
+    sock.settimeout(CLOSE_WITHIN_S)
+    try:
+        while sock.recv(65536):  # what was sent before the cut, then the end
+            pass
+    except ConnectionResetError:
+        pass  # the cut discarded what the server still held
+    sock.close()
 
 
 def test_bodies_received_at_once_are_bounded_by_the_queue(server: Server) -> None:

@@ -54,8 +54,9 @@ class Metrics:
         )
         self.connections_cut = Counter(
             "whisper_http_connections_cut",
-            "Connections closed while a request arrived: slow_headers, slow_body (slower than "
-            "the receive deadline allows) or headers_too_large",
+            "Connections closed by the server's guards: slow_headers, slow_body (a request "
+            "slower than the receive deadline allows), headers_too_large, or slow_reader (a "
+            "live WebSocket client that stopped reading what it was sent)",
             ["reason"],
             registry=r,
         )

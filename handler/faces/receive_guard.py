@@ -15,7 +15,8 @@ for every ``min_rate`` bytes received, to twice ``timeout`` at most; the body wi
 large, keeps extending its own deadline; a sender slower than ``min_rate`` bytes a second
 (500 by default: 4 kbit/s, far below any uplink that can send audio) is disconnected.
 Nothing applies while the response is written or once a WebSocket is upgraded (the
-realtime face keeps its own idle limits).
+realtime face keeps its own idle limits, and send_guard.py cuts a live client that stops
+reading).
 
 The request line and headers may take ``MAX_HEADER_BYTES`` (64 KiB; nginx's default is
 32 KiB, Node's 16 KiB); past it the answer is 431 and the connection closes. httptools has
