@@ -223,7 +223,9 @@ class Settings(BaseModel):
     """HTTP mode: seconds a client has to send a request's headers (from connecting, or
     from the request's first byte) and, again, its body (from the headers), each extended
     by a second per http_min_receive_rate bytes received (headers: to twice this at most).
-    A slower sender is disconnected (408), as Apache's mod_reqtimeout does (Slowloris)."""
+    A slower sender is disconnected (408), as Apache's mod_reqtimeout does (Slowloris).
+    The same deadline and rate hold for a client taking its answer: one whose answer has
+    waited this long to be written, taking less than the rate, is cut."""
     http_min_receive_rate: int = Field(500, ge=1, le=100_000_000)
     """HTTP mode: bytes a second that keep extending a request's receive deadline (see
     http_receive_timeout_s); 500 B/s is 4 kbit/s, below any uplink that can send audio."""

@@ -227,10 +227,17 @@ def test_bodies_received_at_once_are_bounded_by_the_queue(server: Server) -> Non
     answers: dict[int, bytes] = {}
 
     def read(i: int, sock: socket.socket) -> None:
-        try:
-            answers[i] = sock.recv(4096)
+        got = b""
+        try:  # a whole answer: its head and body may come in separate segments
+            while chunk := sock.recv(4096):
+                got += chunk
+                head, end, body = got.partition(b"\r\n\r\n")
+                length = [ln for ln in head.lower().split(b"\r\n") if b"content-length" in ln]
+                if end and length and len(body) >= int(length[0].split(b":")[1]):
+                    break
         except OSError:
-            answers[i] = b""
+            pass
+        answers[i] = got
 
     readers = [threading.Thread(target=read, args=(i, s), daemon=True) for i, s in enumerate(socks)]
     try:
@@ -285,3 +292,96 @@ def test_endless_headers_get_431_and_leave_memory_flat(server: Server) -> None:
     assert cut(server, "headers_too_large") == before + 2
     assert worker.memory_info().rss - before_rss < 50_000_000
     assert requests.get(server.url + "/ping", timeout=30).status_code == 200
+
+
+def test_pipelined_requests_past_the_cap_cut_the_connection_and_memory_stays_flat(
+    server: Server,
+) -> None:
+    """Found by a probe: uvicorn parses every pipelined request a read brings (up to 256
+    KiB) and queues each behind the one being answered, so a client that sent 7 MB of
+    `GET /v1/models` and read nothing grew the worker by 470 MB per connection (5 of them:
+    2.3 GB), and the worker then ignored SIGTERM for over 60 s. Now a connection with more
+    than MAX_PIPELINED requests waiting is cut; a short pipeline is still answered."""
+    import psutil
+
+    from handler.faces.receive_guard import MAX_PIPELINED
+
+    ping = b"GET /ping HTTP/1.1\r\nHost: x\r\n\r\n"
+    with socket.create_connection(("127.0.0.1", server.port), timeout=CLOSE_WITHIN_S) as sock:
+        sock.sendall(ping * 10)
+        got = b""
+        while got.count(b"HTTP/1.1 200") < 10:
+            got += sock.recv(65536)
+    worker = psutil.Process(server.proc.pid)
+    before_rss, before = worker.memory_info().rss, cut(server, "pipeline_too_long")
+    sock = socket.socket()
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+    sock.settimeout(5)
+    sock.connect(("127.0.0.1", server.port))
+    try:
+        for _ in range(1000):  # 7 MB, read by nobody
+            sock.sendall(ping * 200)
+    except OSError:
+        pass  # cut while we still sent (or the server stopped reading)
+    deadline = time.monotonic() + CLOSE_WITHIN_S
+    while cut(server, "pipeline_too_long") == before and time.monotonic() < deadline:
+        time.sleep(0.2)
+    sock.close()
+    assert cut(server, "pipeline_too_long") == before + 1
+    assert MAX_PIPELINED < 200
+    assert worker.memory_info().rss - before_rss < 50_000_000
+    assert requests.get(server.url + "/ping", timeout=30).status_code == 200
+
+
+def test_a_reader_that_stalls_is_cut_and_a_slow_one_is_not() -> None:
+    """The guard's write side, on a real uvicorn server on 127.0.0.1 with the guarded
+    protocol and an app that answers 4 MB (no route of the worker answers that much without
+    a long transcription): a client that reads nothing is cut once the server's writes have
+    waited the timeout with less than min_rate bytes a second taken; one that reads 64 kB
+    every 0.05 s (about 1 MB/s) gets every byte."""
+    import asyncio
+
+    import uvicorn
+
+    from handler.faces.receive_guard import guarded_protocol
+
+    body = b"a" * 4_000_000
+
+    async def app(scope: dict, receive: object, send: object) -> None:
+        await send({"type": "http.response.start", "status": 200, "headers": []})  # type: ignore[operator]
+        await send({"type": "http.response.body", "body": body})  # type: ignore[operator]
+
+    cuts: list[str] = []
+    protocol = guarded_protocol(TIMEOUT_S, 500, cuts.append)
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    config = uvicorn.Config(app, host="127.0.0.1", port=port, http=protocol, log_config=None)
+    srv = uvicorn.Server(config)
+    thread = threading.Thread(target=lambda: asyncio.run(srv.serve()), daemon=True)
+    thread.start()
+    try:
+        deadline = time.monotonic() + CLOSE_WITHIN_S
+        while not srv.started and time.monotonic() < deadline:
+            time.sleep(0.05)
+        request = b"GET / HTTP/1.1\r\nHost: x\r\n\r\n"
+        stalled = socket.socket()
+        stalled.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+        stalled.connect(("127.0.0.1", port))
+        stalled.sendall(request)
+        while not cuts and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert cuts == ["slow_reader"]
+        stalled.close()
+        with socket.create_connection(("127.0.0.1", port), timeout=CLOSE_WITHIN_S) as slow:
+            slow.sendall(request)
+            got = 0
+            while chunk := slow.recv(65536):
+                got += len(chunk)
+                if got >= len(body):
+                    break
+                time.sleep(0.05)
+        assert got >= len(body) and cuts == ["slow_reader"], (got, cuts)
+    finally:
+        srv.should_exit = True
+        thread.join(30)

@@ -55,8 +55,8 @@ class Metrics:
         self.connections_cut = Counter(
             "whisper_http_connections_cut",
             "Connections closed by the server's guards: slow_headers, slow_body (a request "
-            "slower than the receive deadline allows), headers_too_large, or slow_reader (a "
-            "live WebSocket client that stopped reading what it was sent)",
+            "slower than the receive deadline allows), headers_too_large, pipeline_too_long, or "
+            "slow_reader (a client, HTTP or live WebSocket, that stopped reading its answers)",
             ["reason"],
             registry=r,
         )

@@ -1,5 +1,6 @@
-"""How each HTTP request may arrive: a deadline against slow senders (Slowloris), and a
-cap on the size of its request line and headers.
+"""How each HTTP request may arrive and its answer leave: a deadline against slow senders
+(Slowloris), a cap on the size of its request line and headers and on pipelined requests,
+and a deadline against clients that do not read their answers.
 
 uvicorn has none (its issue 157, open since 2018): ``timeout_keep_alive`` only covers the
 quiet between requests and is reset by every byte, so a connection that sends half a
@@ -24,6 +25,17 @@ no cap of its own: one connection's endless header lines grew the worker by 200 
 0.4 s (measured), and a single endless header line is buffered whole by the parser before
 uvicorn sees it, so the cap counts the bytes as they arrive.
 
+A client may pipeline requests, but at most ``MAX_PIPELINED`` may wait behind the one being
+answered; past that the connection is cut. uvicorn parses every request a read brings (up
+to 256 KiB) and queues each: a client that sent 7 MB of ``GET /v1/models`` and read
+nothing grew the worker by 470 MB (measured; 5 such connections, 2.3 GB), and the worker
+then ignored SIGTERM, waiting on them. No HTTP client or proxy pipelines that deep.
+
+And the answer must be taken: once the server's writes wait on a client (the transport's
+buffer over its high-water mark) for ``timeout`` seconds during which it took less than
+``min_rate`` bytes a second, the connection is aborted ("slow_reader"): a client that reads
+nothing held its connection, its task and the answer in memory for ever.
+
 Built on uvicorn's httptools protocol (its callbacks ``on_headers_complete`` and
 ``on_message_complete``), the parser uvicorn itself prefers when httptools is installed.
 """
@@ -41,6 +53,7 @@ log = logging.getLogger(__name__)
 
 
 MAX_HEADER_BYTES = 64 * 1024
+MAX_PIPELINED = 32
 TIMEOUT_408 = b"HTTP/1.1 408 Request Timeout\r\ncontent-length: 0\r\nconnection: close\r\n\r\n"
 TOO_LARGE_431 = (
     b"HTTP/1.1 431 Request Header Fields Too Large\r\ncontent-length: 0\r\n"
@@ -60,6 +73,8 @@ class ReceiveGuard(HttpToolsProtocol):
     _started = 0.0
     _received = 0
     _timer: asyncio.TimerHandle | None = None
+    _stall_timer: asyncio.TimerHandle | None = None
+    _write_waiting = 0
 
     def connection_made(self, transport: Any) -> None:
         super().connection_made(transport)
@@ -80,8 +95,12 @@ class ReceiveGuard(HttpToolsProtocol):
             self._begin("headers")
 
     def on_headers_complete(self) -> None:
+        if self.transport.is_closing():
+            return  # cut: the rest of what this read brought is not queued
         super().on_headers_complete()
-        if self._phase == "headers":
+        if len(self.pipeline) > MAX_PIPELINED:
+            self._refuse("pipeline_too_long", b"", abort=True)
+        elif self._phase == "headers":
             self._begin("body")
 
     def on_message_complete(self) -> None:
@@ -94,7 +113,33 @@ class ReceiveGuard(HttpToolsProtocol):
 
     def connection_lost(self, exc: Exception | None) -> None:
         self._end()
+        self._unstall()
         super().connection_lost(exc)
+
+    def pause_writing(self) -> None:
+        super().pause_writing()
+        self._write_waiting = self.transport.get_write_buffer_size()
+        self._stall_timer = self.loop.call_later(self.timeout, self._stalled)
+
+    def resume_writing(self) -> None:
+        self._unstall()
+        super().resume_writing()
+
+    def _unstall(self) -> None:
+        if self._stall_timer is not None:
+            self._stall_timer.cancel()
+            self._stall_timer = None
+
+    def _stalled(self) -> None:
+        """Writes have waited ``timeout``: cut the client unless it took ``min_rate`` bytes
+        a second of what waits meanwhile (a slow reader, not a stalled one)."""
+        waiting = self.transport.get_write_buffer_size()
+        if self._write_waiting - waiting >= self.min_rate * self.timeout:
+            self._write_waiting = waiting
+            self._stall_timer = self.loop.call_later(self.timeout, self._stalled)
+            return
+        self._stall_timer = None
+        self._refuse("slow_reader", b"", abort=True)
 
     def _begin(self, phase: str) -> None:
         self._phase, self._started, self._received = phase, self.loop.time(), 0
@@ -122,12 +167,17 @@ class ReceiveGuard(HttpToolsProtocol):
         answered = phase == "body" and self.cycle is not None and self.cycle.response_started
         self._refuse(f"slow_{phase}", b"" if answered else TIMEOUT_408)
 
-    def _refuse(self, reason: str, answer: bytes) -> None:
-        """Close the connection (after ``answer``); tell on_cut why."""
+    def _refuse(self, reason: str, answer: bytes, abort: bool = False) -> None:
+        """Close the connection (after ``answer``), or ``abort`` it (what waits to be
+        written is dropped: a client that reads nothing would hold a close for ever); tell
+        on_cut why."""
         self._end()
         log.debug("closed a connection: %s", reason)
         for tell in self.on_cut:
             tell(reason)
+        if abort:
+            self.transport.abort()
+            return
         if answer:
             self.transport.write(answer)
         self.transport.close()
@@ -137,8 +187,8 @@ def guarded_protocol(
     timeout: float, min_rate: float, on_cut: Callable[[str], None] | None = None
 ) -> type[ReceiveGuard]:
     """The protocol class for uvicorn's ``http=``: ``timeout`` and ``min_rate`` as above;
-    ``on_cut(reason)`` is told of each connection closed: "slow_headers", "slow_body" or
-    "headers_too_large"."""
+    ``on_cut(reason)`` is told of each connection closed: "slow_headers", "slow_body",
+    "headers_too_large", "pipeline_too_long" or "slow_reader"."""
     told = (on_cut,) if on_cut is not None else ()
     attrs = {"timeout": timeout, "min_rate": float(min_rate), "on_cut": told}
     return type("GuardedReceive", (ReceiveGuard,), attrs)
