@@ -21,6 +21,8 @@ from typing import Any
 
 import numpy as np
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 from handler.audio.live import LiveDecoder, chunk_bytes
 from handler.errors import Code, WorkerError
@@ -672,3 +674,93 @@ def test_timed_words_are_written_as_the_transcript_writes_them() -> None:
     out = item.timed_words({"words": timed, "word_alignment": "forced"})
     assert " ".join(w["word"] for w in out["words"]) == text
     assert out["words"][0] == {"word": "that", "start": 2.0, "end": 2.05}
+
+
+class NaiveBuffer:
+    """The live buffer as it was (a concatenation per append): the reference."""
+
+    def __init__(self) -> None:
+        self.samples = np.empty(0, dtype=np.float32)
+        self.start_ms = self.received_ms = 0
+
+    def add(self, samples: np.ndarray) -> None:
+        self.samples = np.concatenate([self.samples, samples])
+        self.received_ms += len(samples) * 1000 // 16000
+
+    def between(self, from_ms: int, to_ms: int) -> np.ndarray:
+        a = max(0, (from_ms - self.start_ms) * 16)
+        return self.samples[a : max(a, (to_ms - self.start_ms) * 16)]
+
+    def take(self, from_ms: int, to_ms: int) -> np.ndarray:
+        out = self.between(from_ms, to_ms).copy()
+        self.samples = self.samples[max(0, (to_ms - self.start_ms) * 16) :]
+        self.start_ms = to_ms
+        return out
+
+    def keep_last(self, keep_s: float) -> None:
+        keep = int(keep_s * 16000)
+        if len(self.samples) > 2 * keep:
+            cut = len(self.samples) - keep
+            self.samples = self.samples[cut:]
+            self.start_ms += cut * 1000 // 16000
+
+    def clear(self) -> None:
+        self.samples = np.empty(0, dtype=np.float32)
+        self.start_ms = self.received_ms
+
+
+@given(
+    st.lists(
+        st.one_of(
+            st.tuples(st.just("add"), st.integers(0, 9000)),
+            st.tuples(st.just("take"), st.integers(0, 100)),
+            st.tuples(st.just("keep"), st.integers(0, 100)),
+            st.tuples(st.just("clear"), st.just(0)),
+        ),
+        max_size=60,
+    )
+)
+def test_the_live_buffer_holds_what_a_concatenation_would(ops: list[tuple[str, int]]) -> None:
+    from handler.faces.realtime.buffer import LiveBuffer
+
+    live, ref, counter = LiveBuffer(), NaiveBuffer(), 0
+    for op, n in ops:
+        if op == "add":
+            chunk = np.arange(counter, counter + n, dtype=np.float32)
+            counter += n
+            live.add(chunk)
+            ref.add(chunk)
+        elif op == "take":  # a commit: up to n % of what was received since the start
+            to_ms = ref.start_ms + (ref.received_ms - ref.start_ms) * n // 100
+            assert np.array_equal(live.take(ref.start_ms, to_ms), ref.take(ref.start_ms, to_ms))
+        elif op == "keep":
+            live.keep_last(n / 100)
+            ref.keep_last(n / 100)
+        else:
+            live.clear()
+            ref.clear()
+        assert (live.start_ms, live.received_ms, len(live)) == (
+            ref.start_ms,
+            ref.received_ms,
+            len(ref.samples),
+        )
+        assert np.array_equal(live.samples, ref.samples)
+        ends = (ref.start_ms, ref.received_ms)
+        assert np.array_equal(live.between(*ends), ref.between(*ends))
+
+
+def test_a_long_turn_in_20_ms_chunks_is_not_copied_at_every_append() -> None:
+    """Each append concatenated the whole turn held, on the event loop every session
+    shares: a 120-s turn in 20-ms chunks (as LiveKit sends) copied 23 GB, growing with the
+    square of the turn. Now the buffer grows by doubling: a few copies."""
+    from handler.faces.realtime.buffer import LiveBuffer
+
+    live, chunk, copies = LiveBuffer(), np.zeros(320, np.float32), 0
+    held = live.samples
+    for _ in range(120 * 50):
+        live.add(chunk)
+        if not np.shares_memory(held, live.samples):  # moved: what was held was copied
+            copies += 1
+        held = live.samples
+    assert len(live) == 120 * 16000
+    assert copies < 20, copies
