@@ -11,6 +11,7 @@ import base64
 import hashlib
 import hmac
 import json
+import socket
 import time
 from collections.abc import Iterator
 from typing import Any
@@ -210,6 +211,35 @@ def test_a_webhook_gets_the_signed_status_and_a_dead_one_is_said_failed(api: Any
     )
     assert st["webhook"]["tries"] == 3 and wer(JFK_TEXT, st["output"]["text"]) < 0.2
     assert dead.split("?")[0] not in api.logs()
+
+
+def test_webhooks_that_hang_do_not_hold_up_another_jobs_webhook(api: Any) -> None:
+    """Found by reading the code, then this test: deliveries shared 4 threads, and each
+    try waits up to 10 s for an answer, so 8 jobs whose webhook accepts and never answers
+    held every thread for about 30 s (3 tries each) and the next job's webhook waited behind
+    them, 30 to 60 s. Deliveries now run up to DELIVERIES_AT_ONCE at a time."""
+    received: list[float] = []
+    hole = socket.socket()  # accepts (the kernel's backlog) and never answers
+    hole.bind(("127.0.0.1", 0))
+    hole.listen(64)
+    black = f"http://127.0.0.1:{hole.getsockname()[1]}/hook"
+    try:
+        with LocalServer() as receiver:
+            receiver.route("/hook", lambda h: (received.append(time.monotonic()), respond(h, 200)))
+            audio = {"audio_base64": b64(DATA / "jfk.wav")}
+            hung = [
+                call(api, "POST", "run", {"input": audio, "webhook": black}).json()["id"]
+                for _ in range(8)
+            ]
+            for job_id in hung:
+                ended(api, job_id)
+            good = call(api, "POST", "run", {"input": audio, "webhook": receiver.url("/hook")})
+            ended(api, good.json()["id"])
+            at = time.monotonic()
+            wait_for(lambda: received, 120, "the good webhook")
+            assert received[0] - at < 15, received[0] - at
+    finally:
+        hole.close()  # the hung tries end at once
 
 
 def test_a_webhook_to_a_private_address_is_refused_by_the_guard() -> None:
