@@ -15,6 +15,7 @@ import contextlib
 import errno
 import logging
 import os
+import resource
 import signal
 import socket
 import sys
@@ -81,6 +82,28 @@ def listen(host: str, port: int, name: str) -> socket.socket:
             ) from None
         reason = exc.strerror or type(exc).__name__
         raise ValueError(f"cannot listen on {where}: {reason}; check HOST and {name}") from None
+
+
+OPEN_FILES_CAP = 1 << 20
+
+
+def raise_open_files_limit() -> None:
+    """Each connection holds a descriptor, and Docker (25 and later) starts containers with
+    a soft limit of 1024: about a thousand connections that send nothing (each held up to
+    the receive deadline) used them all, accept failed and every client was locked out.
+    The soft limit goes up to the hard one (at most OPEN_FILES_CAP), as Go programs and
+    nginx's worker_rlimit_nofile do, and as containerd asks of software that needs more
+    (moby/moby#45534, containerd/containerd#8924)."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    want = OPEN_FILES_CAP if hard == resource.RLIM_INFINITY else min(hard, OPEN_FILES_CAP)
+    if soft == resource.RLIM_INFINITY or soft >= want:
+        return
+    try:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (want, hard))
+    except (ValueError, OSError) as exc:
+        log.warning("open files: the soft limit stays %d (%s)", soft, exc)
+        return
+    log.info("open files: soft limit raised from %d to %d", soft, want)
 
 
 def listen_on_ports(host: str) -> list[socket.socket]:
@@ -151,6 +174,7 @@ def serve(settings: Settings | None = None) -> int:
     host = os.environ.get("HOST") or "0.0.0.0"
     try:
         loader = Loader(settings)  # settings, logging and imports, in this thread
+        raise_open_files_limit()
         sockets = listen_on_ports(host)  # ValueError: one line saying which port and why
     except (*STARTUP_ERRORS, ValueError) as exc:
         print(f"whisper-worker: {exc}", file=sys.stderr)

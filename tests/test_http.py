@@ -14,6 +14,7 @@ import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import openai
 import pytest
@@ -43,7 +44,7 @@ def free_port() -> int:
 
 
 class Server:
-    def __init__(self, env: dict[str, str]) -> None:
+    def __init__(self, env: dict[str, str], preexec: Any = None) -> None:
         self.port = free_port()
         self.health_port = free_port()  # RunPod's load balancer may probe another port
         self.url = f"http://127.0.0.1:{self.port}"
@@ -63,6 +64,7 @@ class Server:
             env=full,
             stdout=self.log,
             stderr=subprocess.STDOUT,
+            preexec_fn=preexec,
         )
         self.health: list[int] = []
         deadline = time.time() + START_S

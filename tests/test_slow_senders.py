@@ -385,3 +385,34 @@ def test_a_reader_that_stalls_is_cut_and_a_slow_one_is_not() -> None:
     finally:
         srv.should_exit = True
         thread.join(30)
+
+
+def test_idle_connections_past_a_low_open_files_limit_do_not_lock_clients_out() -> None:
+    """Found by a probe: Docker (25 and later) starts containers with a soft open-files
+    limit of 1024; the worker kept it, so about a thousand connections that send nothing
+    (each held up to the receive deadline, 20 to 40 s) used every descriptor, asyncio's
+    accept failed ("Too many open files", with a traceback in the log) and /ping timed out.
+    Now the worker raises its soft limit to the hard one at start. Here the soft limit is
+    256, the hard one left as it is, and 300 idle connections are open."""
+    import resource
+
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if hard != resource.RLIM_INFINITY and hard < 1024:
+        pytest.skip(f"the hard open-files limit here is {hard}")
+
+    def low() -> None:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (256, hard))
+
+    srv = Server({}, preexec=low)
+    idle: list[socket.socket] = []
+    try:
+        for _ in range(300):
+            idle.append(socket.create_connection(("127.0.0.1", srv.port), timeout=30))
+        time.sleep(1)
+        assert requests.get(srv.url + "/ping", timeout=30).status_code == 200
+        assert "Too many open files" not in srv.logs()
+        assert "open files: soft limit raised from 256" in srv.logs()
+    finally:
+        for sock in idle:
+            sock.close()
+        srv.stop()
