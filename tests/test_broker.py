@@ -187,6 +187,44 @@ def test_the_gateway_bounds_what_waits_in_redis(rds: RedisServer) -> None:
         gateway.stop()
 
 
+def test_a_redis_near_its_maxmemory_refuses_new_jobs_and_runs_the_ones_it_took(
+    rds: RedisServer,
+) -> None:
+    """Found by a probe: with Redis at its maxmemory (noeviction, as the Kubernetes manifest
+    runs it), /run answered 503 "cannot be reached", and the consumer died ("Unrecoverable
+    error: OutOfMemoryError" and a traceback: kombu could not note a message it had just
+    popped), so the job it took stayed IN_QUEUE. Now a gateway admits a job only while
+    Redis uses under REDIS_MEMORY_HEADROOM of its maxmemory (the rest is for the results of
+    the jobs it took), and refuses past it with 429 and Retry-After."""
+    client = redis.Redis.from_url(rds.url)
+    used = int(client.info("memory")["used_memory"])
+    client.config_set("maxmemory", used + 8_000_000)
+    client.config_set("maxmemory-policy", "noeviction")
+    consumer = ConsumerProc(rds.url)
+    gateway = Server({"WHISPER_BROKER_URL": rds.url})
+    try:
+        audio = b64(DATA / "jfk.wav")  # 470 kB of base64: about 1 MB in Redis, queued
+        taken: list[str] = []
+        for _ in range(40):
+            res = requests.post(
+                f"{gateway.url}/v2/e/run", json={"input": {"audio_base64": audio}}, timeout=60
+            )
+            if res.status_code != 200:
+                break
+            taken.append(res.json()["id"])
+        assert res.status_code == 429 and res.headers["Retry-After"], res.text
+        assert 1 <= len(taken) < 40
+        for job_id, st in _all_ended(gateway.url, taken, 180).items():
+            assert st["status"] == "COMPLETED", (job_id, st)
+            assert wer(JFK_TEXT, st["output"]["text"]) < 0.2
+        logs = gateway.logs() + consumer.logs()
+        assert "Traceback" not in logs and "Unrecoverable" not in logs, logs[-3000:]
+        assert "maxmemory" in gateway.logs()  # the operator is told why
+    finally:
+        gateway.stop()
+        consumer.stop()
+
+
 def test_a_message_lost_with_its_consumer_is_queued_again(rds: RedisServer) -> None:
     """kombu's Redis transport pops a message (BRPOP) before it notes it as unacknowledged:
     a consumer killed between the two takes the message with it (seen once in the

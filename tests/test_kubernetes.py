@@ -159,3 +159,18 @@ def test_the_gateways_probe_is_a_route_that_waits_for_nothing() -> None:
     assert env["WHISPER_MODE"] == "http" and env["WHISPER_BROKER_URL"].startswith("redis://")
     assert gateway["readinessProbe"]["httpGet"]["path"] == "/ready"
     assert "resources" in gateway and "nvidia.com/gpu" not in gateway["resources"]["limits"]
+
+
+def test_redis_refuses_writes_before_its_container_is_killed_for_memory() -> None:
+    """Without maxmemory Redis grew until the kernel killed it at the container's limit,
+    then replayed its AOF into the same limit; at maxmemory (noeviction) it refuses writes
+    and the gateway refuses new jobs before that (handler.faces.broker.store)."""
+    (redis_container,) = _containers("StatefulSet", "whisper-redis")
+    args = redis_container["args"]
+    assert args[args.index("--maxmemory-policy") + 1] == "noeviction"
+    maxmemory = args[args.index("--maxmemory") + 1]
+    assert maxmemory.endswith("mb")
+    limit = redis_container["resources"]["limits"]["memory"]
+    assert limit.endswith("Gi")
+    # AOF rewrites fork: leave the limit room above maxmemory
+    assert int(maxmemory[:-2]) * 2**20 <= 0.8 * float(limit[:-2]) * 2**30

@@ -25,7 +25,13 @@ from typing import Any
 
 from handler.errors import Code, WorkerError
 from handler.faces.broker.queue import QUEUE, TASK, make_celery, redis_client
-from handler.faces.broker.store import MODELS, EndedJob, JobStore, Snapshot
+from handler.faces.broker.store import (
+    MODELS,
+    REDIS_MEMORY_HEADROOM,
+    EndedJob,
+    JobStore,
+    Snapshot,
+)
 from handler.settings import Settings
 
 log = logging.getLogger(__name__)
@@ -35,6 +41,12 @@ POLL_S = 0.05
 STREAM_HOLD_S = 1.0
 STREAM_POLL_S = 0.2
 """How often a gateway's OpenAI stream looks for the consumer's new segments (seconds)."""
+
+
+MEMORY_ADVICE = (
+    "ended jobs' results stay WHISPER_RESULT_TTL_S; raise Redis's maxmemory, lower the TTL "
+    "or add consumers"
+)
 
 
 class BrokerDown(Exception):
@@ -66,6 +78,7 @@ class BrokerJobs:
         self.settings = settings
         self.store = store or JobStore(redis_client(settings), settings.result_ttl_s)
         self.celery = make_celery(settings)
+        self._told_memory = -60.0
         self.celery.conf.task_publish_retry_policy = {
             "max_retries": 2,
             "interval_start": 0,
@@ -78,9 +91,23 @@ class BrokerJobs:
 
         try:
             return call(*args)
+        except redis.exceptions.OutOfMemoryError:
+            log.warning("Redis is at its maxmemory and refuses writes: %s", MEMORY_ADVICE)
+            raise BrokerDown from None
         except (redis.RedisError, OperationalError, OSError) as exc:
             log.warning("the broker cannot be reached (%s)", type(exc).__name__)
             raise BrokerDown from None
+
+    def _tell_memory_full(self) -> None:
+        """Say why jobs are refused, once a minute at most (a full Redis refuses many)."""
+        now = time.monotonic()
+        if now - self._told_memory >= 60:
+            self._told_memory = now
+            log.warning(
+                "new jobs refused (429): Redis holds over %d%% of its maxmemory; %s",
+                round(REDIS_MEMORY_HEADROOM * 100),
+                MEMORY_ADVICE,
+            )
 
     def ping(self) -> bool:
         try:
@@ -98,7 +125,10 @@ class BrokerJobs:
 
         job_id = uuid.uuid4().hex
         bounds = (self.settings.result_max_jobs, self.settings.result_max_bytes)
-        if not self.store.create(job_id, webhook, size, bounds, job_input):
+        admitted = self.store.create(job_id, webhook, size, bounds, job_input)
+        if admitted == -1:
+            self._tell_memory_full()
+        if admitted != 1:
             raise StoreFull
         refused = _refusal(job_input)
         if refused is not None:

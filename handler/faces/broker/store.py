@@ -89,7 +89,19 @@ redis.call('HSET', KEYS[1], 'cursor', cursor + #items)
 return items
 """
 
+REDIS_MEMORY_HEADROOM = 0.8
+"""A gateway admits a job while Redis would use at most this share of its ``maxmemory``
+(when one is set) with it: the rest is for the results of the jobs already taken and for
+Celery's own bookkeeping. At its maxmemory (noeviction) Redis refuses writes, and a
+consumer died of it: kombu could not note a message it had just popped."""
+
 _ADMIT = """
+local memory = redis.call('INFO', 'memory')
+local maxmemory = tonumber(string.match(memory, 'maxmemory:(%d+)') or '0')
+if maxmemory > 0 then
+  local used = tonumber(string.match(memory, 'used_memory:(%d+)') or '0')
+  if used + 2 * tonumber(ARGV[3]) > maxmemory * tonumber(ARGV[9]) then return -1 end
+end
 local queued = redis.call('HVALS', KEYS[2])
 if #queued >= tonumber(ARGV[4]) then return 0 end
 local used = tonumber(ARGV[3])
@@ -230,10 +242,11 @@ class JobStore:
         size: int = 0,
         bounds: tuple[int, int] = (1_000_000, 2**62),
         job_input: Any = None,
-    ) -> bool:
+    ) -> int:
         """A queued job's record, its input kept until it ends (``lost`` may need to queue
-        it again); False (nothing stored) when ``bounds`` (queued jobs, their inputs'
-        bytes) leave no room for one more of ``size`` bytes."""
+        it again): 1. 0 (nothing stored) when ``bounds`` (queued jobs, their inputs' bytes)
+        leave no room for one more of ``size`` bytes; -1 when Redis would hold more than
+        REDIS_MEMORY_HEADROOM of its maxmemory with it (its input is held twice)."""
         done = self._admit(
             keys=[_key("job", job_id), _key("queued")],
             args=[
@@ -244,9 +257,10 @@ class JobStore:
                 UNENDED_TTL_S,
                 job_id,
                 json.dumps(job_input, ensure_ascii=False),
+                REDIS_MEMORY_HEADROOM,
             ],
         )
-        return bool(done)
+        return int(done)
 
     def forget(self, job_id: str) -> None:
         """A submission that could not be queued: as if it never was."""
