@@ -225,6 +225,35 @@ def test_a_redis_near_its_maxmemory_refuses_new_jobs_and_runs_the_ones_it_took(
         consumer.stop()
 
 
+def test_the_openai_face_of_a_full_or_lost_broker_answers_in_openais_shape(
+    rds: RedisServer,
+) -> None:
+    """Found by a probe: on a gateway whose queue was full, `stream=true` never answered
+    (the job's task raised and the event stream waited on it for ever; the client timed out)
+    and a plain request got the job API's 429 body, not OpenAI's. Now both get OpenAI's
+    error (QUEUE_FULL, 429, Retry-After: the SDK's RateLimitError), and a Redis that is
+    gone gives 503 NOT_READY, in the stream as its error event."""
+    import openai
+
+    gateway = Server({"WHISPER_BROKER_URL": rds.url, "WHISPER_RESULT_MAX_JOBS": "1"})
+    client = openai.OpenAI(base_url=gateway.url + "/v1", api_key="unused", max_retries=0)
+    try:
+        assert _post(gateway.url, {"input": {"audio_base64": "AAAA"}})["status"] == "IN_QUEUE"
+        with open(DATA / "jfk.wav", "rb") as f, pytest.raises(openai.RateLimitError) as full:
+            client.audio.transcriptions.create(model="whisper-1", file=f, timeout=60)
+        assert full.value.code == "QUEUE_FULL", full.value.body
+        with open(DATA / "jfk.wav", "rb") as f, pytest.raises(openai.APIError) as in_stream:
+            list(client.audio.transcriptions.create(model="whisper-1", file=f, stream=True))
+        assert in_stream.value.body["code"] == "QUEUE_FULL", in_stream.value.body
+        rds.stop()
+        with open(DATA / "jfk.wav", "rb") as f, pytest.raises(openai.InternalServerError) as gone:
+            client.audio.transcriptions.create(model="whisper-1", file=f, timeout=60)
+        assert gone.value.status_code == 503 and gone.value.code == "NOT_READY"
+        assert "Traceback" not in gateway.logs()
+    finally:
+        gateway.stop()
+
+
 def test_a_message_lost_with_its_consumer_is_queued_again(rds: RedisServer) -> None:
     """kombu's Redis transport pops a message (BRPOP) before it notes it as unacknowledged:
     a consumer killed between the two takes the message with it (seen once in the

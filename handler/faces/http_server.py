@@ -44,6 +44,7 @@ from handler.contract import Segment
 from handler.errors import Code, WorkerError
 from handler.faces import openai_api, realtime
 from handler.faces.auth import ApiKey, BodyLimit, BodyTooLarge, ReceiveLimit
+from handler.faces.broker.gateway import BROKER_GONE, BrokerDown
 from handler.faces.metrics import Metrics, RequestMetrics
 from handler.faces.runpod_api import add_runpod_routes
 from handler.pipeline.job import run_job
@@ -164,7 +165,10 @@ def add_job_routes(app: FastAPI, state: ServerState) -> None:
 async def _loaded_models(state: ServerState) -> list[str] | Response:
     """This server's models, or (a gateway) those its consumers loaded."""
     if state.gateway is not None:
-        return list(await asyncio.to_thread(state.gateway.models))
+        try:
+            return list(await asyncio.to_thread(state.gateway.models))
+        except BrokerDown:
+            return _error(Code.NOT_READY, BROKER_GONE)
     worker = _ready_worker(state)
     return worker if isinstance(worker, Response) else worker.pool.names
 
@@ -412,23 +416,27 @@ async def _stream(
     started = [False]
 
     async def run() -> None:
-        started[0] = True  # from here _run_admitted (or this) gives the place back
-        if worker is None:  # a gateway: the job runs on a consumer, its segments in Redis
-            result = await _on_a_consumer(state, request, req, audio, on_segment)
-        else:
-            result = await _run_admitted(
-                state,
-                request,
-                lambda cancel: run_job(
-                    req.job_input,
-                    worker,
-                    job_id="http",
-                    cancel=cancel,
-                    on_segment=on_segment,
-                    audio=audio,
-                ),  # fmt: skip
-                admitted=True,
-            )
+        started[0] = True  # from here _run_admitted (or _on_a_consumer) gives it back
+        try:
+            if worker is None:  # a gateway: the job runs on a consumer, its segments in Redis
+                result = await _on_a_consumer(state, request, req, audio, on_segment)
+            else:
+                result = await _run_admitted(
+                    state,
+                    request,
+                    lambda cancel: run_job(
+                        req.job_input,
+                        worker,
+                        job_id="http",
+                        cancel=cancel,
+                        on_segment=on_segment,
+                        audio=audio,
+                    ),  # fmt: skip
+                    admitted=True,
+                )
+        except Exception:  # a bug of ours: the stream still ends, with an error event
+            log.exception("a streamed transcription failed")
+            result = _error(Code.INTERNAL, "internal error while transcribing")
         await queue.put(("done", result))
 
     def give_back(_task: asyncio.Future) -> None:
@@ -437,7 +445,6 @@ async def _stream(
 
     task = asyncio.ensure_future(run())
     task.add_done_callback(give_back)
-
     segments = req.response_format == "diarized_json"
     return StreamingResponse(_events(queue, task, segments), media_type="text/event-stream")
 
@@ -453,7 +460,7 @@ async def _on_a_consumer(
     them; the place _stream took is given back here."""
     try:
         result = await state.gateway.result(
-            req.job_input, request.is_disconnected, audio, on_segment=on_segment
+            req.job_input, request.is_disconnected, audio, on_segment
         )
         await asyncio.sleep(0)  # the deltas on_segment scheduled go in before done
     finally:

@@ -49,6 +49,9 @@ MEMORY_ADVICE = (
 )
 
 
+BROKER_GONE = "the job broker (Redis) cannot be reached; retry later"
+
+
 class BrokerDown(Exception):
     """Redis (or the queue in it) cannot be reached; nothing was queued."""
 
@@ -191,9 +194,26 @@ class BrokerJobs:
         """Run ``job_input`` (with an uploaded ``audio``) on a consumer and wait for its
         result, as the HTTP face's own engine answers it (an error result on failure),
         handing ``on_segment`` each segment as the consumer streams it; cancelled when
-        ``gone()`` says the caller left. Raises BrokerDown."""
+        ``gone()`` says the caller left. A broker that holds as many jobs as it may, or
+        cannot be reached, gives the error result of QUEUE_FULL or NOT_READY (retryable)."""
+        from handler.faces.jobs import StoreFull
+
         if audio is not None:
             job_input = {**job_input, "audio_base64": base64.b64encode(audio).decode()}
+        try:
+            return await self._result(job_input, gone, on_segment)
+        except StoreFull:
+            message = "the job broker holds as many waiting jobs as it may; retry later"
+            return WorkerError(Code.QUEUE_FULL, message).to_result()
+        except BrokerDown:
+            return WorkerError(Code.NOT_READY, BROKER_GONE).to_result()
+
+    async def _result(
+        self,
+        job_input: Any,
+        gone: Callable[[], Awaitable[bool]],
+        on_segment: Callable[[dict[str, Any]], None] | None,
+    ) -> Any:
         size = len(str(job_input.get("audio_base64", ""))) if isinstance(job_input, dict) else 0
         snap = await asyncio.to_thread(self.submit, job_input, size, None)
         while not snap.ended:
