@@ -201,6 +201,7 @@ def test_a_live_client_that_never_reads_is_cut_and_frees_its_session(server: Ser
         time.sleep(0.5)
     assert '"session.created"' in first, first  # the slot was freed
     assert cut(server, "slow_reader") == before + 1
+    assert "Traceback" not in server.logs()
     sock.settimeout(CLOSE_WITHIN_S)
     try:
         while sock.recv(65536):  # what was sent before the cut, then the end
@@ -331,6 +332,7 @@ def test_pipelined_requests_past_the_cap_cut_the_connection_and_memory_stays_fla
     assert MAX_PIPELINED < 200
     assert worker.memory_info().rss - before_rss < 50_000_000
     assert requests.get(server.url + "/ping", timeout=30).status_code == 200
+    assert "Traceback" not in server.logs()
 
 
 def test_a_reader_that_stalls_is_cut_and_a_slow_one_is_not() -> None:
