@@ -245,7 +245,18 @@ def test_the_openai_face_of_a_full_or_lost_broker_answers_in_openais_shape(
         with open(DATA / "jfk.wav", "rb") as f, pytest.raises(openai.APIError) as in_stream:
             list(client.audio.transcriptions.create(model="whisper-1", file=f, stream=True))
         assert in_stream.value.body["code"] == "QUEUE_FULL", in_stream.value.body
+        # Our own /v1/jobs: the queue's error and, as on every 429, Retry-After (a probe
+        # found it missing here: a client that honours it retried at once).
+        jobs = requests.post(
+            f"{gateway.url}/v1/jobs", json={"input": {"audio_base64": "AAAA"}}, timeout=60
+        )
+        assert jobs.status_code == 429 and jobs.json()["error_code"] == "QUEUE_FULL"
+        assert jobs.headers.get("Retry-After"), jobs.headers
         rds.stop()
+        jobs = requests.post(
+            f"{gateway.url}/v1/jobs", json={"input": {"audio_base64": "AAAA"}}, timeout=60
+        )
+        assert jobs.status_code == 503 and jobs.headers.get("Retry-After"), jobs.headers
         with open(DATA / "jfk.wav", "rb") as f, pytest.raises(openai.InternalServerError) as gone:
             client.audio.transcriptions.create(model="whisper-1", file=f, timeout=60)
         assert gone.value.status_code == 503 and gone.value.code == "NOT_READY"

@@ -70,8 +70,12 @@ def _error(code: Code, message: str) -> JSONResponse:
 
 def _error_response(error: dict[str, Any]) -> JSONResponse:
     status, body = openai_api.error_body(error)
-    headers = {"Retry-After": str(RETRY_AFTER_S)} if status in (429, 503) else None
-    return JSONResponse(body, status_code=status, headers=headers)
+    return JSONResponse(body, status_code=status, headers=_retry_after(status))
+
+
+def _retry_after(status: int) -> dict[str, str] | None:
+    """Retry-After on every answer that says "later" (429, 503)."""
+    return {"Retry-After": str(RETRY_AFTER_S)} if status in (429, 503) else None
 
 
 @dataclass
@@ -264,7 +268,7 @@ async def _native(state: ServerState, request: Request) -> Response:
         return result
     if isinstance(result, dict) and "error" in result:
         status, _ = openai_api.error_body(result)
-        return JSONResponse(result, status_code=status)
+        return JSONResponse(result, status_code=status, headers=_retry_after(status))
     return JSONResponse({"output": result})
 
 
