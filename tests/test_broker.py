@@ -225,6 +225,76 @@ def test_a_redis_near_its_maxmemory_refuses_new_jobs_and_runs_the_ones_it_took(
         consumer.stop()
 
 
+def test_a_redis_that_fills_under_a_running_job_loses_nothing(rds: RedisServer) -> None:
+    """Found by a probe: Redis reached its maxmemory while a consumer held a job (filled by
+    something else: the gateway's headroom cannot see another tenant) for 8 s. The first
+    streamed segment that Redis refused failed the job INTERNAL (only a lost connection was
+    taken as passing), storing its end failed the Celery task, kombu's acknowledgement
+    stopped Celery ("Unrecoverable error") and the supervisor exited: the job never ended.
+    Now a refused write passes as a lost connection does (streamed items are dropped, the
+    start and end are tried again), said once, not at every look."""
+    client = redis.Redis.from_url(rds.url)
+    consumer = ConsumerProc(rds.url)
+    gateway = Server({"WHISPER_BROKER_URL": rds.url})
+    try:
+        held = _post(gateway.url, {"input": {"audio_base64": _long(240), "batch_size": 1}})["id"]
+        wait_for(lambda: _status(gateway.url, held)["status"] == "IN_PROGRESS", 120, "start")
+        pid = consumer.child().pid
+        client.config_set("maxmemory-policy", "noeviction")
+        client.config_set("maxmemory", int(client.info("memory")["used_memory"]) // 2)
+        time.sleep(8)
+        refused = client.info("errorstats").get("errorstat_OOM", {}).get("count", 0)
+        client.config_set("maxmemory", 0)
+        assert refused > 0  # the consumer's writes met the full Redis
+        st = _all_ended(gateway.url, [held], 300)[held]
+        assert st["status"] == "COMPLETED", st
+        assert wer(long_clip(240).text, st["output"]["text"]) < 0.3
+        assert consumer.child().pid == pid, consumer.logs()[-3000:]  # not restarted
+        after = _post(gateway.url, {"input": {"audio_base64": b64(DATA / "jfk.wav")}})["id"]
+        st = _all_ended(gateway.url, [after], 120)[after]
+        assert st["status"] == "COMPLETED" and wer(JFK_TEXT, st["output"]["text"]) < 0.2
+        logs = gateway.logs() + consumer.logs()
+        assert "Traceback" not in logs and "Unrecoverable" not in logs, logs[-3000:]
+        assert consumer.logs().count("at its maxmemory and refuses writes") <= 4  # not spam
+    finally:
+        client.config_set("maxmemory", 0)
+        gateway.stop()
+        consumer.stop()
+
+
+def test_a_broker_error_that_stops_celery_starts_a_new_consumer(rds: RedisServer) -> None:
+    """kombu acknowledges a message in a MULTI, which Redis refuses at its maxmemory (any
+    command queued in a transaction is refused then): Celery logged "Unrecoverable error"
+    with a traceback quoting the command, its worker stopped, and the consumer process
+    exited 0, so the supervisor took it for a stop and exited too: no consumer was left.
+    The same failure is made here at will by taking ZREM from Redis's user while a job runs
+    (ACL), then giving it back. Now the consumer exits BROKER_EXIT, the supervisor starts
+    another, the log says it in one line, and the job ends once, with its text."""
+    client = redis.Redis.from_url(rds.url)
+    consumer = ConsumerProc(rds.url)
+    gateway = Server({"WHISPER_BROKER_URL": rds.url})
+    try:
+        held = _post(gateway.url, {"input": {"audio_base64": _long(60), "batch_size": 1}})["id"]
+        wait_for(lambda: _status(gateway.url, held)["status"] == "IN_PROGRESS", 120, "start")
+        pid = consumer.child().pid
+        client.execute_command("ACL", "SETUSER", "default", "-zrem")
+        wait_for(lambda: "starting again" in consumer.logs(), 120, "the consumer to stop")
+        client.execute_command("ACL", "SETUSER", "default", "+zrem")
+        consumer.wait_ready(2)
+        assert consumer.child().pid != pid and consumer.proc.poll() is None
+        st = _all_ended(gateway.url, [held], 120)[held]
+        assert st["status"] == "COMPLETED" and wer(long_clip(60).text, st["output"]["text"]) < 0.3
+        after = _post(gateway.url, {"input": {"audio_base64": b64(DATA / "jfk.wav")}})["id"]
+        st = _all_ended(gateway.url, [after], 120)[after]
+        assert st["status"] == "COMPLETED" and wer(JFK_TEXT, st["output"]["text"]) < 0.2
+        assert "Celery stopped: " in consumer.logs()
+        assert "Traceback" not in consumer.logs(), consumer.logs()[-3000:]
+    finally:
+        client.execute_command("ACL", "SETUSER", "default", "+zrem")
+        gateway.stop()
+        consumer.stop()
+
+
 def test_the_openai_face_of_a_full_or_lost_broker_answers_in_openais_shape(
     rds: RedisServer,
 ) -> None:

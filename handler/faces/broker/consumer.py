@@ -43,6 +43,12 @@ log = logging.getLogger(__name__)
 
 RECYCLE_EXIT = 75
 """The consumer's exit status when it recycled itself (the supervisor starts another)."""
+BROKER_EXIT = 69
+"""The consumer's exit status when Celery stopped on a broker error (kombu cannot note or
+acknowledge a message while Redis is at its maxmemory): the supervisor starts another after
+``BROKER_PAUSE_S``; the jobs it held run again (redelivered, or swept as lost)."""
+BROKER_PAUSE_S = 5.0
+TELL_EVERY_S = 30.0
 MAX_TRIES = 3
 """Consumers that may die running one job before it fails as WORKER_LOST."""
 WATCH_S = 0.5
@@ -69,6 +75,7 @@ class Consumer:
         self.lock = threading.Lock()
         self.stopping = threading.Event()
         self.recycling = False
+        self._told: dict[str, float] = {}
         self.celery: Any = None
         """The Celery app (set by ``consume``), for queueing a lost job again."""
 
@@ -112,22 +119,33 @@ class Consumer:
         while True:
             try:
                 return call(*args)
-            except (redis.ConnectionError, redis.TimeoutError) as exc:
-                if time.monotonic() > deadline:
+            except redis.RedisError as exc:
+                if not passing(exc) or time.monotonic() > deadline:
                     raise
-                log.warning("consumer %s: Redis away (%s); again", self.name, type(exc).__name__)
+                log.warning("consumer %s: %s; again", self.name, why_refused(exc))
                 time.sleep(pause)
                 pause = min(5.0, pause * 2)
 
     def _best_effort(self, call: Any, *args: Any) -> None:
-        """A streamed item or progress: lost, not fatal, while Redis is away (the result
-        carries every segment)."""
+        """A streamed item or progress: lost, not fatal, while Redis is away or full (the
+        result carries every segment); said once a minute at most."""
         import redis
 
         try:
             call(*args)
-        except (redis.ConnectionError, redis.TimeoutError) as exc:
-            log.warning("consumer %s: Redis away (%s)", self.name, type(exc).__name__)
+        except redis.RedisError as exc:
+            if not passing(exc):
+                raise
+            self.tell(f"{why_refused(exc)}; streamed items lost")
+
+    def tell(self, what: str) -> None:
+        """A warning about the broker, each kind once in TELL_EVERY_S (the watch looks twice
+        a second, a job streams many segments: one refusal is said once, not hundreds of
+        times)."""
+        now = time.monotonic()
+        if now - self._told.get(what, -TELL_EVERY_S) >= TELL_EVERY_S:
+            self._told[what] = now
+            log.warning("consumer %s: %s", self.name, what)
 
     def _run(self, job_id: str, job_input: Any, cancel: threading.Event, skip: int) -> Any:
         from handler.faces.openai_api import run_any_job
@@ -188,8 +206,8 @@ class Consumer:
                 self._watch_once(renew, beat)
                 if sweep:
                     self.sweep()
-            except Exception as exc:  # Redis away for a moment: the next look retries
-                log.warning("consumer %s: cannot reach Redis (%s)", self.name, type(exc).__name__)
+            except Exception as exc:  # Redis away (or full) for a moment: the next look retries
+                self.tell(why_refused(exc))
                 continue
             last_renew = now if renew else last_renew
             last_beat = now if beat else last_beat
@@ -223,6 +241,87 @@ class Consumer:
             self.store.beat(self.name, len(jobs), 3 * BEAT_S)
 
 
+OOM = "OOM command not allowed"
+
+
+def passing(exc: Exception) -> bool:
+    """A Redis error that passes: Redis away (a restart), or at its maxmemory refusing
+    writes (redis-py's OutOfMemoryError; a Lua script's refused write is a ResponseError
+    that carries Redis's OOM message)."""
+    import redis
+
+    if isinstance(exc, (redis.ConnectionError, redis.TimeoutError, redis.OutOfMemoryError)):
+        return True
+    return isinstance(exc, redis.ResponseError) and OOM in str(exc)
+
+
+def why_refused(exc: Exception) -> str:
+    """What the log says of a Redis error (never its text: it may carry a job's data)."""
+    import redis
+
+    if isinstance(exc, redis.OutOfMemoryError) or OOM in str(exc):
+        return "Redis is at its maxmemory and refuses writes"
+    if isinstance(exc, redis.RedisError) and not isinstance(
+        exc, (redis.ConnectionError, redis.TimeoutError)
+    ):
+        return f"Redis refused a command ({type(exc).__name__})"
+    return f"cannot reach Redis ({type(exc).__name__})"
+
+
+class BrokerErrorLine(logging.Filter):
+    """A Redis error (away, full, a command refused) that Celery or kombu logs with its
+    traceback, as one line that says ``what`` happened: the traceback runs through kombu
+    and redis-py only, and redis-py's text quotes the refused command, which may carry a
+    job's segments."""
+
+    def __init__(self, what: str) -> None:
+        super().__init__()
+        self.what = what
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        import redis
+
+        exc = record.exc_info[1] if record.exc_info else None
+        if isinstance(exc, redis.RedisError):
+            record.msg, record.args = "%s: %s", (self.what, why_refused(exc))
+            record.exc_info, record.exc_text = None, None
+        return True
+
+
+BROKER_ERROR_LINES = {
+    "celery.worker": "Celery stopped",  # its "Unrecoverable error"
+    "kombu.asynchronous.hub": "kombu's timer failed (it tries again)",  # "Error in timer"
+}
+
+
+def celery_app(consumer: Consumer, settings: Settings) -> Any:
+    """The Celery app whose one task runs jobs in ``consumer``'s hands."""
+    app = make_celery(settings)
+    # Containers run as root; Celery's warning is about pickle, which this app refuses
+    # (accept_content json only), so it says nothing true here.
+    from celery.exceptions import SecurityWarning
+
+    warnings.filterwarnings("ignore", category=SecurityWarning)
+    for name, what in BROKER_ERROR_LINES.items():
+        logging.getLogger(name).addFilter(BrokerErrorLine(what))
+
+    @app.task(name=TASK, bind=True, acks_late=True, max_retries=None)
+    def transcribe(task: Any, job_id: str, job_input: Any, webhook: str | None = None) -> None:
+        import redis
+        from celery.exceptions import Reject
+
+        try:
+            consumer.run_task(task, job_id, job_input, webhook)
+        except redis.RedisError as exc:
+            if not passing(exc):
+                raise
+            # Redis stayed away (or full) past PERSIST_S: the message goes back, the job
+            # runs again.
+            raise Reject("the broker is away", requeue=True) from None
+
+    return app
+
+
 def consume(settings: Settings) -> int:
     """One consumer process: load, take jobs until told to stop or recycled."""
     from handler.faces import webhooks
@@ -239,25 +338,7 @@ def consume(settings: Settings) -> int:
         store.loaded(worker.pool.names)
     except Exception as exc:  # Redis not up yet: Celery waits for it below
         log.warning("consumer %s: cannot reach Redis (%s)", consumer.name, type(exc).__name__)
-    app = make_celery(settings)
-    # Containers run as root; Celery's warning is about pickle, which this app refuses
-    # (accept_content json only), so it says nothing true here.
-    from celery.exceptions import SecurityWarning
-
-    warnings.filterwarnings("ignore", category=SecurityWarning)
-
-    @app.task(name=TASK, bind=True, acks_late=True, max_retries=None)
-    def transcribe(task: Any, job_id: str, job_input: Any, webhook: str | None = None) -> None:
-        import redis
-        from celery.exceptions import Reject
-
-        try:
-            consumer.run_task(task, job_id, job_input, webhook)
-        except (redis.ConnectionError, redis.TimeoutError):
-            # Redis stayed away past PERSIST_S: the message goes back, the job runs again.
-            raise Reject("the broker is away", requeue=True) from None
-
-    consumer.celery = app
+    app = consumer.celery = celery_app(consumer, settings)
     watcher = threading.Thread(target=consumer.watch, name="broker-watch", daemon=True)
     watcher.start()
     log.info("consumer %s: taking jobs (%d at a time)", consumer.name, settings.concurrency)
@@ -282,7 +363,12 @@ def consume(settings: Settings) -> int:
             store.gone(consumer.name)
         except Exception:
             pass
-    return RECYCLE_EXIT if consumer.recycling else 0
+    if consumer.recycling:
+        return RECYCLE_EXIT
+    if celery_worker.exitcode:  # Celery's "Unrecoverable error": the broker failed it
+        log.warning("consumer %s: Celery stopped on a broker error; starting again", consumer.name)
+        return BROKER_EXIT
+    return 0
 
 
 def supervise(settings: Settings) -> int:
@@ -305,6 +391,9 @@ def supervise(settings: Settings) -> int:
         if stop.is_set() or code == 0:
             return 0
         if code == RECYCLE_EXIT:
+            continue
+        if code == BROKER_EXIT:
+            stop.wait(max(0.0, BROKER_PAUSE_S - (time.monotonic() - started)))
             continue
         if code > 0:
             return code  # settings or the model: starting again would fail the same way
