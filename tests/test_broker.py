@@ -15,6 +15,7 @@ from __future__ import annotations
 import base64
 import ipaddress
 import json
+import sys
 import time
 from collections import Counter
 from collections.abc import Iterator
@@ -26,7 +27,7 @@ import redis
 import requests
 
 from handler.faces.broker.store import LEASE_S, JobStore
-from runpod_emulator.broker_stack import ConsumerProc, RedisServer, redis_server
+from runpod_emulator.broker_stack import ConsumerProc, RedisServer, free_port, redis_server
 from speech_assets.clips import long_clip, short_jobs, wav_bytes
 from tests.helpers import DATA, JFK_TEXT, b64, wait_for, wer
 from tests.test_http import Server
@@ -264,14 +265,50 @@ def test_a_redis_that_fills_under_a_running_job_loses_nothing(rds: RedisServer) 
         consumer.stop()
 
 
-def test_a_broker_error_that_stops_celery_starts_a_new_consumer(rds: RedisServer) -> None:
-    """kombu acknowledges a message in a MULTI, which Redis refuses at its maxmemory (any
-    command queued in a transaction is refused then): Celery logged "Unrecoverable error"
-    with a traceback quoting the command, its worker stopped, and the consumer process
-    exited 0, so the supervisor took it for a stop and exited too: no consumer was left.
-    The same failure is made here at will by taking ZREM from Redis's user while a job runs
-    (ACL), then giving it back. Now the consumer exits BROKER_EXIT, the supervisor starts
-    another, the log says it in one line, and the job ends once, with its text."""
+def test_a_failover_that_makes_redis_read_only_under_a_running_job_loses_nothing(
+    rds: RedisServer,
+) -> None:
+    """A managed Redis's failover (ElastiCache, Memorystore, Sentinel) demotes the primary:
+    until clients reconnect to the new one, every write gets READONLY. Here the one Redis
+    is made a replica of an address that is not there (REPLICAOF: it keeps its data, serves
+    reads and refuses writes, as a demoted primary does) for 8 s while a consumer holds a
+    job, then made primary again. The job must end once with its text, on the same
+    consumer process."""
+    client = redis.Redis.from_url(rds.url)
+    consumer = ConsumerProc(rds.url)
+    gateway = Server({"WHISPER_BROKER_URL": rds.url})
+    try:
+        held = _post(gateway.url, {"input": {"audio_base64": _long(240), "batch_size": 1}})["id"]
+        wait_for(lambda: _status(gateway.url, held)["status"] == "IN_PROGRESS", 120, "start")
+        pid = consumer.child().pid
+        client.execute_command("REPLICAOF", "127.0.0.1", str(free_port()))
+        time.sleep(8)
+        refused = client.info("errorstats").get("errorstat_READONLY", {}).get("count", 0)
+        client.execute_command("REPLICAOF", "NO", "ONE")
+        assert refused > 0  # the consumer's writes met the read-only Redis
+        st = _all_ended(gateway.url, [held], 300)[held]
+        assert st["status"] == "COMPLETED", st
+        assert wer(long_clip(240).text, st["output"]["text"]) < 0.3
+        assert consumer.child().pid == pid, consumer.logs()[-3000:]  # not restarted
+        logs = gateway.logs() + consumer.logs()
+        assert "Traceback" not in logs and "Unrecoverable" not in logs, logs[-3000:]
+    finally:
+        client.execute_command("REPLICAOF", "NO", "ONE")
+        gateway.stop()
+        consumer.stop()
+
+
+def test_a_redis_error_reply_under_a_running_job_makes_celery_reconnect_not_stop(
+    rds: RedisServer,
+) -> None:
+    """Found by a probe: kombu acknowledges a message in a MULTI, which Redis refuses at
+    its maxmemory (it refuses any command queued in a transaction then); the error reply
+    stopped Celery ("Unrecoverable error", a traceback quoting the command), the consumer
+    process exited 0, and the supervisor took that for a stop and exited too: no consumer
+    was left. The same refusal is made here at will by taking ZREM from Redis's user (ACL)
+    while a job runs, then giving it back. Now Celery reconnects as it does when the
+    connection drops (broker_channel_error_retry), the log says so in one line, and the job
+    ends once with its text on the same consumer process."""
     client = redis.Redis.from_url(rds.url)
     consumer = ConsumerProc(rds.url)
     gateway = Server({"WHISPER_BROKER_URL": rds.url})
@@ -280,21 +317,58 @@ def test_a_broker_error_that_stops_celery_starts_a_new_consumer(rds: RedisServer
         wait_for(lambda: _status(gateway.url, held)["status"] == "IN_PROGRESS", 120, "start")
         pid = consumer.child().pid
         client.execute_command("ACL", "SETUSER", "default", "-zrem")
-        wait_for(lambda: "starting again" in consumer.logs(), 120, "the consumer to stop")
+        wait_for(lambda: "Redis refused a command" in consumer.logs(), 120, "the refused ack")
         client.execute_command("ACL", "SETUSER", "default", "+zrem")
-        consumer.wait_ready(2)
-        assert consumer.child().pid != pid and consumer.proc.poll() is None
         st = _all_ended(gateway.url, [held], 120)[held]
         assert st["status"] == "COMPLETED" and wer(long_clip(60).text, st["output"]["text"]) < 0.3
         after = _post(gateway.url, {"input": {"audio_base64": b64(DATA / "jfk.wav")}})["id"]
         st = _all_ended(gateway.url, [after], 120)[after]
         assert st["status"] == "COMPLETED" and wer(JFK_TEXT, st["output"]["text"]) < 0.2
-        assert "Celery stopped: " in consumer.logs()
-        assert "Traceback" not in consumer.logs(), consumer.logs()[-3000:]
+        assert consumer.child().pid == pid and consumer.proc.poll() is None
+        logs = consumer.logs()
+        assert "Traceback" not in logs and "Unrecoverable" not in logs, logs[-3000:]
+        assert "ZREM" not in logs  # redis-py's text, which quotes the command, is not logged
     finally:
         client.execute_command("ACL", "SETUSER", "default", "+zrem")
         gateway.stop()
         consumer.stop()
+
+
+def test_the_supervisor_starts_another_consumer_unless_one_cannot_start(
+    tmp_path: Path,
+) -> None:
+    """The supervisor's contract with its consumer process, on real processes: a consumer
+    that recycled itself (75), stopped on a broker error (69) or was killed by a signal is
+    followed by another; one that stopped cleanly (0) ends the supervisor with 0; one that
+    cannot start (1: bad settings or model) ends it with that status. Before, a consumer
+    whose Celery had stopped on a broker error exited 0 and took the supervisor with it."""
+    import signal as signals
+
+    from handler.faces.broker.consumer import BROKER_EXIT, RECYCLE_EXIT, supervise
+    from handler.settings import load_settings
+
+    def run(codes: list[int]) -> tuple[int, int]:
+        """supervise() over a consumer that exits with ``codes`` in turn (a negative one:
+        killed by that signal): its status, and how many consumers it started."""
+        count = tmp_path / f"runs-{len(list(tmp_path.iterdir()))}"
+        script = (
+            "import os, signal, sys\n"
+            f"p = {str(count)!r}\n"
+            "n = len(open(p).read()) if os.path.exists(p) else 0\n"
+            "open(p, 'a').write('x')\n"
+            f"code = {codes!r}[n]\n"
+            "os.kill(os.getpid(), -code) if code < 0 else sys.exit(code)\n"
+        )
+        handlers = signals.getsignal(signals.SIGTERM), signals.getsignal(signals.SIGINT)
+        try:
+            status = supervise(load_settings({}), [sys.executable, "-c", script])
+        finally:
+            signals.signal(signals.SIGTERM, handlers[0])
+            signals.signal(signals.SIGINT, handlers[1])
+        return status, len(count.read_text())
+
+    assert run([RECYCLE_EXIT, BROKER_EXIT, -signals.SIGKILL, 0]) == (0, 4)
+    assert run([BROKER_EXIT, 1]) == (1, 2)
 
 
 def _self_signed(folder: Path) -> tuple[str, str]:

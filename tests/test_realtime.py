@@ -25,6 +25,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from handler.audio.live import LiveDecoder, chunk_bytes
+from handler.contract import SAMPLE_RATE
 from handler.errors import Code, WorkerError
 from handler.faces.realtime.item import LiveItem
 from handler.inference.live_vad import WINDOW_MS, TurnDetector, TurnRules
@@ -168,6 +169,11 @@ def test_the_openai_sdks_realtime_client_gets_turns_and_transcripts(live: Server
     transcripts: dict[str, str] = {}
     deltas: dict[str, str] = {}
     order: list[tuple[str, str]] = []
+    # The last reading ends here; the server has heard it all once a turn stops past it
+    # (a loaded CI run once settled on JFK's own three turns and the fourth, before the
+    # server's VAD had reached the readings: the feeder was done, the server behind it).
+    last_word_ms = 1000 * (len(audio) / SAMPLE_RATE - 1.5) - 1000
+    heard_ms = 0.0
     with client.realtime.connect(extra_query={"intent": "transcription"}) as conn:
         assert conn.recv().type == "session.created"
         conn.session.update(session=SESSION)  # type: ignore[arg-type]
@@ -178,6 +184,8 @@ def test_the_openai_sdks_realtime_client_gets_turns_and_transcripts(live: Server
             ev = conn.recv()
             item = getattr(ev, "item_id", "") or ""
             order.append((ev.type, item))
+            if ev.type == "input_audio_buffer.speech_stopped":
+                heard_ms = max(heard_ms, float(ev.audio_end_ms))
             if ev.type == "conversation.item.input_audio_transcription.delta":
                 deltas[item] = deltas.get(item, "") + ev.delta
             if ev.type == "conversation.item.input_audio_transcription.completed":
@@ -185,7 +193,12 @@ def test_the_openai_sdks_realtime_client_gets_turns_and_transcripts(live: Server
                 assert ev.usage.type == "duration" and ev.usage.seconds > 0  # type: ignore[union-attr]
                 # A turn's deltas add up to its transcript (OpenAI's behaviour).
                 assert deltas.get(item, "") == ev.transcript, (deltas.get(item), ev.transcript)
-            finished = not feeder.is_alive() and len(transcripts) >= 4 and _all_done(order)
+            finished = (
+                not feeder.is_alive()
+                and heard_ms >= last_word_ms
+                and len(transcripts) >= 4
+                and _all_done(order)
+            )
             if ev.type == "error" and ev.error.code == "idle_timeout" and finished:
                 # The last transcript came while the trailing silence was still being sent
                 # (a fast machine): nothing more to say, so the server closes the idle session.

@@ -242,25 +242,36 @@ class Consumer:
 
 
 OOM = "OOM command not allowed"
+READ_ONLY = ("READONLY", "read only replica", "MASTERDOWN")
 
 
 def passing(exc: Exception) -> bool:
-    """A Redis error that passes: Redis away (a restart), or at its maxmemory refusing
-    writes (redis-py's OutOfMemoryError; a Lua script's refused write is a ResponseError
-    that carries Redis's OOM message)."""
+    """A Redis error that passes: Redis away (a restart), at its maxmemory refusing writes
+    (redis-py's OutOfMemoryError), or a primary demoted by a failover (ReadOnlyError until
+    the client reaches the new one). A Lua script's or a transaction's refused write comes
+    as a ResponseError carrying Redis's message."""
     import redis
 
-    if isinstance(exc, (redis.ConnectionError, redis.TimeoutError, redis.OutOfMemoryError)):
+    if isinstance(
+        exc,
+        (redis.ConnectionError, redis.TimeoutError, redis.OutOfMemoryError, redis.ReadOnlyError),
+    ):
         return True
-    return isinstance(exc, redis.ResponseError) and OOM in str(exc)
+    text = str(exc)
+    return isinstance(exc, redis.ResponseError) and (
+        OOM in text or any(mark in text for mark in READ_ONLY)
+    )
 
 
 def why_refused(exc: Exception) -> str:
     """What the log says of a Redis error (never its text: it may carry a job's data)."""
     import redis
 
-    if isinstance(exc, redis.OutOfMemoryError) or OOM in str(exc):
+    text = str(exc)
+    if isinstance(exc, redis.OutOfMemoryError) or OOM in text:
         return "Redis is at its maxmemory and refuses writes"
+    if isinstance(exc, redis.ReadOnlyError) or any(mark in text for mark in READ_ONLY):
+        return "Redis is a read-only replica (a failover under way?) and refuses writes"
     if isinstance(exc, redis.RedisError) and not isinstance(
         exc, (redis.ConnectionError, redis.TimeoutError)
     ):
@@ -269,14 +280,16 @@ def why_refused(exc: Exception) -> str:
 
 
 class BrokerErrorLine(logging.Filter):
-    """A Redis error (away, full, a command refused) that Celery or kombu logs with its
-    traceback, as one line that says ``what`` happened: the traceback runs through kombu
-    and redis-py only, and redis-py's text quotes the refused command, which may carry a
-    job's segments."""
+    """A Redis error (away, full, read-only, a command refused) that Celery or kombu logs,
+    as one line that says ``what`` happened, and said once in ``TELL_EVERY_S``: the
+    traceback runs through kombu and redis-py only, redis-py's text quotes the refused
+    command, which may carry a job's segments, and Celery's reconnect loop says the same
+    thing five times a second while a failover lasts."""
 
     def __init__(self, what: str) -> None:
         super().__init__()
         self.what = what
+        self.said: dict[str, float] = {}
 
     def filter(self, record: logging.LogRecord) -> bool:
         import redis
@@ -284,12 +297,27 @@ class BrokerErrorLine(logging.Filter):
         exc = record.exc_info[1] if record.exc_info else None
         if isinstance(exc, redis.RedisError):
             record.msg, record.args = "%s: %s", (self.what, why_refused(exc))
-            record.exc_info, record.exc_text = None, None
+        elif type(exc).__name__ == "RestartFreqExceeded":  # Celery pauses a second; says why
+            pass
+        elif isinstance(record.args, tuple) and any(
+            isinstance(a, redis.RedisError) for a in record.args
+        ):  # an error as an argument: "Cannot connect to %s: %s."
+            record.args = tuple(
+                why_refused(a) if isinstance(a, redis.RedisError) else a for a in record.args
+            )
+        else:
+            return True
+        record.exc_info, record.exc_text = None, None
+        line, now = record.getMessage(), time.monotonic()
+        if now - self.said.get(line, -TELL_EVERY_S) < TELL_EVERY_S:
+            return False
+        self.said[line] = now
         return True
 
 
 BROKER_ERROR_LINES = {
     "celery.worker": "Celery stopped",  # its "Unrecoverable error"
+    "celery.worker.consumer.consumer": "Celery lost the broker",  # it reconnects
     "kombu.asynchronous.hub": "kombu's timer failed (it tries again)",  # "Error in timer"
 }
 
@@ -353,6 +381,11 @@ def consume(settings: Settings) -> int:
         redirect_stdouts=False,
         loglevel=settings.log_level,
     )
+    # Said at every reconnect while worker_cancel_long_running_tasks_on_connection_loss is
+    # False, which it is on purpose: a running job goes on (its record, not the message,
+    # holds its one ending), and a job the model has half done is not thrown away. (After
+    # the Worker is made: its logging set-up puts Celery's warnings back to "always".)
+    warnings.filterwarnings("ignore", message="(?s).*worker_cancel_long_running_tasks_on_conn")
     try:
         celery_worker.start()
     finally:
@@ -365,15 +398,19 @@ def consume(settings: Settings) -> int:
             pass
     if consumer.recycling:
         return RECYCLE_EXIT
-    if celery_worker.exitcode:  # Celery's "Unrecoverable error": the broker failed it
-        log.warning("consumer %s: Celery stopped on a broker error; starting again", consumer.name)
+    if celery_worker.exitcode:  # Celery's "Unrecoverable error"
         return BROKER_EXIT
     return 0
 
 
-def supervise(settings: Settings) -> int:
-    """Run consumers one after another: a fresh one when the last recycled itself or was
-    killed; stop (passing the signal on) on SIGTERM or SIGINT; 1 when one cannot start."""
+CONSUMER = [sys.executable, "-m", "handler.faces.broker.consumer"]
+
+
+def supervise(settings: Settings, command: list[str] | None = None) -> int:
+    """Run consumers (``command``) one after another: a fresh one when the last recycled
+    itself, lost its broker (``BROKER_EXIT``) or was killed; stop (passing the signal on)
+    on SIGTERM or SIGINT; the consumer's own status when it cannot start (bad settings or
+    model: a fresh one would fail the same way); 0 when it stopped cleanly."""
     child: subprocess.Popen | None = None
     stop = threading.Event()
 
@@ -386,13 +423,14 @@ def supervise(settings: Settings) -> int:
     signal.signal(signal.SIGINT, forward)
     while not stop.is_set():
         started = time.monotonic()
-        child = subprocess.Popen([sys.executable, "-m", "handler.faces.broker.consumer"])
+        child = subprocess.Popen(command or CONSUMER)
         code = child.wait()
         if stop.is_set() or code == 0:
             return 0
         if code == RECYCLE_EXIT:
             continue
         if code == BROKER_EXIT:
+            log.warning("consumer %d stopped on a broker error; starting another", child.pid)
             stop.wait(max(0.0, BROKER_PAUSE_S - (time.monotonic() - started)))
             continue
         if code > 0:

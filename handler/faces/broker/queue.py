@@ -53,6 +53,11 @@ def make_celery(settings: Settings) -> Any:
         task_ignore_result=True,
         broker_connection_retry_on_startup=True,
         broker_connection_max_retries=None,
+        # A Redis error reply (ResponseError: a full Redis's OOM, a demoted primary's
+        # READONLY, UNBLOCKED when a failover ends a BRPOP) makes the consumer reconnect, as
+        # a lost connection does, instead of stopping the worker ("Unrecoverable error").
+        broker_channel_error_retry=True,
+        worker_cancel_long_running_tasks_on_connection_loss=False,
         worker_hijack_root_logger=False,
         worker_send_task_events=False,
         worker_enable_remote_control=False,
