@@ -230,7 +230,7 @@ def test_a_redis_near_its_maxmemory_refuses_new_jobs_and_runs_the_ones_it_took(
 
 def test_a_redis_that_fills_under_a_running_job_loses_nothing(rds: RedisServer) -> None:
     """Found by a probe: Redis reached its maxmemory while a consumer held a job (filled by
-    something else: the gateway's headroom cannot see another tenant) for 8 s. The first
+    something else: the gateway's headroom cannot see another tenant) for a few seconds. The first
     streamed segment that Redis refused failed the job INTERNAL (only a lost connection was
     taken as passing), storing its end failed the Celery task, kombu's acknowledgement
     stopped Celery ("Unrecoverable error") and the supervisor exited: the job never ended.
@@ -240,18 +240,18 @@ def test_a_redis_that_fills_under_a_running_job_loses_nothing(rds: RedisServer) 
     consumer = ConsumerProc(rds.url)
     gateway = Server({"WHISPER_BROKER_URL": rds.url})
     try:
-        held = _post(gateway.url, {"input": {"audio_base64": _long(240), "batch_size": 1}})["id"]
+        held = _post(gateway.url, {"input": {"audio_base64": _long(120), "batch_size": 1}})["id"]
         wait_for(lambda: _status(gateway.url, held)["status"] == "IN_PROGRESS", 120, "start")
         pid = consumer.child().pid
         client.config_set("maxmemory-policy", "noeviction")
         client.config_set("maxmemory", int(client.info("memory")["used_memory"]) // 2)
-        time.sleep(8)
+        time.sleep(5)
         refused = client.info("errorstats").get("errorstat_OOM", {}).get("count", 0)
         client.config_set("maxmemory", 0)
         assert refused > 0  # the consumer's writes met the full Redis
         st = _all_ended(gateway.url, [held], 300)[held]
         assert st["status"] == "COMPLETED", st
-        assert wer(long_clip(240).text, st["output"]["text"]) < 0.3
+        assert wer(long_clip(120).text, st["output"]["text"]) < 0.3
         assert consumer.child().pid == pid, consumer.logs()[-3000:]  # not restarted
         after = _post(gateway.url, {"input": {"audio_base64": b64(DATA / "jfk.wav")}})["id"]
         st = _all_ended(gateway.url, [after], 120)[after]
@@ -271,24 +271,24 @@ def test_a_failover_that_makes_redis_read_only_under_a_running_job_loses_nothing
     """A managed Redis's failover (ElastiCache, Memorystore, Sentinel) demotes the primary:
     until clients reconnect to the new one, every write gets READONLY. Here the one Redis
     is made a replica of an address that is not there (REPLICAOF: it keeps its data, serves
-    reads and refuses writes, as a demoted primary does) for 8 s while a consumer holds a
+    reads and refuses writes, as a demoted primary does) for 5 s while a consumer holds a
     job, then made primary again. The job must end once with its text, on the same
     consumer process."""
     client = redis.Redis.from_url(rds.url)
     consumer = ConsumerProc(rds.url)
     gateway = Server({"WHISPER_BROKER_URL": rds.url})
     try:
-        held = _post(gateway.url, {"input": {"audio_base64": _long(240), "batch_size": 1}})["id"]
+        held = _post(gateway.url, {"input": {"audio_base64": _long(120), "batch_size": 1}})["id"]
         wait_for(lambda: _status(gateway.url, held)["status"] == "IN_PROGRESS", 120, "start")
         pid = consumer.child().pid
         client.execute_command("REPLICAOF", "127.0.0.1", str(free_port()))
-        time.sleep(8)
+        time.sleep(5)
         refused = client.info("errorstats").get("errorstat_READONLY", {}).get("count", 0)
         client.execute_command("REPLICAOF", "NO", "ONE")
         assert refused > 0  # the consumer's writes met the read-only Redis
         st = _all_ended(gateway.url, [held], 300)[held]
         assert st["status"] == "COMPLETED", st
-        assert wer(long_clip(240).text, st["output"]["text"]) < 0.3
+        assert wer(long_clip(120).text, st["output"]["text"]) < 0.3
         assert consumer.child().pid == pid, consumer.logs()[-3000:]  # not restarted
         logs = gateway.logs() + consumer.logs()
         assert "Traceback" not in logs and "Unrecoverable" not in logs, logs[-3000:]
