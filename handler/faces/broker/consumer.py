@@ -44,11 +44,13 @@ log = logging.getLogger(__name__)
 RECYCLE_EXIT = 75
 """The consumer's exit status when it recycled itself (the supervisor starts another)."""
 BROKER_EXIT = 69
-"""The consumer's exit status when Celery stopped on a broker error (kombu cannot note or
-acknowledge a message while Redis is at its maxmemory): the supervisor starts another after
-``BROKER_PAUSE_S``; the jobs it held run again (redelivered, or swept as lost)."""
+"""The consumer's exit status when its Celery worker stopped on an error ("Unrecoverable
+error"; Redis's error replies make it reconnect instead, queue.py): the supervisor starts
+another, ``BROKER_PAUSE_S`` at least after the last one started; the jobs it had taken run
+again (redelivered, or swept as lost; a copy of one that ended is skipped)."""
 BROKER_PAUSE_S = 5.0
 TELL_EVERY_S = 30.0
+"""The same warning about the broker is logged once in this many seconds."""
 MAX_TRIES = 3
 """Consumers that may die running one job before it fails as WORKER_LOST."""
 WATCH_S = 0.5
@@ -128,7 +130,7 @@ class Consumer:
 
     def _best_effort(self, call: Any, *args: Any) -> None:
         """A streamed item or progress: lost, not fatal, while Redis is away or full (the
-        result carries every segment); said once a minute at most."""
+        result carries every segment); said once in TELL_EVERY_S."""
         import redis
 
         try:
@@ -404,6 +406,7 @@ def consume(settings: Settings) -> int:
 
 
 CONSUMER = [sys.executable, "-m", "handler.faces.broker.consumer"]
+"""The consumer process the supervisor runs."""
 
 
 def supervise(settings: Settings, command: list[str] | None = None) -> int:
