@@ -282,6 +282,12 @@ def test_a_failover_that_makes_redis_read_only_under_a_running_job_loses_nothing
         wait_for(lambda: _status(gateway.url, held)["status"] == "IN_PROGRESS", 120, "start")
         pid = consumer.child().pid
         client.execute_command("REPLICAOF", "127.0.0.1", str(free_port()))
+        # A new job meanwhile: 503 with Retry-After, and the log says why.
+        refused = requests.post(
+            f"{gateway.url}/v2/e/run", json={"input": {"audio_base64": "AAAA"}}, timeout=60
+        )
+        assert refused.status_code == 503 and refused.headers.get("Retry-After"), refused.text
+        assert "read-only replica (a failover under way?)" in gateway.logs()
         time.sleep(5)
         refused = client.info("errorstats").get("errorstat_READONLY", {}).get("count", 0)
         client.execute_command("REPLICAOF", "NO", "ONE")

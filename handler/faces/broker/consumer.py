@@ -35,7 +35,15 @@ import warnings
 from typing import Any
 
 from handler.errors import Code
-from handler.faces.broker.queue import QUEUE, TASK, UNACKED, make_celery, redis_client
+from handler.faces.broker.queue import (
+    QUEUE,
+    TASK,
+    UNACKED,
+    make_celery,
+    passing,
+    redis_client,
+    why_refused,
+)
 from handler.faces.broker.store import LEASE_S, EndedJob, JobStore, split_result
 from handler.settings import Settings, SettingsError, load_settings
 
@@ -241,44 +249,6 @@ class Consumer:
                     self.store.renew(job_id, self.name)
         if beat:
             self.store.beat(self.name, len(jobs), 3 * BEAT_S)
-
-
-OOM = "OOM command not allowed"
-READ_ONLY = ("READONLY", "read only replica", "MASTERDOWN")
-
-
-def passing(exc: Exception) -> bool:
-    """A Redis error that passes: Redis away (a restart), at its maxmemory refusing writes
-    (redis-py's OutOfMemoryError), or a primary demoted by a failover (ReadOnlyError until
-    the client reaches the new one). A Lua script's or a transaction's refused write comes
-    as a ResponseError carrying Redis's message."""
-    import redis
-
-    if isinstance(
-        exc,
-        (redis.ConnectionError, redis.TimeoutError, redis.OutOfMemoryError, redis.ReadOnlyError),
-    ):
-        return True
-    text = str(exc)
-    return isinstance(exc, redis.ResponseError) and (
-        OOM in text or any(mark in text for mark in READ_ONLY)
-    )
-
-
-def why_refused(exc: Exception) -> str:
-    """What the log says of a Redis error (never its text: it may carry a job's data)."""
-    import redis
-
-    text = str(exc)
-    if isinstance(exc, redis.OutOfMemoryError) or OOM in text:
-        return "Redis is at its maxmemory and refuses writes"
-    if isinstance(exc, redis.ReadOnlyError) or any(mark in text for mark in READ_ONLY):
-        return "Redis is a read-only replica (a failover under way?) and refuses writes"
-    if isinstance(exc, redis.RedisError) and not isinstance(
-        exc, (redis.ConnectionError, redis.TimeoutError)
-    ):
-        return f"Redis refused a command ({type(exc).__name__})"
-    return f"cannot reach Redis ({type(exc).__name__})"
 
 
 class BrokerErrorLine(logging.Filter):

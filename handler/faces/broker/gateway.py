@@ -24,7 +24,7 @@ from collections.abc import Awaitable, Callable
 from typing import Any
 
 from handler.errors import Code, WorkerError
-from handler.faces.broker.queue import QUEUE, TASK, make_celery, redis_client
+from handler.faces.broker.queue import QUEUE, TASK, make_celery, redis_client, why_refused
 from handler.faces.broker.store import (
     MODELS,
     REDIS_MEMORY_HEADROOM,
@@ -104,8 +104,8 @@ class BrokerJobs:
         except (redis.RedisError, OperationalError, OSError) as exc:
             if "CERTIFICATE_VERIFY_FAILED" in str(exc):
                 log.warning(UNTRUSTED)
-            else:
-                log.warning("the broker cannot be reached (%s)", type(exc).__name__)
+            else:  # e.g. "Redis is a read-only replica (a failover under way?)"
+                log.warning("the broker refused or cannot be reached: %s", why_refused(exc))
             raise BrokerDown from None
 
     def _tell_memory_full(self) -> None:

@@ -85,3 +85,41 @@ def redis_client(settings: Settings) -> Any:
         socket_connect_timeout=3,
         health_check_interval=15,
     )
+
+
+OOM = "OOM command not allowed"
+READ_ONLY = ("READONLY", "read only replica", "MASTERDOWN")
+
+
+def passing(exc: Exception) -> bool:
+    """A Redis error that passes: Redis away (a restart), at its maxmemory refusing writes
+    (redis-py's OutOfMemoryError), or a primary demoted by a failover (ReadOnlyError until
+    the client reaches the new one). A Lua script's or a transaction's refused write comes
+    as a ResponseError carrying Redis's message."""
+    import redis
+
+    if isinstance(
+        exc,
+        (redis.ConnectionError, redis.TimeoutError, redis.OutOfMemoryError, redis.ReadOnlyError),
+    ):
+        return True
+    text = str(exc)
+    return isinstance(exc, redis.ResponseError) and (
+        OOM in text or any(mark in text for mark in READ_ONLY)
+    )
+
+
+def why_refused(exc: Exception) -> str:
+    """What the log says of a Redis error (never its text: it may carry a job's data)."""
+    import redis
+
+    text = str(exc)
+    if isinstance(exc, redis.OutOfMemoryError) or OOM in text:
+        return "Redis is at its maxmemory and refuses writes"
+    if isinstance(exc, redis.ReadOnlyError) or any(mark in text for mark in READ_ONLY):
+        return "Redis is a read-only replica (a failover under way?) and refuses writes"
+    if isinstance(exc, redis.RedisError) and not isinstance(
+        exc, (redis.ConnectionError, redis.TimeoutError)
+    ):
+        return f"Redis refused a command ({type(exc).__name__})"
+    return f"cannot reach Redis ({type(exc).__name__})"
