@@ -18,7 +18,7 @@ import json
 import sys
 import time
 from collections import Counter
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -228,6 +228,46 @@ def test_a_redis_near_its_maxmemory_refuses_new_jobs_and_runs_the_ones_it_took(
         consumer.stop()
 
 
+def _broken_under_a_job(
+    rds: RedisServer,
+    breaking: Callable[[redis.Redis], None],
+    mending: Callable[[redis.Redis], None],
+    refusal: str,
+    meanwhile: Callable[[Server], None] = lambda _gateway: None,
+) -> tuple[Server, ConsumerProc]:
+    """A 120-s job on a consumer while Redis is broken (``breaking``) for 5 s, then mended;
+    ``meanwhile(gateway)`` runs while it is broken. Asserts that Redis refused the
+    consumer's writes (its ``refusal`` errorstat), that the job ended COMPLETED with its
+    text on the same consumer process and that no log has a traceback; the gateway and the
+    consumer, still running, for the caller's own checks (the caller stops them)."""
+    client = redis.Redis.from_url(rds.url)
+    consumer = ConsumerProc(rds.url)
+    gateway = Server({"WHISPER_BROKER_URL": rds.url})
+    try:
+        held = _post(gateway.url, {"input": {"audio_base64": _long(120), "batch_size": 1}})["id"]
+        wait_for(lambda: _status(gateway.url, held)["status"] == "IN_PROGRESS", 120, "start")
+        pid = consumer.child().pid
+        breaking(client)
+        try:
+            meanwhile(gateway)
+            time.sleep(5)
+            refused = client.info("errorstats").get(f"errorstat_{refusal}", {}).get("count", 0)
+        finally:
+            mending(client)
+        assert refused > 0  # the consumer's writes met the broken Redis
+        st = _all_ended(gateway.url, [held], 300)[held]
+        assert st["status"] == "COMPLETED", st
+        assert wer(long_clip(120).text, st["output"]["text"]) < 0.3
+        assert consumer.child().pid == pid, consumer.logs()[-3000:]  # not restarted
+        logs = gateway.logs() + consumer.logs()
+        assert "Traceback" not in logs and "Unrecoverable" not in logs, logs[-3000:]
+    except BaseException:
+        gateway.stop()
+        consumer.stop()
+        raise
+    return gateway, consumer
+
+
 def test_a_redis_that_fills_under_a_running_job_loses_nothing(rds: RedisServer) -> None:
     """Found by a probe: Redis reached its maxmemory while a consumer held a job (filled by
     something else: the gateway's headroom cannot see another tenant) for a few seconds. The first
@@ -236,23 +276,15 @@ def test_a_redis_that_fills_under_a_running_job_loses_nothing(rds: RedisServer) 
     stopped Celery ("Unrecoverable error") and the supervisor exited: the job never ended.
     Now a refused write passes as a lost connection does (streamed items are dropped, the
     start and end are tried again), said once, not at every look."""
-    client = redis.Redis.from_url(rds.url)
-    consumer = ConsumerProc(rds.url)
-    gateway = Server({"WHISPER_BROKER_URL": rds.url})
-    try:
-        held = _post(gateway.url, {"input": {"audio_base64": _long(120), "batch_size": 1}})["id"]
-        wait_for(lambda: _status(gateway.url, held)["status"] == "IN_PROGRESS", 120, "start")
-        pid = consumer.child().pid
+
+    def fill(client: redis.Redis) -> None:
         client.config_set("maxmemory-policy", "noeviction")
         client.config_set("maxmemory", int(client.info("memory")["used_memory"]) // 2)
-        time.sleep(5)
-        refused = client.info("errorstats").get("errorstat_OOM", {}).get("count", 0)
-        client.config_set("maxmemory", 0)
-        assert refused > 0  # the consumer's writes met the full Redis
-        st = _all_ended(gateway.url, [held], 300)[held]
-        assert st["status"] == "COMPLETED", st
-        assert wer(long_clip(120).text, st["output"]["text"]) < 0.3
-        assert consumer.child().pid == pid, consumer.logs()[-3000:]  # not restarted
+
+    gateway, consumer = _broken_under_a_job(
+        rds, fill, lambda client: client.config_set("maxmemory", 0), "OOM"
+    )
+    try:
         after = _post(gateway.url, {"input": {"audio_base64": b64(DATA / "jfk.wav")}})["id"]
         st = _all_ended(gateway.url, [after], 120)[after]
         assert st["status"] == "COMPLETED" and wer(JFK_TEXT, st["output"]["text"]) < 0.2
@@ -260,7 +292,6 @@ def test_a_redis_that_fills_under_a_running_job_loses_nothing(rds: RedisServer) 
         assert "Traceback" not in logs and "Unrecoverable" not in logs, logs[-3000:]
         assert consumer.logs().count("at its maxmemory and refuses writes") <= 4  # not spam
     finally:
-        client.config_set("maxmemory", 0)
         gateway.stop()
         consumer.stop()
 
@@ -274,34 +305,23 @@ def test_a_failover_that_makes_redis_read_only_under_a_running_job_loses_nothing
     reads and refuses writes, as a demoted primary does) for 5 s while a consumer holds a
     job, then made primary again. The job must end once with its text, on the same
     consumer process."""
-    client = redis.Redis.from_url(rds.url)
-    consumer = ConsumerProc(rds.url)
-    gateway = Server({"WHISPER_BROKER_URL": rds.url})
-    try:
-        held = _post(gateway.url, {"input": {"audio_base64": _long(120), "batch_size": 1}})["id"]
-        wait_for(lambda: _status(gateway.url, held)["status"] == "IN_PROGRESS", 120, "start")
-        pid = consumer.child().pid
-        client.execute_command("REPLICAOF", "127.0.0.1", str(free_port()))
-        # A new job meanwhile: 503 with Retry-After, and the log says why.
+
+    def new_job(gateway: Server) -> None:  # meanwhile: 503 with Retry-After, the log says why
         refused = requests.post(
             f"{gateway.url}/v2/e/run", json={"input": {"audio_base64": "AAAA"}}, timeout=60
         )
         assert refused.status_code == 503 and refused.headers.get("Retry-After"), refused.text
         assert "read-only replica (a failover under way?)" in gateway.logs()
-        time.sleep(5)
-        refused = client.info("errorstats").get("errorstat_READONLY", {}).get("count", 0)
-        client.execute_command("REPLICAOF", "NO", "ONE")
-        assert refused > 0  # the consumer's writes met the read-only Redis
-        st = _all_ended(gateway.url, [held], 300)[held]
-        assert st["status"] == "COMPLETED", st
-        assert wer(long_clip(120).text, st["output"]["text"]) < 0.3
-        assert consumer.child().pid == pid, consumer.logs()[-3000:]  # not restarted
-        logs = gateway.logs() + consumer.logs()
-        assert "Traceback" not in logs and "Unrecoverable" not in logs, logs[-3000:]
-    finally:
-        client.execute_command("REPLICAOF", "NO", "ONE")
-        gateway.stop()
-        consumer.stop()
+
+    gateway, consumer = _broken_under_a_job(
+        rds,
+        lambda client: client.execute_command("REPLICAOF", "127.0.0.1", str(free_port())),
+        lambda client: client.execute_command("REPLICAOF", "NO", "ONE"),
+        "READONLY",
+        new_job,
+    )
+    gateway.stop()
+    consumer.stop()
 
 
 def test_a_redis_error_reply_under_a_running_job_makes_celery_reconnect_not_stop(
