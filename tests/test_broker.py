@@ -26,7 +26,7 @@ import pytest
 import redis
 import requests
 
-from handler.faces.broker.store import LEASE_S, JobStore
+from handler.faces.broker.store import LEASE_S, UNENDED_TTL_S, JobStore
 from runpod_emulator.broker_stack import ConsumerProc, RedisServer, free_port, redis_server
 from speech_assets.clips import long_clip, short_jobs, wav_bytes
 from tests.helpers import DATA, JFK_TEXT, b64, wait_for, wer
@@ -86,9 +86,24 @@ def test_the_store_keeps_one_ending_and_one_runner(rds: RedisServer) -> None:
     assert store.purge() == 2 and store.end("f", "COMPLETED", {}, None)
     # KEDA reads list lengths: the running job ("b") is in the in-flight list, once.
     assert store.r.lrange("whisper:inflight", 0, -1) == ["b"]
+    # Nothing a job still needs can be evicted by a volatile-* maxmemory-policy: no TTL
+    # until it ends. A lease that went anyway comes back at the next renewal, unless
+    # another consumer took the job meanwhile.
+    assert store.create("q", None) and store.r.ttl("whisper:job:q") == -1
+    store.stream("b", {"segment": {"id": 0}})
+    assert store.r.ttl("whisper:job:b") == -1 and store.r.ttl("whisper:stream:b") == -1
+    store.r.delete("whisper:lease:b")
+    assert store.renew("b", "c2") and store.r.get("whisper:lease:b") == "c2"
+    assert not store.renew("b", "c1") and store.r.get("whisper:lease:b") == "c2"
     assert store.end("b", "FAILED", {"error_code": "INTERNAL"}, "x") is True
     assert store.r.llen("whisper:inflight") == 0
     assert LEASE_S >= 10
+    # The sweep forgets a job left unended for UNENDED_TTL_S (its message lost with a
+    # Redis that kept no AOF), as RunPod forgets a job queued for a day.
+    store.create("old", None)
+    store.r.hset("whisper:job:old", "submitted", repr(time.time() - UNENDED_TTL_S - 1))
+    assert store.lost("whisper", "unacked", 60) == []
+    assert store.get("old") is None and store.health()["jobs"]["inQueue"] == 1  # "q"
 
 
 def _post(url: str, body: Any) -> Any:
@@ -223,6 +238,73 @@ def test_a_redis_near_its_maxmemory_refuses_new_jobs_and_runs_the_ones_it_took(
         logs = gateway.logs() + consumer.logs()
         assert "Traceback" not in logs and "Unrecoverable" not in logs, logs[-3000:]
         assert "maxmemory" in gateway.logs()  # the operator is told why
+    finally:
+        gateway.stop()
+        consumer.stop()
+
+
+def test_a_redis_that_evicts_keeps_every_job_it_took(rds: RedisServer) -> None:
+    """Found by a probe: ElastiCache, Memorystore, Azure Cache and Redis Cloud run Redis with
+    maxmemory-policy volatile-lru by default, which evicts keys that have a TTL when memory is
+    full. Every queued job's record had one (a day), so a Redis filled by another tenant
+    evicted the queued jobs' records: their status became "job not found", and the consumer
+    skipped their messages ("GONE"): accepted jobs lost without a word. Now nothing a job
+    still needs has a TTL (the sweep forgets a job unended for a day), so Redis refuses the
+    tenant's writes instead, and every job runs once room is made."""
+    client = redis.Redis.from_url(rds.url)
+    client.config_set("maxmemory-policy", "volatile-lru")
+    client.config_set("maxmemory", int(client.info("memory")["used_memory"]) + 16_000_000)
+    gateway = Server({"WHISPER_BROKER_URL": rds.url})
+    consumer = None
+    try:
+        audio = b64(DATA / "jfk.wav")
+        ids = [_post(gateway.url, {"input": {"audio_base64": audio}})["id"] for _ in range(3)]
+        filler, refused = "x" * 256_000, False
+        for i in range(200):  # another tenant's keys, without a TTL, up to 51 MB
+            try:
+                client.set(f"tenant:{i}", filler)
+            except redis.OutOfMemoryError:
+                refused = True
+                break
+        assert refused, "Redis took 51 MB over a 16-MB headroom: it evicted something"
+        assert client.info("stats")["evicted_keys"] == 0
+        for job_id in ids:
+            assert _status(gateway.url, job_id)["status"] == "IN_QUEUE"
+        client.delete(*[f"tenant:{n}" for n in range(i)])
+        consumer = ConsumerProc(rds.url)
+        for job_id, st in _all_ended(gateway.url, ids, 240).items():
+            assert st["status"] == "COMPLETED", (job_id, st)
+            assert wer(JFK_TEXT, st["output"]["text"]) < 0.2
+    finally:
+        gateway.stop()
+        if consumer is not None:
+            consumer.stop()
+
+
+def test_a_redis_that_may_evict_any_key_is_refused_with_the_setting_to_change(
+    rds: RedisServer,
+) -> None:
+    """Under allkeys-lru (a Redis set up as a cache) Redis may evict anything at its
+    maxmemory, Celery's queue list included, and no key layout can keep a job. The gateway
+    refuses new jobs (503, Retry-After) and its log, and a consumer's, name the setting to
+    change; the same Redis without a maxmemory never evicts and is taken."""
+    client = redis.Redis.from_url(rds.url)
+    client.config_set("maxmemory-policy", "allkeys-lru")
+    client.config_set("maxmemory", 512_000_000)
+    gateway = Server({"WHISPER_BROKER_URL": rds.url})
+    consumer = ConsumerProc(rds.url)
+    try:
+        audio = {"input": {"audio_base64": b64(DATA / "jfk.wav")}}
+        refused = requests.post(f"{gateway.url}/v2/e/run", json=audio, timeout=60)
+        assert refused.status_code == 503 and refused.headers.get("Retry-After"), refused.text
+        assert "maxmemory-policy" in refused.text
+        assert "maxmemory-policy is allkeys-lru" in gateway.logs()
+        assert not client.keys("whisper:job:*")  # nothing was stored or queued
+        wait_for(lambda: "maxmemory-policy is allkeys-lru" in consumer.logs(), 120, "its log")
+        client.config_set("maxmemory", 0)
+        job_id = _post(gateway.url, audio)["id"]
+        st = _all_ended(gateway.url, [job_id], 120)[job_id]
+        assert st["status"] == "COMPLETED" and wer(JFK_TEXT, st["output"]["text"]) < 0.2
     finally:
         gateway.stop()
         consumer.stop()

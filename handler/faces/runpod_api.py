@@ -167,8 +167,8 @@ def add_runpod_routes(app: FastAPI, state: Any, settle: Callable[[Any], Any]) ->
         return _answer(429, {"error": "too many jobs held here; retry later"}, retry=True)
 
     @app.exception_handler(BrokerDown)
-    async def _down(_request: Request, _exc: BrokerDown) -> Response:
-        return _answer(503, {"error": BROKER_DOWN}, retry=True)
+    async def _down(_request: Request, exc: BrokerDown) -> Response:
+        return _answer(503, {"error": exc.reason or BROKER_DOWN}, retry=True)
 
     base = "/v2/{endpoint_id}"
     app.add_api_route(f"{base}/run", api.run, methods=["POST"])

@@ -39,7 +39,9 @@ from handler.faces.broker.queue import (
     QUEUE,
     TASK,
     UNACKED,
+    evicting_advice,
     make_celery,
+    may_evict_jobs,
     passing,
     redis_client,
     why_refused,
@@ -336,6 +338,9 @@ def consume(settings: Settings) -> int:
     consumer = Consumer(worker, settings, store)
     try:
         store.loaded(worker.pool.names)
+        policy = may_evict_jobs(store.r.info("memory"))
+        if policy is not None:  # the gateways refuse new jobs; say why here too
+            log.error("consumer %s: %s", consumer.name, evicting_advice(policy))
     except Exception as exc:  # Redis not up yet: Celery waits for it below
         log.warning("consumer %s: cannot reach Redis (%s)", consumer.name, type(exc).__name__)
     app = consumer.celery = celery_app(consumer, settings)

@@ -24,7 +24,14 @@ from collections.abc import Awaitable, Callable
 from typing import Any
 
 from handler.errors import Code, WorkerError
-from handler.faces.broker.queue import QUEUE, TASK, make_celery, redis_client, why_refused
+from handler.faces.broker.queue import (
+    QUEUE,
+    TASK,
+    evicting_advice,
+    make_celery,
+    redis_client,
+    why_refused,
+)
 from handler.faces.broker.store import (
     MODELS,
     REDIS_MEMORY_HEADROOM,
@@ -56,8 +63,18 @@ UNTRUSTED = (
 )
 
 
+EVICTING = (
+    "the job broker's Redis may evict jobs (its maxmemory-policy); nothing was queued; retry later"
+)
+
+
 class BrokerDown(Exception):
-    """Redis (or the queue in it) cannot be reached; nothing was queued."""
+    """Redis (or the queue in it) cannot be reached, or may not be trusted with a job;
+    nothing was queued. ``reason``: what the caller is told, when not BROKER_GONE."""
+
+    def __init__(self, reason: str = "") -> None:
+        super().__init__(reason)
+        self.reason = reason
 
 
 def _refusal(job_input: Any) -> dict[str, Any] | None:
@@ -85,7 +102,7 @@ class BrokerJobs:
         self.settings = settings
         self.store = store or JobStore(redis_client(settings), settings.result_ttl_s)
         self.celery = make_celery(settings)
-        self._told_memory = -60.0
+        self._told_memory = self._told_evicting = -60.0
         self.celery.conf.task_publish_retry_policy = {
             "max_retries": 2,
             "interval_start": 0,
@@ -119,6 +136,14 @@ class BrokerJobs:
                 MEMORY_ADVICE,
             )
 
+    def _tell_evicting(self) -> None:
+        """Say, once a minute at most, that Redis's policy refuses every job."""
+        now = time.monotonic()
+        if now - self._told_evicting >= 60:
+            self._told_evicting = now
+            policy = self.store.r.info("memory").get("maxmemory_policy", "?")
+            log.error("new jobs refused (503): %s", evicting_advice(policy))
+
     def ping(self) -> bool:
         try:
             return bool(self._guarded(self.store.r.ping))
@@ -136,6 +161,9 @@ class BrokerJobs:
         job_id = uuid.uuid4().hex
         bounds = (self.settings.result_max_jobs, self.settings.result_max_bytes)
         admitted = self.store.create(job_id, webhook, size, bounds, job_input)
+        if admitted == -2:
+            self._tell_evicting()
+            raise BrokerDown(EVICTING)
         if admitted == -1:
             self._tell_memory_full()
         if admitted != 1:
@@ -212,8 +240,8 @@ class BrokerJobs:
         except StoreFull:
             message = "the job broker holds as many waiting jobs as it may; retry later"
             return WorkerError(Code.QUEUE_FULL, message).to_result()
-        except BrokerDown:
-            return WorkerError(Code.NOT_READY, BROKER_GONE).to_result()
+        except BrokerDown as exc:
+            return WorkerError(Code.NOT_READY, exc.reason or BROKER_GONE).to_result()
 
     async def _result(
         self,

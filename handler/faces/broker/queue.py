@@ -87,6 +87,25 @@ def redis_client(settings: Settings) -> Any:
     )
 
 
+def evicting_advice(policy: str) -> str:
+    """What an operator is told of a Redis that may evict any key at its maxmemory."""
+    return (
+        f"Redis's maxmemory-policy is {policy}: at its maxmemory it may evict any key, queued "
+        "jobs and Celery's queue among them; set maxmemory-policy to noeviction (or "
+        "volatile-lru: only ended jobs' results carry a TTL) on the broker's Redis"
+    )
+
+
+def may_evict_jobs(memory_info: dict[str, Any]) -> str | None:
+    """The policy of a Redis (its ``INFO memory``) that may evict a job's keys, else None:
+    an allkeys-* policy under a maxmemory. A volatile-* one evicts only keys with a TTL,
+    and only ended jobs' results have one."""
+    policy = str(memory_info.get("maxmemory_policy", "noeviction"))
+    if int(memory_info.get("maxmemory", 0) or 0) > 0 and policy.startswith("allkeys"):
+        return policy
+    return None
+
+
 OOM = "OOM command not allowed"
 READ_ONLY = ("READONLY", "read only replica", "MASTERDOWN")
 

@@ -16,6 +16,11 @@ items), ``lease:{id}``, ``queued`` (a hash: id -> input bytes), the set ``runnin
 ``inflight``, the running
 ones as a list for KEDA), ``counts``, and the consumers' heartbeats (``consumers``, a
 sorted set of names by expiry, and ``consumer:{name}``).
+
+Eviction: only an ended job's record and stream, a lease (``LEASE_S``, put back at each
+renewal if it went) and a heartbeat carry a TTL, so a volatile-* maxmemory-policy evicts
+nothing a job still needs; an allkeys-* one could evict anything, and the gateway refuses
+jobs under it.
 """
 
 from __future__ import annotations
@@ -37,7 +42,9 @@ MODELS = PREFIX + "models"
 """The names of the models consumers loaded (a set; the gateway's ``/v1/models``)."""
 UNENDED_TTL_S = 86_400
 """A job that never ends (its message lost with a Redis that kept no AOF) is forgotten
-after a day, as RunPod drops a job queued longer than that."""
+after a day by the consumers' sweep (``lost``), as RunPod drops a job queued longer than
+that. Not a TTL: under a volatile-* maxmemory-policy (ElastiCache's, Memorystore's and
+Azure Cache's default) Redis evicts keys that have one, so only ended jobs' keys do."""
 
 _TERMINAL = "{" + ", ".join(f'["{s}"]=true' for s in sorted(TERMINAL_JOB_STATES)) + "}"
 
@@ -59,7 +66,6 @@ redis.call('HDEL', KEYS[3], ARGV[4])
 redis.call('SADD', KEYS[4], ARGV[4])
 redis.call('LREM', KEYS[7], 0, ARGV[4])
 redis.call('RPUSH', KEYS[7], ARGV[4])
-redis.call('EXPIRE', job, ARGV[5])
 return {{'GO', redis.call('LLEN', KEYS[6]), tries}}
 """
 
@@ -99,23 +105,38 @@ _ADMIT = """
 local memory = redis.call('INFO', 'memory')
 local maxmemory = tonumber(string.match(memory, 'maxmemory:(%d+)') or '0')
 if maxmemory > 0 then
+  if string.match(memory, 'maxmemory_policy:allkeys') then return -2 end
   local used = tonumber(string.match(memory, 'used_memory:(%d+)') or '0')
-  if used + 2 * tonumber(ARGV[3]) > maxmemory * tonumber(ARGV[9]) then return -1 end
+  if used + 2 * tonumber(ARGV[3]) > maxmemory * tonumber(ARGV[8]) then return -1 end
 end
 local queued = redis.call('HVALS', KEYS[2])
 if #queued >= tonumber(ARGV[4]) then return 0 end
 local used = tonumber(ARGV[3])
 for _, n in ipairs(queued) do used = used + tonumber(n) end
 if used > tonumber(ARGV[5]) then return 0 end
-redis.call('HSET', KEYS[1], 'status', 'IN_QUEUE', 'submitted', ARGV[1], 'input', ARGV[8])
+redis.call('HSET', KEYS[1], 'status', 'IN_QUEUE', 'submitted', ARGV[1], 'input', ARGV[7])
 if ARGV[2] ~= '' then redis.call('HSET', KEYS[1], 'webhook', ARGV[2]) end
-redis.call('EXPIRE', KEYS[1], ARGV[6])
-redis.call('HSET', KEYS[2], ARGV[7], ARGV[3])
+redis.call('HSET', KEYS[2], ARGV[6], ARGV[3])
 return 1
 """
 
 _LOST = """
-local now, age = tonumber(ARGV[1]), tonumber(ARGV[2])
+local now, age, forget = tonumber(ARGV[1]), tonumber(ARGV[2]), tonumber(ARGV[5])
+local stale = {}
+for _, id in ipairs(redis.call('HKEYS', KEYS[1])) do
+  local t = redis.call('HGET', ARGV[3] .. id, 'submitted')
+  if not t or now - tonumber(t) > forget then table.insert(stale, id) end
+end
+for _, id in ipairs(redis.call('SMEMBERS', KEYS[2])) do
+  local t = redis.call('HGET', ARGV[3] .. id, 'started')
+  if not t or now - tonumber(t) > forget then table.insert(stale, id) end
+end
+for _, id in ipairs(stale) do
+  redis.call('DEL', ARGV[3] .. id, ARGV[6] .. id)
+  redis.call('HDEL', KEYS[1], id)
+  redis.call('SREM', KEYS[2], id)
+  redis.call('LREM', KEYS[5], 0, id)
+end
 local candidates, any = {}, false
 local function old(id, field)
   local job = ARGV[3] .. id
@@ -149,10 +170,10 @@ return lost
 """
 
 _RENEW = """
-if redis.call('GET', KEYS[1]) == ARGV[1] then
-  return redis.call('EXPIRE', KEYS[1], ARGV[2])
-end
-return 0
+local holder = redis.call('GET', KEYS[1])
+if holder and holder ~= ARGV[1] then return 0 end
+redis.call('SET', KEYS[1], ARGV[1], 'EX', ARGV[2])
+return 1
 """
 
 
@@ -246,7 +267,8 @@ class JobStore:
         """A queued job's record, its input kept until it ends (``lost`` may need to queue
         it again): 1. 0 (nothing stored) when ``bounds`` (queued jobs, their inputs' bytes)
         leave no room for one more of ``size`` bytes; -1 when Redis would hold more than
-        REDIS_MEMORY_HEADROOM of its maxmemory with it (its input is held twice)."""
+        REDIS_MEMORY_HEADROOM of its maxmemory with it (its input is held twice); -2 when
+        Redis may evict any key at its maxmemory (an allkeys-* policy)."""
         done = self._admit(
             keys=[_key("job", job_id), _key("queued")],
             args=[
@@ -254,7 +276,6 @@ class JobStore:
                 webhook or "",
                 size,
                 *bounds,
-                UNENDED_TTL_S,
                 job_id,
                 json.dumps(job_input, ensure_ascii=False),
                 REDIS_MEMORY_HEADROOM,
@@ -323,7 +344,7 @@ class JobStore:
         the job's ended status, "LEASED" (another live consumer runs it) or "GONE"."""
         status, streamed, tries = self._start(
             keys=_transition_keys(job_id),
-            args=[consumer, repr(time.time()), LEASE_S, job_id, UNENDED_TTL_S],
+            args=[consumer, repr(time.time()), LEASE_S, job_id],
         )
         return status, int(streamed), int(tries)
 
@@ -335,8 +356,15 @@ class JobStore:
         marked so that no other sweep returns it within ``min_age_s``; returns (id, input,
         webhook) to queue again."""
         ids = self._lost(
-            keys=[_key("queued"), _key("running"), queue, unacked],
-            args=[repr(time.time()), min_age_s, f"{PREFIX}job:", f"{PREFIX}lease:"],
+            keys=[_key("queued"), _key("running"), queue, unacked, INFLIGHT],
+            args=[
+                repr(time.time()),
+                min_age_s,
+                f"{PREFIX}job:",
+                f"{PREFIX}lease:",
+                UNENDED_TTL_S,
+                f"{PREFIX}stream:",
+            ],
         )
         out = []
         for job_id in ids:
@@ -354,10 +382,7 @@ class JobStore:
         return list(pipe.execute())
 
     def stream(self, job_id: str, item: Any) -> None:
-        pipe = self.r.pipeline()
-        pipe.rpush(_key("stream", job_id), json.dumps(item, ensure_ascii=False))
-        pipe.expire(_key("stream", job_id), UNENDED_TTL_S)
-        pipe.execute()
+        self.r.rpush(_key("stream", job_id), json.dumps(item, ensure_ascii=False))
 
     def progress(self, job_id: str, progress: Any) -> None:
         self.r.hset(_key("job", job_id), "progress", json.dumps(progress))
