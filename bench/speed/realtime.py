@@ -79,8 +79,13 @@ def run_session(
     log: SessionLog,
     timeout: float,
     headers: dict[str, str] | None = None,
+    silence_ms: int | None = None,
 ) -> None:
     from websockets.sync.client import connect
+
+    turns: dict[str, Any] = {"type": "server_vad"}
+    if silence_ms is not None:
+        turns["silence_duration_ms"] = silence_ms
 
     session = {
         "type": "transcription",
@@ -88,7 +93,7 @@ def run_session(
             "input": {
                 "format": {"type": "audio/pcm", "rate": RATE_IN},
                 "transcription": {"model": "whisper-1", "language": "en"},
-                "turn_detection": {"type": "server_vad"},
+                "turn_detection": turns,
             }
         },
     }
@@ -191,7 +196,14 @@ def file_wer(base: str, order: list[Clip]) -> float:
     return wer(" ".join(c.text for c in order), " ".join(texts))
 
 
-def run_level(base: str, sessions: int, order: list[Clip], files: bool, pid: int) -> dict[str, Any]:
+def run_level(
+    base: str,
+    sessions: int,
+    order: list[Clip],
+    files: bool,
+    pid: int,
+    silence_ms: int | None = None,
+) -> dict[str, Any]:
     url = base.replace("http", "ws") + "/v1/realtime?intent=transcription"
     stream = recording(order)
     logs = [SessionLog() for _ in range(sessions)]
@@ -212,7 +224,10 @@ def run_level(base: str, sessions: int, order: list[Clip], files: bool, pid: int
             file_results.append(r.status_code)
             stop.wait(3)
 
-    threads = [threading.Thread(target=run_session, args=(url, stream, log, 120)) for log in logs]
+    threads = [
+        threading.Thread(target=run_session, args=(url, stream, log, 120, None, silence_ms))
+        for log in logs
+    ]
     side = threading.Thread(target=file_jobs) if files else None
     for t in threads + ([side] if side else []):
         t.start()
@@ -249,6 +264,9 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("--sessions", default="1,4,8")
     parser.add_argument("--files", action="store_true", help="file jobs beside the sessions")
+    parser.add_argument(
+        "--silence-ms", type=int, help="silence that ends a turn (the server's default: 500)"
+    )
     parser.add_argument("--out", default=str(ROOT / "bench" / "out" / "realtime.json"))
     args = parser.parse_args(argv)
     order = clips()
@@ -261,7 +279,7 @@ def main(argv: list[str] | None = None) -> int:
         try:
             files_wer = file_wer(base, order)
             for n in (int(x) for x in args.sessions.split(",")):
-                rows.append(run_level(base, n, order, args.files, proc.pid))
+                rows.append(run_level(base, n, order, args.files, proc.pid, args.silence_ms))
                 print(json.dumps(rows[-1]), flush=True)
         finally:
             proc.terminate()

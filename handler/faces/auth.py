@@ -37,15 +37,21 @@ UNAUTHORIZED = {
 
 
 def presented_keys(scope: Scope) -> list[bytes]:
-    """The keys a request offers: the bearer token, and on a WebSocket the subprotocol."""
+    """The keys a request offers: the bearer token (or Deepgram's ``Token`` scheme), and on
+    a WebSocket the subprotocol (OpenAI's prefixed one, or Deepgram's ``token, <key>``)."""
     keys = []
     for name, value in scope.get("headers") or []:
         if name == b"authorization" and value[:7].lower() == b"bearer ":
             keys.append(value[7:].strip())
+        elif name == b"authorization" and value[:6].lower() == b"token ":
+            keys.append(value[6:].strip())
     if scope["type"] == "websocket":
-        for proto in scope.get("subprotocols") or []:
+        offered = list(scope.get("subprotocols") or [])
+        for i, proto in enumerate(offered):
             if proto.startswith(SUBPROTOCOL_PREFIX):
                 keys.append(proto[len(SUBPROTOCOL_PREFIX) :].encode())
+            elif proto == "token" and i + 1 < len(offered):
+                keys.append(offered[i + 1].encode())
     return keys
 
 

@@ -42,7 +42,7 @@ from starlette.types import ASGIApp
 
 from handler.contract import Segment
 from handler.errors import Code, WorkerError
-from handler.faces import openai_api, realtime
+from handler.faces import deepgram, openai_api, realtime
 from handler.faces.auth import ApiKey, BodyLimit, BodyTooLarge, ReceiveLimit
 from handler.faces.broker.gateway import BROKER_GONE, BrokerDown
 from handler.faces.metrics import Metrics, RequestMetrics
@@ -136,6 +136,7 @@ def create_app(state: ServerState, *, health_path: str = "/ping") -> FastAPI:
 
     add_health_route(app, state, health_path)
     add_service_routes(app, state)
+    deepgram.add_routes(app, state)
     add_job_routes(app, state)
     state.jobs = add_runpod_routes(app, state, _settle)
     return app

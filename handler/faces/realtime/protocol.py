@@ -250,7 +250,10 @@ class Config:
         if self.keywords:
             job["hotwords"] = ", ".join(self.keywords)
         if self.word_alignment:
+            # Whisper's own word times come only with word_timestamps (a session that asked
+            # for them got an empty list before: found through handler.faces.deepgram).
             job["word_alignment"] = self.word_alignment
+            job["word_timestamps"] = True
             job["output"] = ["text", "words"]
         return job
 

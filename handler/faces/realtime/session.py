@@ -402,13 +402,34 @@ class Session:
         }
         if "words" in result:
             completed.update(turn.timed_words(result))
+        await self.send_final(turn, completed)
+
+    async def send_final(self, turn: LiveItem, completed: dict[str, Any]) -> None:
+        """A committed turn's transcript (OpenAI's ``completed`` event): sent as it is; a
+        face with another protocol (handler.faces.deepgram) answers it its own way."""
         await self.send(completed)
+
+    @staticmethod
+    def refusal(message: str, code: str) -> dict[str, Any]:
+        """The event a connection refused before its session starts is answered with."""
+        return error_event(message, code)
+
+    @staticmethod
+    def query_refusal(params: Any) -> str | None:
+        """Why the connection's query refuses it before a session starts, else None."""
+        if params.get("intent", "transcription") != "transcription":
+            return "only intent=transcription is served here: live transcription, not conversations"
+        return None
 
     async def send(self, event: dict[str, Any]) -> None:
         event.setdefault("event_id", new_id("event"))
+        await self.send_json(event)
+
+    async def send_json(self, message: dict[str, Any]) -> None:
+        """One message to the client, whole (one send at a time)."""
         async with self._send_lock:
             try:
-                await self.ws.send_text(json.dumps(event))
+                await self.ws.send_text(json.dumps(message))
             except (WebSocketDisconnect, RuntimeError):
                 self.cancel.set()  # the client is gone: nothing more to send
 
@@ -420,20 +441,19 @@ async def serve(
     live: LiveState,
     on_result: Callable[[Any], None],
     gateway: bool = False,
+    face: type[Session] = Session,
+    subprotocol: str | None = None,
 ) -> None:
-    """One connection to ``/v1/realtime``: refused with an error event, or a session."""
-    await ws.accept()
+    """One live connection (``/v1/realtime``, or another protocol's ``face``): refused with
+    an error event, or a session."""
+    await ws.accept(subprotocol=subprotocol)
 
     async def refuse(message: str, code: str, close: int) -> None:
-        await ws.send_text(json.dumps(error_event(message, code)))
+        await ws.send_text(json.dumps(face.refusal(message, code)))
         await ws.close(code=close)
 
-    if ws.query_params.get("intent", "transcription") != "transcription":
-        return await refuse(
-            "only intent=transcription is served here: live transcription, not conversations",
-            "unsupported",
-            1008,
-        )
+    if (why := face.query_refusal(ws.query_params)) is not None:
+        return await refuse(why, "unsupported", 1008)
     if gateway:  # live audio needs the model in this process
         return await refuse("a gateway to a job broker serves no live audio", "unsupported", 1008)
     if settings.realtime_max_sessions == 0:
@@ -450,6 +470,6 @@ async def serve(
         )
     live.sessions += 1
     try:
-        await Session(ws, worker, settings, live, on_result).run()
+        await face(ws, worker, settings, live, on_result).run()
     finally:
         live.sessions -= 1

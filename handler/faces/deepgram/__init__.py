@@ -1,0 +1,38 @@
+"""Deepgram's API, for the clients and voice-agent frameworks that speak it (Deepgram's SDKs,
+Pipecat's and LiveKit's Deepgram plugins, anything pointed at a self-hosted Deepgram):
+``/v1/listen`` as a WebSocket (live audio: ``live``).
+
+- ``shape``: Deepgram's words, alternatives and metadata from a job's result;
+- ``live``: the live protocol over a session of handler.faces.realtime.
+
+The key (``WHISPER_API_KEY``) is taken as Deepgram's clients send it: ``Authorization:
+Token <key>`` (or ``Bearer``), or in a browser the subprotocols ``token, <key>``
+(handler.faces.auth).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from fastapi import FastAPI, WebSocket
+
+from handler.faces.deepgram.live import DeepgramSession
+
+
+def add_routes(app: FastAPI, state: Any) -> None:
+    """Deepgram's ``/v1/listen`` on ``app`` (a handler.faces.http_server.ServerState)."""
+    from handler.faces.realtime import serve
+
+    @app.websocket("/v1/listen")
+    async def listen(ws: WebSocket) -> None:
+        offered = ws.scope.get("subprotocols") or []
+        await serve(
+            ws,
+            state.worker,
+            state.settings,
+            state.live,
+            state.metrics.job_done,
+            gateway=state.gateway is not None,
+            face=DeepgramSession,
+            subprotocol="token" if "token" in offered else None,
+        )

@@ -1,0 +1,290 @@
+"""Deepgram's live protocol on ``/v1/listen`` (a WebSocket): a live session of
+handler.faces.realtime (the same audio buffer, server VAD, interim agreement, turn order,
+bounds and send guard) spoken in Deepgram's messages.
+
+The connection's query configures it, as Deepgram's does: ``encoding`` (``linear16`` with
+``sample_rate``, ``mulaw``, ``alaw``), ``model`` (a model loaded here by name; any other
+name, Deepgram's ``nova-3`` included, is this worker's default model), ``language``
+(``en``, ``en-US``, ``multi``), ``interim_results``, ``endpointing`` (ms of silence that end a
+turn, at least ``ENDPOINTING_FLOOR_MS``; ``false``: turns end at ``NO_ENDPOINTING_MS`` and
+are never ``speech_final``), ``utterance_end_ms``, ``vad_events``, ``keywords`` and
+``keyterm`` (hotwords). Formatting options (``punctuate``, ``smart_format``, ...) are
+accepted: Whisper punctuates and formats as it transcribes.
+
+The client sends binary audio and the JSON messages ``KeepAlive``, ``Finalize`` (the
+speech so far is transcribed now: a ``Results`` with ``from_finalize``) and
+``CloseStream`` (the rest is transcribed, then ``Metadata`` and a close). The server
+sends ``Results`` (interim ones with ``is_final: false`` when asked; a final one per turn,
+``speech_final`` when silence ended it), ``SpeechStarted``, ``UtteranceEnd`` (after a
+turn that silence ended), ``Metadata`` and ``Error``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+from handler.contract import SAMPLE_RATE
+from handler.faces.deepgram import shape
+from handler.faces.realtime.item import LiveItem
+from handler.faces.realtime.protocol import MIN_COMMIT_S, SessionError
+from handler.faces.realtime.session import Session
+
+ENDPOINTING_FLOOR_MS = 300
+"""The shortest silence that ends a turn. Deepgram's default endpointing is 10 ms; Whisper
+needs whole phrases, so a shorter value asked for is raised to this (not tuned: the
+OpenAI face's default is 500 ms)."""
+NO_ENDPOINTING_MS = 1000
+"""``endpointing=false``: turns still end at this much silence (as ``is_final`` results
+that are not ``speech_final``), so a session's audio never waits without bound."""
+FORMATS = {"linear16": "audio/pcm", "mulaw": "audio/pcmu", "alaw": "audio/pcma"}
+IGNORED = ("punctuate", "smart_format", "profanity_filter", "numerals", "filler_words")
+"""Boolean options accepted and checked, with nothing to change: Whisper punctuates and
+formats as it transcribes."""
+
+
+def _flag(params: Any, name: str, default: bool = False) -> bool:
+    value = params.get(name)
+    if value is None:
+        return default
+    if value.lower() not in ("true", "false"):
+        raise SessionError(f"{name}: true or false", "invalid_query")
+    return value.lower() == "true"
+
+
+def _number(params: Any, name: str, lo: int, hi: int) -> int | None:
+    value = params.get(name)
+    if value is None:
+        return None
+    if not value.isdigit() or not lo <= int(value) <= hi:
+        raise SessionError(f"{name}: a whole number from {lo} to {hi}", "invalid_query")
+    return int(value)
+
+
+def _format(params: Any) -> dict[str, Any]:
+    encoding = params.get("encoding")
+    if encoding not in FORMATS:
+        raise SessionError(
+            "encoding: send raw audio and name it: linear16 with sample_rate, mulaw or alaw "
+            "(containers such as webm or ogg are not served live)",
+            "unsupported_encoding",
+        )
+    if (_number(params, "channels", 1, 16) or 1) != 1 or _flag(params, "multichannel"):
+        raise SessionError("channels: live audio is served as one channel", "unsupported")
+    rate = _number(params, "sample_rate", 8000, 48000)
+    if encoding == "linear16":
+        if rate is None:
+            raise SessionError("sample_rate: required with encoding=linear16", "invalid_query")
+        return {"type": "audio/pcm", "rate": rate}
+    if rate not in (None, 8000):
+        raise SessionError(f"sample_rate: {encoding} is served at 8000 Hz", "invalid_query")
+    return {"type": FORMATS[encoding]}
+
+
+def _turns(params: Any) -> tuple[dict[str, Any], bool]:
+    """OpenAI's server VAD for Deepgram's endpointing; whether turns are ``speech_final``."""
+    value = params.get("endpointing")
+    if value is not None and value.lower() == "false":
+        return {"type": "server_vad", "silence_duration_ms": NO_ENDPOINTING_MS}, False
+    ms = _number(params, "endpointing", 0, 10_000)
+    silence = max(ENDPOINTING_FLOOR_MS, ms if ms is not None else 0)
+    return {"type": "server_vad", "silence_duration_ms": silence}, True
+
+
+def configure(params: Any, loaded: list[str]) -> tuple[dict[str, Any], dict[str, Any]]:
+    """(OpenAI's session object, Deepgram's own options) from the connection's query."""
+    for name in IGNORED:
+        _flag(params, name)
+    model = params.get("model") or ""
+    keywords = [k.rsplit(":", 1)[0] if ":" in k else k for k in params.getlist("keywords")]
+    keywords += params.getlist("keyterm")
+    if len(keywords) > 100 or any(not k or len(k) > 100 for k in keywords):
+        raise SessionError("keywords, keyterm: at most 100, each 1 to 100 characters")
+    turns, speech_final = _turns(params)
+    transcription: dict[str, Any] = {
+        "model": model if model in loaded else "whisper-1",
+        "language": shape.language_of(params.get("language")),
+        "word_alignment": "whisper",
+    }
+    if keywords:
+        transcription["keywords"] = keywords
+    session = {
+        "type": "transcription",
+        "audio": {
+            "input": {
+                "format": _format(params),
+                "transcription": transcription,
+                "turn_detection": turns,
+            }
+        },
+    }
+    options = {
+        "model": model if model in loaded else (loaded[0] if loaded else "whisper"),
+        "interim_results": _flag(params, "interim_results"),
+        "vad_events": _flag(params, "vad_events"),
+        "utterance_end_ms": _number(params, "utterance_end_ms", 1000, 5000),
+        "speech_final": speech_final,
+    }
+    return session, options
+
+
+def error_message(message: str, code: str) -> dict[str, Any]:
+    """Deepgram's ``Error`` message."""
+    return {"type": "Error", "variant": code, "code": code, "description": message}
+
+
+class DeepgramSession(Session):
+    """One ``/v1/listen`` WebSocket: a live session answered in Deepgram's messages."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.options: dict[str, Any] = {}
+        self.starts: dict[str, int] = {}
+        """A turn's first audio (ms of the session's audio), by item id, for its interims."""
+        self.interims: dict[str, str] = {}
+        self.results: dict[str, dict[str, Any]] = {}
+        """A turn's last decode (its timed words), by item id, until its final is sent."""
+        self.endpointed: set[str] = set()
+        self.finalized: set[str] = set()
+        self.closing = False
+
+    @staticmethod
+    def refusal(message: str, code: str) -> dict[str, Any]:
+        return error_message(message, code)
+
+    @staticmethod
+    def query_refusal(params: Any) -> str | None:
+        return None  # the query is read whole when the session starts (it needs the models)
+
+    async def run(self) -> None:
+        try:
+            session, self.options = configure(self.ws.query_params, self.worker.pool.names)
+            self._reconfigure(self.config.update, session)
+        except SessionError as exc:
+            await self.send_json(error_message(str(exc), exc.code))
+            await self.ws.close(code=1008)
+            return
+        await super().run()
+
+    async def receive(self, message: Any) -> bool:
+        data = message.get("bytes")
+        if data is None:
+            return await super().receive(message) and not self.closing
+        try:
+            await self.append(data)
+        except SessionError as exc:
+            await self.send_json(error_message(str(exc), exc.code))
+        except Exception as exc:  # a WorkerError: the audio cannot be read as named
+            await self.send_json(error_message(getattr(exc, "message", "bad audio"), "bad_audio"))
+        return True
+
+    async def dispatch(self, event: dict[str, Any]) -> None:
+        kind = event["type"]
+        if kind == "KeepAlive":
+            return
+        if kind == "Finalize":
+            await self._finalize()
+        elif kind == "CloseStream":
+            await self._finalize(answer_empty=False)
+            pending = {t for t in self.finals | self.tasks if not t.done()}
+            if pending:
+                await asyncio.wait(pending)
+            model = self.options["model"]
+            meta = shape.metadata(self.id, model, self.audio.received_ms / 1000)
+            await self.send_json({"type": "Metadata", **meta})
+            await self.ws.close(code=1000)
+            self.closing = True
+        else:
+            raise SessionError(f"unknown message type {kind[:80]!r}", "unknown_message")
+
+    async def _finalize(self, answer_empty: bool = True) -> None:
+        """Transcribe the speech of the turn under way now. With none, an empty final
+        ``Results`` marked ``from_finalize`` once the turns before it are answered, as
+        Deepgram answers (Pipecat waits on it to time its turn)."""
+        if self.turn is not None and len(self.audio) >= MIN_COMMIT_S * SAMPLE_RATE:
+            self.finalized.add(self.turn.item_id)
+            await self.commit(self.audio.received_ms)
+            self.detector.speaking = False
+            return
+        if answer_empty:
+            self._spawn(self._nothing_to_finalize(self.last_final, self.audio.received_ms))
+
+    async def _nothing_to_finalize(self, before: asyncio.Task | None, at_ms: int) -> None:
+        if before is not None and not before.done():
+            await asyncio.wait({before})
+        message = self._results("", [], at_ms, at_ms, True)
+        message["from_finalize"] = True
+        await self.send_json(message)
+
+    async def _transcribe(self, samples: Any, item_id: str) -> dict[str, Any]:
+        result = await super()._transcribe(samples, item_id)
+        self.results[item_id] = result
+        return result
+
+    async def send(self, event: dict[str, Any]) -> None:
+        """OpenAI's events of the session, as Deepgram's messages (most have none)."""
+        kind, item = event["type"], event.get("item_id", "")
+        if kind == "input_audio_buffer.speech_started":
+            self.starts[item] = event["audio_start_ms"]
+            if self.options.get("vad_events"):
+                timestamp = round(event["audio_start_ms"] / 1000, 3)
+                await self.send_json(
+                    {"type": "SpeechStarted", "channel": [0], "timestamp": timestamp}
+                )
+        elif kind == "input_audio_buffer.speech_stopped":
+            if self.options.get("speech_final"):
+                self.endpointed.add(item)
+        elif kind == "conversation.item.input_audio_transcription.delta":
+            self.interims[item] = self.interims.get(item, "") + event["delta"]
+            if self.options.get("interim_results"):
+                start = self.starts.get(item, 0)
+                end = self.audio.received_ms
+                await self.send_json(self._results(self.interims[item], [], start, end, False))
+        elif kind == "conversation.item.input_audio_transcription.failed":
+            self._forget(item)
+            error = event["error"]
+            await self.send_json(error_message(error["message"], error["code"].lower()))
+        elif kind == "error":
+            await self.send_json(error_message(event["error"]["message"], event["error"]["code"]))
+
+    async def send_final(self, turn: LiveItem, completed: dict[str, Any]) -> None:
+        item = turn.item_id
+        result = self.results.get(item) or {}
+        offset = turn.audio_from_ms / 1000
+        words = [shape.word(w, offset) for w in shape.whole_words(result.get("words", []))]
+        end_ms = turn.audio_from_ms + round(completed["usage"]["seconds"] * 1000)
+        message = self._results(completed["transcript"], words, turn.audio_from_ms, end_ms, True)
+        message["speech_final"] = item in self.endpointed
+        message["from_finalize"] = item in self.finalized
+        await self.send_json(message)
+        if self.options.get("utterance_end_ms") and message["speech_final"] and words:
+            await self.send_json(
+                {"type": "UtteranceEnd", "channel": [0, 1], "last_word_end": words[-1]["end"]}
+            )
+        self._forget(item)
+
+    def _forget(self, item: str) -> None:
+        for table in (self.starts, self.interims, self.results):
+            table.pop(item, None)
+        self.endpointed.discard(item)
+        self.finalized.discard(item)
+
+    def _results(
+        self, text: str, words: list[dict[str, Any]], start_ms: int, end_ms: int, final: bool
+    ) -> dict[str, Any]:
+        model = self.options["model"]
+        return {
+            "type": "Results",
+            "channel_index": [0, 1],
+            "duration": round(max(0, end_ms - start_ms) / 1000, 3),
+            "start": round(start_ms / 1000, 3),
+            "is_final": final,
+            "speech_final": False,
+            "from_finalize": False,
+            "channel": {"alternatives": [shape.alternative(text, words)]},
+            "metadata": {
+                "request_id": self.id,
+                "model_info": shape.model_info(model),
+                "model_uuid": model,
+            },
+        }

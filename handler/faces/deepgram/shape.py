@@ -1,0 +1,90 @@
+"""Deepgram's answer shapes, from a job's result: its words, one alternative, the model's
+metadata. Shared by the live (``/v1/listen`` WebSocket) and the pre-recorded
+(``POST /v1/listen``) faces."""
+
+from __future__ import annotations
+
+import datetime
+from typing import Any
+
+EDGE_PUNCTUATION = ".,!?;:\"'“”‘’«»()[]{}…¿¡-—"
+
+
+def plain(word: str) -> str:
+    """Deepgram's ``word``: lower case without the punctuation around it ("Ask," -> "ask";
+    "don't" stays "don't"); ``punctuated_word`` keeps the word as written."""
+    return word.strip().strip(EDGE_PUNCTUATION).lower()
+
+
+def word(w: dict[str, Any], offset: float = 0.0, speaker: int | None = None) -> dict[str, Any]:
+    """One word of a job's ``words`` (start, end, word, probability) as Deepgram's."""
+    written = w["word"].strip()
+    out: dict[str, Any] = {
+        "word": plain(written) or written,
+        "start": round(offset + float(w["start"]), 3),
+        "end": round(offset + float(w["end"]), 3),
+        "confidence": round(float(w.get("probability", 0.0)), 4),
+        "punctuated_word": written,
+    }
+    if speaker is not None:
+        out["speaker"] = speaker
+    return out
+
+
+def whole_words(words: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """A job's words as the transcript spells them: a piece Whisper split off a word without a
+    space before it and starting with punctuation (" old" "-sposed") joins the word before
+    it, so that the punctuated words, joined by spaces, are the transcript."""
+    out: list[dict[str, Any]] = []
+    for w in words:
+        text = w["word"]
+        if out and text[:1] and not text[:1].isspace() and not text[:1].isalnum():
+            prev = out[-1]
+            out[-1] = {
+                **prev,
+                "word": prev["word"] + text,
+                "end": w["end"],
+                "probability": min(prev.get("probability", 0.0), w.get("probability", 0.0)),
+            }
+        else:
+            out.append(dict(w))
+    return out
+
+
+def alternative(text: str, words: list[dict[str, Any]]) -> dict[str, Any]:
+    """Deepgram's one alternative: the transcript, its confidence (the mean of its words'
+    probabilities: Whisper gives no transcript-level one) and its words."""
+    confidence = sum(w["confidence"] for w in words) / len(words) if words else 0.0
+    return {"transcript": text, "confidence": round(confidence, 4), "words": words}
+
+
+def model_info(model: str) -> dict[str, Any]:
+    """What Deepgram's ``model_info`` says of a model: its name, and Whisper as its arch."""
+    return {"name": model, "version": "", "arch": "whisper"}
+
+
+def created() -> str:
+    """Deepgram's ``created``: now, in ISO 8601 with a Z."""
+    now = datetime.datetime.now(datetime.timezone.utc)
+    return now.strftime("%Y-%m-%dT%H:%M:%S.%f")[:-3] + "Z"
+
+
+def metadata(request_id: str, model: str, duration: float) -> dict[str, Any]:
+    """The ``metadata`` of a pre-recorded answer and the live ``Metadata`` message."""
+    return {
+        "transaction_key": "deprecated",
+        "request_id": request_id,
+        "sha256": "",
+        "created": created(),
+        "duration": round(duration, 3),
+        "channels": 1,
+        "models": [model],
+        "model_info": {model: model_info(model)},
+    }
+
+
+def language_of(value: str | None) -> str | None:
+    """Deepgram's ``language`` as a Whisper language: ``en-US`` -> ``en``; ``multi`` kept."""
+    if not value:
+        return None
+    return value if value == "multi" else value.split("-")[0].lower()

@@ -1,0 +1,298 @@
+"""Deepgram's live API on ``/v1/listen``, for the clients that speak it.
+
+End to end: the real ``python -m handler serve`` on 127.0.0.1 with tiny.en and an API key,
+driven by the real ``deepgram-sdk`` (its live client, pointed at the server as at a
+self-hosted Deepgram) streaming real speech faster than real time, and by a raw WebSocket
+client for Finalize, KeepAlive, CloseStream and the refusals. Pure tier: the shapes.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+from collections.abc import Iterator
+from typing import Any
+
+import numpy as np
+import pytest
+from websockets.exceptions import ConnectionClosed, ConnectionClosedOK, InvalidStatus
+from websockets.sync.client import connect
+
+from handler.faces.deepgram import shape
+from speech_assets.clips import JFK_TEXT, clips, wer
+from tests.test_http import Server
+
+KEY = "dg-test-key-0123456789abcdef"
+RATE = 16000
+CHUNK = RATE * 2 // 10  # 100 ms of linear16
+PACE_S = 0.025  # 4x real time
+
+
+def pcm16(samples: np.ndarray) -> bytes:
+    return (np.clip(samples, -1, 1) * 32767).astype("<i2").tobytes()
+
+
+def silence(seconds: float) -> np.ndarray:
+    return np.zeros(int(seconds * RATE), dtype=np.float32)
+
+
+def test_words_languages_and_metadata_are_deepgrams_shapes() -> None:
+    w = shape.word({"word": " Ask,", "start": 1.0, "end": 1.25, "probability": 0.9}, 2.0)
+    assert w == {
+        "word": "ask",
+        "start": 3.0,
+        "end": 3.25,
+        "confidence": 0.9,
+        "punctuated_word": "Ask,",
+    }
+    assert shape.plain("don't.") == "don't" and shape.plain("“Country”") == "country"
+    assert shape.alternative("", [])["confidence"] == 0.0
+    pieces = [
+        {"word": " an", "start": 0.0, "end": 0.1, "probability": 0.9},
+        {"word": " old", "start": 0.1, "end": 0.3, "probability": 0.8},
+        {"word": "-sposed", "start": 0.3, "end": 0.6, "probability": 0.5},
+        {"word": "日本", "start": 0.6, "end": 0.8, "probability": 0.7},
+    ]
+    joined = shape.whole_words(pieces)
+    assert [w["word"] for w in joined] == [" an", " old-sposed", "日本"]
+    assert joined[1]["end"] == 0.6 and joined[1]["probability"] == 0.5
+    assert shape.language_of("en-US") == "en" and shape.language_of("multi") == "multi"
+    assert shape.language_of(None) is None
+    meta = shape.metadata("r1", "tiny.en", 1.23456)
+    assert meta["duration"] == 1.235 and meta["model_info"]["tiny.en"]["arch"] == "whisper"
+
+
+@pytest.fixture(scope="module")
+def server() -> Iterator[Server]:
+    srv = Server(
+        {
+            "WHISPER_API_KEY": KEY,
+            "WHISPER_MAX_CONCURRENCY": "2",
+            "WHISPER_REALTIME_MAX_SESSIONS": "2",
+            "WHISPER_REALTIME_IDLE_S": "10",
+        }
+    )
+    yield srv
+    srv.stop()
+
+
+def _ws_url(srv: Server) -> str:
+    return srv.url.replace("http://", "ws://")
+
+
+@pytest.mark.e2e
+def test_the_deepgram_sdks_live_client_gets_a_final_result_per_turn(server: Server) -> None:
+    from deepgram import DeepgramClient
+    from deepgram.environment import DeepgramClientEnvironment
+
+    spoken = clips()[:3]  # JFK and two LibriVox readings, 1.5 s apart
+    audio = np.concatenate([silence(0.5)] + [x for c in spoken for x in (c.samples, silence(1.5))])
+    env = DeepgramClientEnvironment(
+        base=server.url, production=_ws_url(server), agent="", agent_rest=""
+    )
+    client = DeepgramClient(api_key=KEY, environment=env)
+    messages: list[Any] = []
+    with client.listen.v1.connect(
+        model="nova-3",
+        encoding="linear16",
+        sample_rate=RATE,
+        language="en-US",
+        interim_results="true",
+        vad_events="true",
+        utterance_end_ms="1000",
+        smart_format="true",
+        punctuate="true",
+    ) as conn:
+
+        def feed() -> None:
+            pcm = pcm16(audio)
+            for i in range(0, len(pcm), CHUNK):
+                conn.send_media(pcm[i : i + CHUNK])
+                time.sleep(PACE_S)
+            conn.send_close_stream()
+
+        feeder = threading.Thread(target=feed)
+        feeder.start()
+        for message in conn:  # until the server closes after CloseStream
+            messages.append(message)
+        feeder.join()
+    kinds = [m.type for m in messages]
+    assert kinds[-1] == "Metadata", kinds
+    assert abs(messages[-1].duration - len(audio) / RATE) < 0.2
+    finals = [m for m in messages if m.type == "Results" and m.is_final]
+    assert len(finals) >= 3, kinds
+    text = " ".join(m.channel.alternatives[0].transcript for m in finals)
+    assert wer(" ".join(c.text for c in spoken), text) < 0.25, text
+    assert "SpeechStarted" in kinds and "UtteranceEnd" in kinds
+    assert any(m.speech_final for m in finals)  # silence ended a turn
+    last_end = 0.0
+    for m in finals:
+        alt = m.channel.alternatives[0]
+        assert alt.words and 0 < alt.confidence <= 1
+        assert m.start <= alt.words[0].start and alt.words[-1].end <= m.start + m.duration + 0.05
+        for w in alt.words:  # in order, on the stream's clock, inside the audio
+            assert last_end - 0.05 <= w.start <= w.end <= len(audio) / RATE
+            last_end = w.end
+        assert " ".join(w.punctuated_word for w in alt.words) == alt.transcript
+    interims = [m for m in messages if m.type == "Results" and not m.is_final]
+    for m in interims:  # interim text is a prefix of what the turn says in the end
+        assert m.channel.alternatives[0].transcript
+
+
+def _raw(srv: Server, query: str, **kwargs: Any) -> Any:
+    kwargs.setdefault("additional_headers", {"Authorization": f"Token {KEY}"})
+    return connect(f"{_ws_url(srv)}/v1/listen?{query}", open_timeout=30, **kwargs)
+
+
+def _until(ws: Any, kind: str, timeout: float = 120) -> list[dict[str, Any]]:
+    got: list[dict[str, Any]] = []
+    deadline = time.time() + timeout
+    while time.time() < deadline:
+        message = json.loads(ws.recv(timeout=deadline - time.time()))
+        got.append(message)
+        if message["type"] == kind:
+            return got
+    raise AssertionError(f"no {kind} in {got}")
+
+
+@pytest.mark.e2e
+def test_finalize_keepalive_and_closestream_as_voice_agents_send_them(server: Server) -> None:
+    """Pipecat sends Finalize when its own VAD hears the user stop, before any silence
+    reaches the server: the speech so far comes back at once, marked from_finalize."""
+    jfk = clips()[0].samples
+    jfk = jfk[: int(10.2 * RATE)]  # cut in "... do for your country": still speaking
+    with _raw(server, "model=nova-2&encoding=mulaw&sample_rate=8000") as ws:
+        ws.send(json.dumps({"type": "KeepAlive"}))
+        mulaw = _mulaw(jfk[::2])  # 8 kHz
+        for i in range(0, len(mulaw), 1600):
+            ws.send(mulaw[i : i + 1600])
+        ws.send(json.dumps({"type": "Finalize"}))
+        finals: list[dict[str, Any]] = []
+        while not (finals and finals[-1]["from_finalize"]):  # JFK's pauses end turns too
+            finals.append(_until(ws, "Results")[-1])
+        assert all(m["is_final"] for m in finals) and not finals[-1]["speech_final"]
+        assert finals[-1]["channel"]["alternatives"][0]["words"]
+        text = " ".join(m["channel"]["alternatives"][0]["transcript"] for m in finals)
+        assert wer(JFK_TEXT, text) < 0.35, text  # its last word or two were cut off
+        ws.send(json.dumps({"type": "Unknown"}))
+        assert _until(ws, "Error")[-1]["variant"] == "unknown_message"  # the session goes on
+        ws.send(json.dumps({"type": "CloseStream"}))
+        meta = _until(ws, "Metadata")[-1]
+        assert meta["request_id"] and meta["channels"] == 1
+        with pytest.raises(ConnectionClosedOK):
+            ws.recv(timeout=30)
+    assert ws.close_code == 1000
+
+
+def _mulaw(samples: np.ndarray) -> bytes:
+    """G.711 mu-law of float samples (what telephony sends), by Python's own codec."""
+    import audioop  # deprecated in 3.11 (gone in 3.13), still the standard G.711 coder
+
+    return audioop.lin2ulaw(pcm16(samples), 2)
+
+
+@pytest.mark.e2e
+def test_refusals_say_what_to_send(server: Server) -> None:
+    with pytest.raises(InvalidStatus) as info:
+        _raw(server, "encoding=linear16&sample_rate=16000", additional_headers={})
+    assert info.value.response.status_code == 401
+    for query, variant in (
+        ("encoding=opus", "unsupported_encoding"),
+        ("", "unsupported_encoding"),
+        ("encoding=linear16", "invalid_query"),  # no sample_rate
+        ("encoding=linear16&sample_rate=16000&channels=2", "unsupported"),
+        ("encoding=linear16&sample_rate=16000&interim_results=yes", "invalid_query"),
+        ("encoding=linear16&sample_rate=16000&language=zz", "invalid_value"),
+    ):
+        with _raw(server, query) as ws:
+            message = json.loads(ws.recv(timeout=30))
+            assert message["type"] == "Error" and message["variant"] == variant, (query, message)
+            assert message["description"]
+            with pytest.raises(ConnectionClosed):
+                ws.recv(timeout=30)
+        assert ws.close_code == 1008, query
+    # A browser offers the key as the subprotocols "token, <key>": the server picks "token".
+    with _raw(
+        server,
+        "encoding=linear16&sample_rate=16000",
+        additional_headers={},
+        subprotocols=["token", KEY],  # type: ignore[list-item]
+    ) as ws:
+        assert ws.subprotocol == "token"
+        ws.send(json.dumps({"type": "CloseStream"}))
+        assert _until(ws, "Metadata")[-1]["duration"] == 0
+
+
+@pytest.mark.e2e
+def test_pipecats_deepgram_service_with_its_defaults(server: Server) -> None:
+    """Pipecat's DeepgramSTTService as its docs show it, inside a real pipeline, with only
+    ``base_url`` pointed here: its defaults (nova-3-general, interim results, smart_format,
+    profanity_filter, no endpointing: Deepgram's 10 ms) and a Finalize at each of its own
+    VAD's stops. Pipecat ends the stream on an error: none may come, every turn is heard."""
+    pytest.importorskip("pipecat", reason="pip install '.[dev]' (pipecat-ai)")
+    import asyncio
+
+    from pipecat.frames.frames import (
+        EndFrame,
+        ErrorFrame,
+        InputAudioRawFrame,
+        TranscriptionFrame,
+        VADUserStartedSpeakingFrame,
+        VADUserStoppedSpeakingFrame,
+    )
+    from pipecat.pipeline.pipeline import Pipeline
+    from pipecat.pipeline.worker import PipelineParams, PipelineWorker
+    from pipecat.processors.frame_processor import FrameDirection, FrameProcessor
+    from pipecat.services.deepgram.stt import DeepgramSTTService
+    from pipecat.workers.runner import WorkerRunner
+
+    finals: list[str] = []
+    errors: list[str] = []
+
+    class Collect(FrameProcessor):
+        async def process_frame(self, frame: Any, direction: FrameDirection) -> None:
+            await super().process_frame(frame, direction)
+            if isinstance(frame, TranscriptionFrame):
+                finals.append(frame.text)
+            elif isinstance(frame, ErrorFrame):
+                errors.append(frame.error)
+            await self.push_frame(frame, direction)
+
+    async def talk() -> None:
+        stt = DeepgramSTTService(api_key=KEY, base_url=_ws_url(server))
+        worker = PipelineWorker(
+            Pipeline([Collect(), stt, Collect()]), params=PipelineParams(audio_in_sample_rate=RATE)
+        )
+        runner = WorkerRunner(handle_sigint=False)
+        await runner.add_workers(worker)
+        running = asyncio.create_task(runner.run())
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + 60
+        # The service has no on_connected event; its socket is set once it connected.
+        while stt._connection is None and loop.time() < deadline:
+            await asyncio.sleep(0.05)
+        assert stt._connection is not None, "Pipecat never connected"
+        for clip in spoken:
+            await worker.queue_frame(VADUserStartedSpeakingFrame())
+            audio = pcm16(np.concatenate([clip.samples, silence(0.5)]))
+            for i in range(0, len(audio), 6400):  # 200 ms a frame, 4x real time
+                await worker.queue_frame(InputAudioRawFrame(audio[i : i + 6400], RATE, 1))
+                await asyncio.sleep(0.05)
+            await worker.queue_frame(VADUserStoppedSpeakingFrame())
+            heard_by = len(" ".join(c.text for c in spoken[: spoken.index(clip) + 1]).split())
+            deadline = asyncio.get_running_loop().time() + 120
+            while asyncio.get_running_loop().time() < deadline and not errors:
+                if len(" ".join(finals).split()) >= 0.8 * heard_by:
+                    break
+                await asyncio.sleep(0.1)
+        await worker.queue_frame(EndFrame())
+        await asyncio.wait_for(running, 60)
+
+    spoken = clips()[:2]
+    before = len(server.logs())
+    asyncio.run(asyncio.wait_for(talk(), 400))
+    assert errors == [], errors
+    text = " ".join(finals)
+    assert wer(" ".join(c.text for c in spoken), text) < 0.25, text
+    assert "Traceback" not in server.logs()[before:]
