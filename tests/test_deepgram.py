@@ -129,7 +129,7 @@ def test_the_deepgram_sdks_live_client_gets_a_final_result_per_turn(server: Serv
     last_end = 0.0
     for m in finals:
         alt = m.channel.alternatives[0]
-        assert alt.words and 0 < alt.confidence <= 1
+        assert alt.words and 0 < alt.confidence <= 1 and alt.languages == ["en"]
         assert m.start <= alt.words[0].start and alt.words[-1].end <= m.start + m.duration + 0.05
         for w in alt.words:  # in order, on the stream's clock, inside the audio
             assert last_end - 0.05 <= w.start <= w.end <= len(audio) / RATE
@@ -295,4 +295,63 @@ def test_pipecats_deepgram_service_with_its_defaults(server: Server) -> None:
     assert errors == [], errors
     text = " ".join(finals)
     assert wer(" ".join(c.text for c in spoken), text) < 0.25, text
-    assert "Traceback" not in server.logs()[before:]
+    logs = server.logs()[before:]
+    where = max(logs.find("Traceback"), logs.find(" ERROR "))
+    assert where < 0, logs[max(0, where - 1000) : where + 3000]
+
+
+@pytest.mark.e2e
+def test_livekits_deepgram_plugin_streams_every_turn(server: Server) -> None:
+    """LiveKit Agents' Deepgram plugin (1.8.9) as its docs show it, with only ``base_url``
+    pointed here: its defaults (nova-3, en-US, interim results, 25-ms endpointing,
+    filler_words, no_delay), 20-ms frames as LiveKit's rooms deliver them."""
+    pytest.importorskip("livekit.plugins.deepgram", reason="pip install '.[dev]'")
+    import asyncio
+
+    from livekit import rtc
+    from livekit.agents import stt as agents_stt
+    from livekit.agents.utils import http_context
+    from livekit.plugins import deepgram as lk_deepgram
+
+    spoken = clips()[:3]
+    events: list[Any] = []
+
+    def finals() -> list[str]:
+        kind = agents_stt.SpeechEventType.FINAL_TRANSCRIPT
+        return [e.alternatives[0].text for e in events if e.type == kind]
+
+    async def talk() -> None:
+        async with http_context.open():  # LiveKit's way for scripts outside an agent's job
+            stt = lk_deepgram.STT(api_key=KEY, base_url=_ws_url(server) + "/v1/listen")
+            stream = stt.stream()
+
+            async def read() -> None:
+                async for ev in stream:
+                    events.append(ev)
+
+            reader = asyncio.create_task(read())
+            gap = silence(1.5)
+            audio = pcm16(np.concatenate([x for c in spoken for x in (c.samples, gap)]))
+            frame = RATE * 2 // 50  # 20 ms
+            for i in range(0, len(audio) - frame + 1, frame):
+                stream.push_frame(rtc.AudioFrame(audio[i : i + frame], RATE, 1, frame // 2))
+                await asyncio.sleep(0.005)  # 4x real time
+            reference = " ".join(c.text for c in spoken)
+            loop = asyncio.get_running_loop()
+            deadline = loop.time() + 180
+            while loop.time() < deadline and wer(reference, " ".join(finals())) >= 0.25:
+                await asyncio.sleep(0.1)
+            await stream.aclose()
+            reader.cancel()
+            await stt.aclose()
+
+    before = len(server.logs())
+    asyncio.run(asyncio.wait_for(talk(), 300))
+    kinds = [e.type for e in events]
+    text = " ".join(finals())
+    assert wer(" ".join(c.text for c in spoken), text) < 0.25, text
+    assert agents_stt.SpeechEventType.START_OF_SPEECH in kinds
+    assert agents_stt.SpeechEventType.END_OF_SPEECH in kinds  # from speech_final
+    logs = server.logs()[before:]
+    where = max(logs.find("Traceback"), logs.find(" ERROR "))
+    assert where < 0, logs[max(0, where - 1000) : where + 3000]

@@ -51,11 +51,17 @@ def whole_words(words: list[dict[str, Any]]) -> list[dict[str, Any]]:
     return out
 
 
-def alternative(text: str, words: list[dict[str, Any]]) -> dict[str, Any]:
+def alternative(
+    text: str, words: list[dict[str, Any]], language: str | None = None
+) -> dict[str, Any]:
     """Deepgram's one alternative: the transcript, its confidence (the mean of its words'
-    probabilities: Whisper gives no transcript-level one) and its words."""
+    probabilities: Whisper gives no transcript-level one), its words and, when known, its
+    language (``languages``, which LiveKit reads under ``language=multi``)."""
     confidence = sum(w["confidence"] for w in words) / len(words) if words else 0.0
-    return {"transcript": text, "confidence": round(confidence, 4), "words": words}
+    alt = {"transcript": text, "confidence": round(confidence, 4), "words": words}
+    if language:
+        alt["languages"] = [language]
+    return alt
 
 
 def model_info(model: str) -> dict[str, Any]:
