@@ -21,6 +21,7 @@ from websockets.sync.client import connect
 
 from handler.faces.deepgram import shape
 from speech_assets.clips import JFK_TEXT, clips, wer
+from tests.helpers import DATA
 from tests.test_http import Server
 
 KEY = "dg-test-key-0123456789abcdef"
@@ -71,6 +72,7 @@ def server() -> Iterator[Server]:
             "WHISPER_MAX_CONCURRENCY": "2",
             "WHISPER_REALTIME_MAX_SESSIONS": "2",
             "WHISPER_REALTIME_IDLE_S": "10",
+            "WHISPER_ALLOW_PRIVATE_URLS": "true",  # the URL test serves audio on 127.0.0.1
         }
     )
     yield srv
@@ -355,3 +357,60 @@ def test_livekits_deepgram_plugin_streams_every_turn(server: Server) -> None:
     logs = server.logs()[before:]
     where = max(logs.find("Traceback"), logs.find(" ERROR "))
     assert where < 0, logs[max(0, where - 1000) : where + 3000]
+
+
+@pytest.fixture
+def audio_site() -> Iterator[str]:
+    """JFK's recording served over HTTP on 127.0.0.1 (for ``transcribe_url``)."""
+    from functools import partial
+    from http.server import SimpleHTTPRequestHandler, ThreadingHTTPServer
+
+    handler = partial(SimpleHTTPRequestHandler, directory=str(DATA))
+    site = ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    thread = threading.Thread(target=site.serve_forever, daemon=True)
+    thread.start()
+    yield f"http://127.0.0.1:{site.server_address[1]}/jfk.wav"
+    site.shutdown()
+    site.server_close()
+
+
+@pytest.mark.e2e
+def test_the_deepgram_sdk_transcribes_a_file_and_a_url(server: Server, audio_site: str) -> None:
+    """Deepgram's pre-recorded API (POST /v1/listen) through the SDK's own calls: a file
+    (utterances), a URL (detected language), and refusals with Deepgram's error body."""
+    from deepgram import DeepgramClient
+    from deepgram.core.api_error import ApiError
+    from deepgram.environment import DeepgramClientEnvironment
+
+    env = DeepgramClientEnvironment(
+        base=server.url, production=_ws_url(server), agent="", agent_rest=""
+    )
+    media = DeepgramClient(api_key=KEY, environment=env).listen.v1.media
+    wav = (DATA / "jfk.wav").read_bytes()
+    got = media.transcribe_file(
+        request=wav, model="nova-3", language="en", utterances=True, smart_format=True
+    )
+    alt = got.results.channels[0].alternatives[0]
+    assert wer(JFK_TEXT, alt.transcript) < 0.2, alt.transcript
+    assert " ".join(w.punctuated_word for w in alt.words) == alt.transcript
+    assert 0 < alt.confidence <= 1 and alt.words[0].start < alt.words[-1].end <= 11.1
+    assert abs(got.metadata.duration - 11.0) < 0.1 and len(got.metadata.sha256) == 64
+    utterances = got.results.utterances
+    assert utterances and " ".join(u.transcript for u in utterances) == alt.transcript
+    by_url = media.transcribe_url(url=audio_site, model="nova-2", detect_language=True)
+    channel = by_url.results.channels[0]
+    assert channel.detected_language == "en"
+    assert wer(JFK_TEXT, channel.alternatives[0].transcript) < 0.2
+    for options, says in (
+        ({"callback": "https://example.com/hook"}, "webhook"),
+        ({"diarize": True}, "diariz"),  # this worker loads no diarizer
+        ({"language": "zz"}, "zz"),
+    ):
+        with pytest.raises(ApiError) as info:
+            media.transcribe_file(request=wav, model="nova-3", **options)
+        assert info.value.status_code == 400, (options, info.value.body)
+        assert says in info.value.body["err_msg"].lower(), (options, info.value.body)
+    with pytest.raises(ApiError) as info:
+        media.transcribe_file(request=b"not audio", model="nova-3")
+    assert info.value.status_code in (400, 415, 422) and info.value.body["err_msg"]
+    assert "Traceback" not in server.logs()

@@ -43,6 +43,7 @@ from starlette.types import ASGIApp
 from handler.contract import Segment
 from handler.errors import Code, WorkerError
 from handler.faces import deepgram, openai_api, realtime
+from handler.faces.admission import run_admitted, settle
 from handler.faces.auth import ApiKey, BodyLimit, BodyTooLarge, ReceiveLimit
 from handler.faces.broker.gateway import BROKER_GONE, BrokerDown
 from handler.faces.metrics import Metrics, RequestMetrics
@@ -54,7 +55,6 @@ from handler.settings import Settings
 log = logging.getLogger(__name__)
 
 RETRY_AFTER_S = 2
-POLL_DISCONNECT_S = 0.25
 
 
 def _too_large(limit: int) -> Response:
@@ -138,7 +138,7 @@ def create_app(state: ServerState, *, health_path: str = "/ping") -> FastAPI:
     add_service_routes(app, state)
     deepgram.add_routes(app, state)
     add_job_routes(app, state)
-    state.jobs = add_runpod_routes(app, state, _settle)
+    state.jobs = add_runpod_routes(app, state, settle)
     return app
 
 
@@ -333,63 +333,8 @@ async def _run_admitted(
     job: Callable[[threading.Event], Any],
     admitted: bool = False,
 ) -> Any:
-    """Run ``job(cancel)`` in a thread once a slot is free; 429 when the queue is full.
-
-    A client that disconnects meanwhile sets the job's cancel event, and so does the
-    cancellation of this coroutine (an abandoned stream): the slot stays held until the job
-    has left the model, so the admission count never undercounts what runs. ``admitted``:
-    the caller already took its place (a stream, before answering 200).
-    """
-    if not admitted:
-        if state.admitted >= state.capacity:
-            return _queue_full(state)
-        state.admitted += 1
-    assert state.slots is not None
-    cancel = threading.Event()
-    try:
-        async with state.slots:
-            if await request.is_disconnected():
-                return Response(status_code=499)
-            future = asyncio.get_running_loop().run_in_executor(state.executor, job, cancel)
-            state.running += 1
-            try:
-                result = await _watch(future, request, cancel)
-            except asyncio.CancelledError:
-                log.info("request abandoned: cancelling its job")
-                cancel.set()
-                state.metrics.job_done(await _settle(future))
-                raise
-            finally:
-                state.running -= 1
-            state.metrics.job_done(result)
-            return result
-    finally:
-        state.admitted -= 1
-
-
-async def _watch(future: asyncio.Future, request: Request, cancel: threading.Event) -> Any:
-    """The job's result; sets ``cancel`` when the client disconnects meanwhile."""
-    while True:
-        done, _ = await asyncio.wait({future}, timeout=POLL_DISCONNECT_S)
-        if done:
-            return future.result()
-        if not cancel.is_set() and await request.is_disconnected():
-            log.info("client disconnected: cancelling its job")
-            cancel.set()
-
-
-async def _settle(future: asyncio.Future) -> Any:
-    """Wait for a cancelled job's thread to stop (its next cancel check); its result."""
-    while not future.done():
-        try:
-            await asyncio.shield(future)
-        except asyncio.CancelledError:
-            continue  # cancelled again while waiting: the thread still holds the slot
-        except Exception:
-            break
-    if future.cancelled() or future.exception() is not None:
-        return None
-    return future.result()
+    """handler.faces.admission.run_admitted, full answered in OpenAI's shape (429)."""
+    return await run_admitted(state, request, job, lambda: _queue_full(state), admitted)
 
 
 async def _stream(

@@ -1,0 +1,172 @@
+"""Deepgram's pre-recorded API: ``POST /v1/listen`` with the audio as the body (any
+content type but JSON) or ``{"url": "..."}``, the options in the query, answered with
+Deepgram's response (``metadata``, ``results.channels[0].alternatives[0]`` with its
+transcript, confidence and words, ``utterances`` when asked).
+
+Options: ``model`` (a model loaded here by name; any other name is the default model),
+``language`` (``en``, ``en-US``, ``multi``), ``detect_language`` (the channel then says
+``detected_language`` and ``language_confidence``), ``diarize`` (a worker with
+``WHISPER_DIARIZATION``: each word's ``speaker``; otherwise refused as a file job is),
+``utterances`` (one per segment), ``keywords`` and ``keyterm`` (hotwords); formatting
+options are accepted (Whisper punctuates as it transcribes). ``callback`` and
+``multichannel`` are refused with a sentence saying what to use.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import json
+import uuid
+from typing import Any
+
+from fastapi import Request, Response
+from fastapi.responses import JSONResponse
+
+from handler.faces import openai_api
+from handler.faces.admission import run_admitted
+from handler.faces.broker.gateway import BROKER_GONE, BrokerDown
+from handler.faces.deepgram import shape
+from handler.pipeline.job import run_job
+
+MAX_KEYWORDS = 100
+
+
+class Refused(Exception):
+    """A request that can never succeed as sent: 400 with the reason."""
+
+
+def _flag(params: Any, name: str) -> bool:
+    value = params.get(name)
+    if value is None:
+        return False
+    if value.lower() not in ("true", "false"):
+        raise Refused(f"{name}: true or false")
+    return value.lower() == "true"
+
+
+def error(status: int, message: str, code: str = "Bad Request") -> JSONResponse:
+    """Deepgram's error body."""
+    body = {"err_code": code, "err_msg": message, "request_id": str(uuid.uuid4())}
+    headers = {"Retry-After": "2"} if status in (429, 503) else None
+    return JSONResponse(body, status_code=status, headers=headers)
+
+
+def job_input(params: Any, loaded: list[str]) -> tuple[dict[str, Any], str]:
+    """The job for the query's options, and the model name the answer gives."""
+    if params.get("callback"):
+        raise Refused("callback is not served here; use /v2/{id}/run with a webhook")
+    if _flag(params, "multichannel") or params.get("channels") not in (None, "1"):
+        raise Refused("multichannel: one channel is served; the channels are mixed down")
+    model = params.get("model") or ""
+    job: dict[str, Any] = {"output": ["text", "segments", "words"], "word_timestamps": True}
+    if model in loaded:
+        job["model"] = model
+    language = shape.language_of(params.get("language"))
+    if language and not _flag(params, "detect_language"):
+        job["language"] = language
+    if _flag(params, "diarize"):
+        job["diarize"] = True
+    keywords = [k.rsplit(":", 1)[0] if ":" in k else k for k in params.getlist("keywords")]
+    keywords += params.getlist("keyterm")
+    if len(keywords) > MAX_KEYWORDS or any(not k or len(k) > 100 for k in keywords):
+        raise Refused("keywords, keyterm: at most 100, each 1 to 100 characters")
+    if keywords:
+        job["hotwords"] = ", ".join(keywords)
+    return job, model if model in loaded else (loaded[0] if loaded else "whisper")
+
+
+async def audio_of(request: Request, job: dict[str, Any]) -> bytes | None:
+    """The audio bytes of the body, or (a JSON body) its ``url`` put in ``job``."""
+    body = await request.body()
+    if request.headers.get("content-type", "").split(";")[0].strip() == "application/json":
+        try:
+            url = json.loads(body).get("url")
+        except (ValueError, AttributeError, RecursionError):
+            raise Refused('a JSON body is {"url": "https://..."}') from None
+        if not isinstance(url, str) or not url:
+            raise Refused('a JSON body is {"url": "https://..."}')
+        job["audio_url"] = url
+        return None
+    if not body:
+        raise Refused("the body is empty: send the audio, or JSON {'url': ...}")
+    return body
+
+
+def answer(result: dict[str, Any], model: str, params: Any, audio: bytes | None) -> dict[str, Any]:
+    """Deepgram's response for a job's result."""
+    speakers: dict[str, int] = {}
+
+    def speaker(w: dict[str, Any]) -> int | None:
+        label = w.get("speaker")
+        return None if label is None else speakers.setdefault(str(label), len(speakers))
+
+    words = [shape.word(w, 0.0, speaker(w)) for w in shape.whole_words(result.get("words", []))]
+    channel: dict[str, Any] = {"alternatives": [shape.alternative(result["text"], words)]}
+    if "language" not in params or _flag(params, "detect_language"):
+        channel["detected_language"] = result.get("language")
+        channel["language_confidence"] = result.get("language_probability")
+    request_id = str(uuid.uuid4())
+    meta = shape.metadata(request_id, model, float(result.get("duration", 0.0)))
+    meta["sha256"] = hashlib.sha256(audio).hexdigest() if audio else ""
+    body: dict[str, Any] = {"metadata": meta, "results": {"channels": [channel]}}
+    if _flag(params, "utterances"):
+        body["results"]["utterances"] = [
+            _utterance(seg, speaker) for seg in result.get("segments", []) if seg["text"].strip()
+        ]
+    return body
+
+
+def _utterance(seg: dict[str, Any], speaker: Any) -> dict[str, Any]:
+    words = [shape.word(w, 0.0, speaker(w)) for w in shape.whole_words(seg.get("words") or [])]
+    alt = shape.alternative(seg["text"].strip(), words)
+    out = {
+        "start": round(float(seg["start"]), 3),
+        "end": round(float(seg["end"]), 3),
+        "confidence": alt["confidence"],
+        "channel": 0,
+        "transcript": alt["transcript"],
+        "words": words,
+        "id": str(uuid.uuid4()),
+    }
+    if words and "speaker" in words[0]:
+        out["speaker"] = words[0]["speaker"]
+    return out
+
+
+async def _loaded(state: Any) -> list[str]:
+    """The models a job may name: this worker's, or (a gateway) its consumers'."""
+    if state.gateway is not None:
+        return list(await asyncio.to_thread(state.gateway.models))
+    return list(state.worker.pool.names)
+
+
+async def listen(state: Any, request: Request) -> Response:
+    """``POST /v1/listen`` (``state``: a handler.faces.http_server.ServerState)."""
+    if state.gateway is None and state.worker is None:
+        return error(503, "the model is still loading; retry shortly", "NOT_READY")
+    try:
+        loaded = await _loaded(state)
+    except BrokerDown as exc:
+        return error(503, exc.reason or BROKER_GONE, "NOT_READY")
+    try:
+        job, model = job_input(request.query_params, loaded)
+        audio = await audio_of(request, job)
+    except Refused as exc:
+        return error(400, str(exc))
+    if state.gateway is not None:  # a consumer runs it
+        result = await state.gateway.result(job, request.is_disconnected, audio)
+    else:
+        worker = state.worker
+        result = await run_admitted(
+            state,
+            request,
+            lambda cancel: run_job(job, worker, job_id="deepgram", cancel=cancel, audio=audio),
+            lambda: error(429, "the server is busy; retry later", "TOO_MANY_REQUESTS"),
+        )
+    if isinstance(result, Response):
+        return result
+    if "error" in result:
+        status, _ = openai_api.error_body(result)
+        return error(status, result["error"], result["error_code"])
+    return JSONResponse(answer(result, model, request.query_params, audio))
