@@ -151,6 +151,7 @@ class DeepgramSession(Session):
         self.endpointed: set[str] = set()
         self.finalized: set[str] = set()
         self.closing = False
+        self.empty_final: asyncio.Task | None = None
 
     @staticmethod
     def refusal(message: str, code: str) -> dict[str, Any]:
@@ -213,8 +214,12 @@ class DeepgramSession(Session):
             await self.commit(self.audio.received_ms)
             self.detector.speaking = False
             return
-        if answer_empty:
-            self._spawn(self._nothing_to_finalize(self.last_final, self.audio.received_ms))
+        if answer_empty and (self.empty_final is None or self.empty_final.done()):
+            # One waits at a time: Finalize after Finalize while a long turn is being
+            # transcribed must not pile up tasks (each answered once the turn is).
+            self.empty_final = self._spawn(
+                self._nothing_to_finalize(self.last_final, self.audio.received_ms)
+            )
 
     async def _nothing_to_finalize(self, before: asyncio.Task | None, at_ms: int) -> None:
         if before is not None and not before.done():
