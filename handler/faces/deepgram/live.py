@@ -27,6 +27,7 @@ from typing import Any
 from starlette.websockets import WebSocketDisconnect
 
 from handler.contract import SAMPLE_RATE
+from handler.errors import WorkerError
 from handler.faces.deepgram import shape
 from handler.faces.realtime.item import LiveItem
 from handler.faces.realtime.protocol import MIN_COMMIT_S, SessionError
@@ -175,12 +176,15 @@ class DeepgramSession(Session):
         data = message.get("bytes")
         if data is None:
             return await super().receive(message) and not self.closing
+        if not data:  # an empty binary message: Deepgram's older way to say CloseStream
+            await self.dispatch({"type": "CloseStream"})
+            return False
         try:
             await self.append(data)
         except SessionError as exc:
             await self.send_json(error_message(str(exc), exc.code))
-        except Exception as exc:  # a WorkerError: the audio cannot be read as named
-            await self.send_json(error_message(getattr(exc, "message", "bad audio"), "bad_audio"))
+        except WorkerError as exc:  # the audio cannot be read as the query names it
+            await self.send_json(error_message(exc.message, exc.code.value.lower()))
         return True
 
     async def dispatch(self, event: dict[str, Any]) -> None:
