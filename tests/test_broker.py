@@ -750,6 +750,23 @@ def test_openais_sdk_and_v1_jobs_through_a_gateway(rds: RedisServer) -> None:
         ) as ws:
             event = json.loads(ws.recv(timeout=30))
         assert event["type"] == "error" and "gateway" in event["error"]["message"]
+        # Deepgram's pre-recorded route runs on a consumer too, its model named by the
+        # consumers; its live route is refused as OpenAI's is.
+        dg = requests.post(
+            f"{gateway.url}/v1/listen?model=tiny.en&utterances=true",
+            data=(DATA / "jfk.wav").read_bytes(),
+            headers={"Content-Type": "audio/wav"},
+            timeout=120,
+        )
+        assert dg.status_code == 200, dg.text
+        assert dg.json()["metadata"]["models"] == ["tiny.en"]
+        alt = dg.json()["results"]["channels"][0]["alternatives"][0]
+        assert wer(JFK_TEXT, alt["transcript"]) < 0.2 and alt["words"]
+        with websockets.sync.client.connect(
+            gateway.url.replace("http", "ws") + "/v1/listen?encoding=linear16&sample_rate=16000"
+        ) as ws:
+            message = json.loads(ws.recv(timeout=30))
+        assert message["type"] == "Error" and "gateway" in message["description"]
     finally:
         gateway.stop()
         consumer.stop()
