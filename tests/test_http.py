@@ -490,6 +490,16 @@ def test_the_api_key_closes_every_route_but_health(keyed: Server) -> None:
     with pytest.raises(InvalidStatus) as refused:
         connect(ws_url, open_timeout=30)
     assert refused.value.response.status_code == 401
+    # A browser offers the key as a subprotocol beside "realtime", as OpenAI's browser
+    # clients do; it fails the handshake unless the server picks one of those offered
+    # (found by a probe: none was picked, so no browser could connect with a key).
+    with connect(
+        ws_url + "?intent=transcription",
+        open_timeout=30,
+        subprotocols=["realtime", f"openai-insecure-api-key.{API_KEY}"],  # type: ignore[list-item]
+    ) as ws:
+        assert ws.subprotocol == "realtime"
+        assert json.loads(ws.recv(timeout=30))["type"] == "session.created"
     good = openai.OpenAI(base_url=keyed.url + "/v1", api_key=API_KEY, max_retries=0)
     with open(JFK, "rb") as f:
         assert (
