@@ -8,6 +8,7 @@ variable is an error (a typo must not silently fall back to a default).
 from __future__ import annotations
 
 import os
+import re
 from collections.abc import Mapping, MutableMapping
 from typing import Literal
 
@@ -234,6 +235,11 @@ class Settings(BaseModel):
     <key>` (at least 16 characters: make one with `openssl rand -hex 32`; compared in
     constant time; never logged). Unset: open, as on RunPod, whose platform authenticates
     callers itself."""
+    cors_origins: list[str] = Field(default_factory=list, max_length=50)
+    """HTTP mode: web origins whose pages may call the API from a browser (comma separated,
+    e.g. https://app.example.com; `*` any): CORS headers on their requests, preflights
+    answered (before the API key, which a preflight never carries). Empty: no CORS headers,
+    so browsers keep other sites' pages from reading the answers."""
     endpoint_id: str | None = Field(None, max_length=128, pattern=r"^[A-Za-z0-9_-]+$")
     """HTTP mode: the endpoint id RunPod's job API answers under (`/v2/{endpoint_id}/run`);
     unset: any id (a client of RunPod's API keeps its id unchanged)."""
@@ -311,6 +317,16 @@ class Settings(BaseModel):
             raise ValueError("a Redis URL: redis://HOST:PORT/DB (rediss:// for TLS)")
         return v
 
+    @field_validator("cors_origins", mode="after")
+    @classmethod
+    def _origins(cls, v: list[str]) -> list[str]:
+        for origin in v:
+            if origin != "*" and not re.fullmatch(r"https?://[A-Za-z0-9.-]+(:[0-9]{1,5})?", origin):
+                raise ValueError(
+                    f"{origin[:80]!r}: an origin is scheme://host[:port] (no path), or *"
+                )
+        return v
+
     @field_validator("api_key", mode="after")
     @classmethod
     def _strong_key(cls, v: SecretStr | None) -> SecretStr | None:
@@ -347,6 +363,7 @@ class Settings(BaseModel):
         "allowed_formats",
         "s3_allowed_buckets",
         "languages",
+        "cors_origins",
         mode="before",
     )
     @classmethod

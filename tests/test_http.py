@@ -466,6 +466,7 @@ def keyed() -> Iterator[Server]:
             "WHISPER_HTTP_MAX_QUEUE": "1",
             "WHISPER_API_KEY": API_KEY,
             "WHISPER_WARMUP": "false",
+            "WHISPER_CORS_ORIGINS": "https://app.example",
         }
     )
     yield srv
@@ -506,6 +507,49 @@ def test_the_api_key_closes_every_route_but_health(keyed: Server) -> None:
             wer(good.audio.transcriptions.create(model="whisper-1", file=f).text, JFK_TEXT) < 0.15
         )
     assert API_KEY not in keyed.logs()
+
+
+def test_a_web_page_of_an_allowed_origin_may_call_the_api(keyed: Server, server: Server) -> None:
+    """WHISPER_CORS_ORIGINS: a browser's preflight is answered before the key (it never
+    carries one), the answers carry the origin, 401s included (so the page can read why);
+    another origin gets no CORS header, and a server without the setting sends none."""
+    url = keyed.url + "/v1/audio/transcriptions"
+    preflight = {
+        "Origin": "https://app.example",
+        "Access-Control-Request-Method": "POST",
+        "Access-Control-Request-Headers": "authorization, content-type",
+    }
+    ok = requests.options(url, headers=preflight, timeout=30)
+    assert ok.status_code == 200, ok.text
+    assert ok.headers["Access-Control-Allow-Origin"] == "https://app.example"
+    assert "authorization" in ok.headers["Access-Control-Allow-Headers"].lower()
+    other = requests.options(
+        url, headers={**preflight, "Origin": "https://evil.example"}, timeout=30
+    )
+    assert "Access-Control-Allow-Origin" not in other.headers
+    with open(JFK, "rb") as f:
+        done = requests.post(
+            url,
+            headers={**AUTH, "Origin": "https://app.example"},
+            data={"model": "whisper-1"},
+            files={"file": f},
+            timeout=120,
+        )
+    assert done.status_code == 200 and wer(JFK_TEXT, done.json()["text"]) < 0.15
+    assert done.headers["Access-Control-Allow-Origin"] == "https://app.example"
+    refused = requests.get(
+        keyed.url + "/v1/models", headers={"Origin": "https://app.example"}, timeout=30
+    )
+    assert refused.status_code == 401
+    assert refused.headers["Access-Control-Allow-Origin"] == "https://app.example"
+    plain = requests.options(server.url + "/v1/audio/transcriptions", headers=preflight, timeout=30)
+    assert "Access-Control-Allow-Origin" not in plain.headers
+    from handler.settings import SettingsError, load_settings
+
+    assert load_settings({"WHISPER_CORS_ORIGINS": "*"}).cors_origins == ["*"]
+    with pytest.raises(SettingsError) as bad:
+        load_settings({"WHISPER_CORS_ORIGINS": "https://ok.example, https://x.example/path"})
+    assert "scheme://host[:port]" in str(bad.value)
 
 
 def test_an_abandoned_stream_cancels_its_job(keyed: Server) -> None:

@@ -38,6 +38,7 @@ from fastapi import FastAPI, Request, WebSocket
 from fastapi.responses import JSONResponse, PlainTextResponse, Response, StreamingResponse
 from starlette.datastructures import UploadFile
 from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.middleware.cors import CORSMiddleware
 from starlette.types import ASGIApp
 
 from handler.contract import Segment
@@ -464,5 +465,14 @@ def build_asgi(state: ServerState, health_path: str = "/ping") -> ASGIApp:
     key = state.settings.api_key
     if key is not None:
         inner = ApiKey(inner, key.get_secret_value(), open_paths={health_path, "/ready"})
+    if state.settings.cors_origins:  # outside the key: a preflight never carries it
+        inner = CORSMiddleware(
+            inner,
+            allow_origins=state.settings.cors_origins,
+            allow_methods=["GET", "POST", "DELETE", "OPTIONS"],
+            allow_headers=["Authorization", "Content-Type", "OpenAI-Beta", "X-Request-Id"],
+            expose_headers=["Retry-After"],
+            max_age=600,
+        )
     routes = {getattr(r, "path", "") for r in app.routes}
     return RequestMetrics(inner, state.metrics, lambda: routes)
