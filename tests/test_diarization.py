@@ -18,6 +18,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+import requests
 
 from handler.errors import Code, WorkerError
 from handler.guard import Guard
@@ -841,6 +842,26 @@ def test_http_diarized_json_and_known_speakers_through_the_openai_sdk(dserver, s
     # Both jobs diarized the 30-s sample: the diarizer's real-time factor, per job.
     assert metric(dserver, "whisper_diarization_realtime_factor_count") >= 2
     assert metric(dserver, "whisper_diarization_realtime_factor_sum") > 0
+
+
+@pytest.mark.e2e
+def test_deepgrams_prerecorded_route_numbers_the_speakers(dserver) -> None:
+    """POST /v1/listen?diarize=true (Deepgram's API): each word's speaker as Deepgram numbers
+    them (0, 1, ... in order of first appearance), and each utterance's."""
+    wav, _ = pyannote_sample()
+    got = requests.post(
+        f"{dserver.url}/v1/listen?model=nova-3&diarize=true&utterances=true",
+        data=wav.read_bytes(),
+        headers={"Content-Type": "audio/wav"},
+        timeout=300,
+    )
+    assert got.status_code == 200, got.text
+    words = got.json()["results"]["channels"][0]["alternatives"][0]["words"]
+    assert words[0]["speaker"] == 0 and {w["speaker"] for w in words} == {0, 1}
+    utterances = got.json()["results"]["utterances"]
+    assert {u["speaker"] for u in utterances} == {0, 1}
+    for u in utterances:  # the diarizer cuts segments where the speaker changes
+        assert {w["speaker"] for w in u["words"]} == {u["speaker"]}, u
 
 
 @pytest.mark.e2e
