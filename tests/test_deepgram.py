@@ -187,6 +187,26 @@ def test_finalize_keepalive_and_closestream_as_voice_agents_send_them(server: Se
     assert ws.close_code == 1000
 
 
+@pytest.mark.e2e
+def test_audio_sent_in_one_big_message_is_cut_at_each_pause(server: Server) -> None:
+    """Found by a probe: a client that sends seconds of audio per message (a file streamed
+    in big chunks) got the whole message as its first turn and then an empty final for
+    each pause inside it: every turn was committed at the end of the audio received, not
+    where server VAD heard it end. Both faces share that code (handler.faces.realtime)."""
+    jfk = clips()[0].samples
+    audio = np.concatenate([silence(0.3), jfk, silence(1.5), jfk, silence(1.0)])
+    with _raw(server, "encoding=linear16&sample_rate=16000") as ws:
+        ws.send(pcm16(audio))  # 25 s in one message, under the 1-MiB cap
+        ws.send(json.dumps({"type": "CloseStream"}))
+        messages = _until(ws, "Metadata")
+    finals = [m for m in messages if m["type"] == "Results" and m["is_final"]]
+    texts = [m["channel"]["alternatives"][0]["transcript"] for m in finals]
+    assert len(finals) >= 2 and all(texts), texts
+    assert wer(f"{JFK_TEXT} {JFK_TEXT}", " ".join(texts)) < 0.2, texts
+    starts = [m["start"] for m in finals]
+    assert starts == sorted(starts) and starts[-1] > 11, starts  # the second reading
+
+
 def _mulaw(samples: np.ndarray) -> bytes:
     """G.711 mu-law of float samples (what telephony sends), by Python's own codec."""
     import audioop  # deprecated in 3.11 (gone in 3.13), still the standard G.711 coder

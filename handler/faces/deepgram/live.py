@@ -267,8 +267,11 @@ class DeepgramSession(Session):
         item = turn.item_id
         result = self.results.get(item) or {}
         offset = turn.audio_from_ms / 1000
-        words = [shape.word(w, offset) for w in shape.whole_words(result.get("words", []))]
         end_ms = turn.audio_from_ms + round(completed["usage"]["seconds"] * 1000)
+        words = [
+            shape.word(w, offset, limit=end_ms / 1000)
+            for w in shape.whole_words(result.get("words", []))
+        ]
         message = self._results(
             completed["transcript"], words, turn.audio_from_ms, end_ms, True, result.get("language")
         )

@@ -16,13 +16,20 @@ def plain(word: str) -> str:
     return word.strip().strip(EDGE_PUNCTUATION).lower()
 
 
-def word(w: dict[str, Any], offset: float = 0.0, speaker: int | None = None) -> dict[str, Any]:
-    """One word of a job's ``words`` (start, end, word, probability) as Deepgram's."""
+def word(
+    w: dict[str, Any],
+    offset: float = 0.0,
+    speaker: int | None = None,
+    limit: float = float("inf"),
+) -> dict[str, Any]:
+    """One word of a job's ``words`` (start, end, word, probability) as Deepgram's, on a
+    clock ``offset`` seconds on, none past ``limit`` (the end of the audio it was heard in:
+    Whisper may time a last word past it)."""
     written = w["word"].strip()
     out: dict[str, Any] = {
         "word": plain(written) or written,
-        "start": round(offset + float(w["start"]), 3),
-        "end": round(offset + float(w["end"]), 3),
+        "start": round(min(offset + float(w["start"]), limit), 3),
+        "end": round(min(offset + float(w["end"]), limit), 3),
         "confidence": round(float(w.get("probability", 0.0)), 4),
         "punctuated_word": written,
     }

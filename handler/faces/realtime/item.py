@@ -66,6 +66,8 @@ class LiveItem:
         times are the final decode's; each word is written as the transcript writes it
         (its words sent as deltas stand) when the two have as many words."""
         offset = self.audio_from_ms / 1000
+        # Whisper may time a turn's last word past the turn's audio: no word ends after it.
+        limit = offset + float(result.get("duration", float("inf")))
         timed = result["words"]
         said = (
             self.emitted if len(self.emitted) == len(timed) else [w["word"].strip() for w in timed]
@@ -74,8 +76,8 @@ class LiveItem:
             "words": [
                 {
                     "word": text,
-                    "start": round(offset + w["start"], 3),
-                    "end": round(offset + w["end"], 3),
+                    "start": round(min(offset + w["start"], limit), 3),
+                    "end": round(min(offset + w["end"], limit), 3),
                 }
                 for text, w in zip(said, timed, strict=True)
             ],

@@ -228,8 +228,11 @@ class Session:
                     }
                 )
                 # The turn keeps the silence that ended it (OpenAI commits the buffer once
-                # the silence has lasted): Whisper hears the sentence finish.
-                await self.commit(self.audio.received_ms)
+                # the silence has lasted): Whisper hears the sentence finish. It ends where
+                # VAD heard it end, not at the end of the audio received: a message of
+                # seconds may hold several turns (committed at its end, the first took them
+                # all and the others came back empty).
+                await self.commit(ms)
         if self.turn is not None and self.detector.speaking:
             turn_ms = self.audio.received_ms - self.turn.start_ms
             if turn_ms >= self.settings.realtime_max_turn_s * 1000:
