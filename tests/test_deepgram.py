@@ -179,6 +179,13 @@ def test_finalize_keepalive_and_closestream_as_voice_agents_send_them(server: Se
         assert wer(JFK_TEXT, text) < 0.35, text  # its last word or two were cut off
         ws.send(json.dumps({"type": "Unknown"}))
         assert _until(ws, "Error")[-1]["variant"] == "unknown_message"  # the session goes on
+        ws.send(json.dumps({"type": "Configure", "keyterms": ["Americans", "country"]}))
+        assert _until(ws, "ConfigureSuccess")[-1]["keyterms"] == ["Americans", "country"]
+        ws.send(json.dumps({"type": "Configure", "keyterms": ["x"] * 101}))
+        refused = _until(ws, "ConfigureFailure")[-1]
+        assert refused["code"] == "CONFIGURE_KEYTERM_LIMIT_EXCEEDED" and refused["description"]
+        ws.send(json.dumps({"type": "Configure", "features": {"numerals": True}}))
+        assert _until(ws, "ConfigureSuccess")[-1]["keyterms"] == ["Americans", "country"]
         ws.send(json.dumps({"type": "CloseStream"}))
         meta = _until(ws, "Metadata")[-1]
         assert meta["request_id"] and meta["channels"] == 1

@@ -193,6 +193,8 @@ class DeepgramSession(Session):
             return
         if kind == "Finalize":
             await self._finalize()
+        elif kind == "Configure":
+            await self._configure(event)
         elif kind == "CloseStream":
             await self._finalize(answer_empty=False)
             pending = {t for t in self.finals | self.tasks if not t.done()}
@@ -208,6 +210,47 @@ class DeepgramSession(Session):
                 pass  # the client closed first (Pipecat closes right after CloseStream)
         else:
             raise SessionError(f"unknown message type {kind[:80]!r}", "unknown_message")
+
+    async def _configure(self, event: dict[str, Any]) -> None:
+        """Deepgram's ``Configure``: ``keyterms`` replace the session's hotwords (null keeps
+        them, [] clears them); ``features`` (formatting switches) change nothing here. The
+        audio, its turns and the rest of the config stay as they are."""
+        features = event.get("features")
+        if features is not None and not (
+            isinstance(features, dict) and all(isinstance(v, bool) for v in features.values())
+        ):
+            raise SessionError("features: an object of booleans", "invalid_message")
+        terms = event.get("keyterms")
+        if terms is not None:
+            c = self.config
+            transcription = {
+                "model": c.model,
+                "language": c.language,
+                "languages": c.languages,
+                "keywords": terms,
+                "prompt": c.prompt,
+                "word_alignment": c.word_alignment,
+            }
+            session = {
+                "type": "transcription",
+                "audio": {"input": {"transcription": transcription}},
+            }
+            try:
+                self.config = c.update(session)
+            except SessionError as exc:
+                await self.send_json(
+                    {
+                        "type": "ConfigureFailure",
+                        "request_id": self.id,
+                        "code": "CONFIGURE_KEYTERM_LIMIT_EXCEEDED",
+                        "description": str(exc),
+                    }
+                )
+                return
+        keyterms = self.config.keywords or []
+        await self.send_json(
+            {"type": "ConfigureSuccess", "request_id": self.id, "keyterms": keyterms}
+        )
 
     async def _finalize(self, answer_empty: bool = True) -> None:
         """Transcribe the speech of the turn under way now. With none, an empty final
