@@ -12,8 +12,9 @@ are never ``speech_final``), ``utterance_end_ms``, ``vad_events``, ``keywords`` 
 accepted: Whisper punctuates and formats as it transcribes.
 
 The client sends binary audio and the JSON messages ``KeepAlive``, ``Finalize`` (the
-speech so far is transcribed now: a ``Results`` with ``from_finalize``) and
-``CloseStream`` (the rest is transcribed, then ``Metadata`` and a close). The server
+speech so far is transcribed now: a ``Results`` with ``from_finalize``), ``Configure``
+(``keyterms`` replace the hotwords) and ``CloseStream`` (the rest is transcribed, then
+``Metadata`` and a close; an empty binary message says the same). The server
 sends ``Results`` (interim ones with ``is_final: false`` when asked; a final one per turn,
 ``speech_final`` when silence ended it), ``SpeechStarted``, ``UtteranceEnd`` (after a
 turn that silence ended), ``Metadata`` and ``Error``.
