@@ -126,8 +126,19 @@ def test_the_deepgram_sdks_live_client_gets_a_final_result_per_turn(server: Serv
     assert len(finals) >= 3, kinds
     text = " ".join(m.channel.alternatives[0].transcript for m in finals)
     assert wer(" ".join(c.text for c in spoken), text) < 0.25, text
-    assert "SpeechStarted" in kinds and "UtteranceEnd" in kinds
+    assert "SpeechStarted" in kinds
     assert any(m.speech_final for m in finals)  # silence ended a turn
+    # UtteranceEnd once a second (utterance_end_ms) of the stream passed after a word with no
+    # speech: at least at the 1.5-s gaps between the readings, never at a shorter pause
+    # (the next speech server VAD heard began a second or more after the word it names).
+    ends = [m.last_word_end for m in messages if m.type == "UtteranceEnd"]
+    assert len(ends) >= len(spoken) - 1, (kinds, ends)
+    word_ends = {w.end for m in finals for w in m.channel.alternatives[0].words}
+    speech = sorted(m.timestamp for m in messages if m.type == "SpeechStarted")
+    for end in ends:
+        assert end in word_ends
+        after = [t for t in speech if t > end]
+        assert not after or after[0] - end >= 0.999, (end, after[:1])
     last_end = 0.0
     for m in finals:
         alt = m.channel.alternatives[0]

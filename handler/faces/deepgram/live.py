@@ -16,8 +16,9 @@ speech so far is transcribed now: a ``Results`` with ``from_finalize``), ``Confi
 (``keyterms`` replace the hotwords) and ``CloseStream`` (the rest is transcribed, then
 ``Metadata`` and a close; an empty binary message says the same). The server
 sends ``Results`` (interim ones with ``is_final: false`` when asked; a final one per turn,
-``speech_final`` when silence ended it), ``SpeechStarted``, ``UtteranceEnd`` (after a
-turn that silence ended), ``Metadata`` and ``Error``.
+``speech_final`` when silence ended it), ``SpeechStarted``, ``UtteranceEnd`` (once
+``utterance_end_ms`` of the stream passed after the last word with nobody speaking),
+``Metadata`` and ``Error``.
 """
 
 from __future__ import annotations
@@ -154,6 +155,10 @@ class DeepgramSession(Session):
         self.finalized: set[str] = set()
         self.closing = False
         self.empty_final: asyncio.Task | None = None
+        self.last_word_end: float | None = None
+        self.speech_starts: list[int] = []
+        """Where speech began (ms of the stream) since the last word sent, the last 16."""
+        """The end (s) of the last word sent in a final whose utterance end is not yet said."""
 
     @staticmethod
     def refusal(message: str, code: str) -> dict[str, Any]:
@@ -182,6 +187,7 @@ class DeepgramSession(Session):
             return False
         try:
             await self.append(data)
+            await self._utterance_end()
         except SessionError as exc:
             await self.send_json(error_message(str(exc), exc.code))
         except WorkerError as exc:  # the audio cannot be read as the query names it
@@ -286,6 +292,8 @@ class DeepgramSession(Session):
         kind, item = event["type"], event.get("item_id", "")
         if kind == "input_audio_buffer.speech_started":
             self.starts[item] = event["audio_start_ms"]
+            self.speech_starts = [*self.speech_starts[-15:], event["audio_start_ms"]]
+            await self._utterance_end(before_ms=event["audio_start_ms"])
             if self.options.get("vad_events"):
                 timestamp = round(event["audio_start_ms"] / 1000, 3)
                 await self.send_json(
@@ -322,11 +330,33 @@ class DeepgramSession(Session):
         message["speech_final"] = item in self.endpointed
         message["from_finalize"] = item in self.finalized
         await self.send_json(message)
-        if self.options.get("utterance_end_ms") and message["speech_final"] and words:
-            await self.send_json(
-                {"type": "UtteranceEnd", "channel": [0, 1], "last_word_end": words[-1]["end"]}
-            )
         self._forget(item)
+        if words:
+            self.last_word_end = words[-1]["end"]
+            # Speech that began after this word (heard while it was being transcribed)
+            # closes the gap on the stream's clock: long enough, the utterance ended.
+            later = [ms for ms in self.speech_starts if ms > self.last_word_end * 1000]
+            self.speech_starts = later
+            if later:
+                await self._utterance_end(before_ms=later[0])
+        await self._utterance_end()
+
+    async def _utterance_end(self, before_ms: int | None = None) -> None:
+        """``UtteranceEnd`` when ``utterance_end_ms`` of the stream passed after the last
+        transcribed word without speech (until ``before_ms``, when speech began again; else
+        until now, nobody speaking and no turn waiting for its words): once per gap."""
+        gap_ms = self.options.get("utterance_end_ms")
+        if not gap_ms or self.last_word_end is None:
+            return
+        if before_ms is None:
+            if self.detector.speaking or any(not t.done() for t in self.finals):
+                return
+            before_ms = self.audio.received_ms
+        if before_ms - self.last_word_end * 1000 >= gap_ms:
+            end = self.last_word_end
+            await self.send_json({"type": "UtteranceEnd", "channel": [0, 1], "last_word_end": end})
+        if before_ms - self.last_word_end * 1000 >= gap_ms or before_ms < self.audio.received_ms:
+            self.last_word_end = None  # said, or speech came back before the gap
 
     def _forget(self, item: str) -> None:
         for table in (self.starts, self.interims, self.results):
