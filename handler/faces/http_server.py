@@ -287,9 +287,6 @@ def add_service_routes(app: FastAPI, state: ServerState) -> None:
 
     @app.websocket("/v1/realtime")
     async def live(ws: WebSocket) -> None:
-        # A browser fails the handshake unless the server picks one of the subprotocols it
-        # offered (OpenAI's: "realtime", beside "openai-insecure-api-key.<key>").
-        offered = ws.scope.get("subprotocols") or []
         await realtime.serve(
             ws,
             state.worker,
@@ -297,7 +294,6 @@ def add_service_routes(app: FastAPI, state: ServerState) -> None:
             state.live,
             state.metrics.job_done,
             gateway=state.gateway is not None,
-            subprotocol="realtime" if "realtime" in offered else None,
         )
 
 

@@ -32,7 +32,6 @@ def add_routes(app: FastAPI, state: Any) -> None:
 
     @app.websocket("/v1/listen")
     async def listen(ws: WebSocket) -> None:
-        offered = ws.scope.get("subprotocols") or []
         await serve(
             ws,
             state.worker,
@@ -41,5 +40,4 @@ def add_routes(app: FastAPI, state: Any) -> None:
             state.metrics.job_done,
             gateway=state.gateway is not None,
             face=DeepgramSession,
-            subprotocol="token" if "token" in offered else None,
         )

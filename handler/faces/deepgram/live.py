@@ -31,6 +31,7 @@ from starlette.websockets import WebSocketDisconnect
 from handler.contract import SAMPLE_RATE
 from handler.errors import WorkerError
 from handler.faces.deepgram import shape
+from handler.faces.deepgram.query import QueryError, flag, keywords, number, served_model
 from handler.faces.realtime.item import LiveItem
 from handler.faces.realtime.protocol import MIN_COMMIT_S, SessionError
 from handler.faces.realtime.session import Session
@@ -50,24 +51,6 @@ IGNORED = ("punctuate", "smart_format", "profanity_filter", "numerals", "filler_
 formats as it transcribes."""
 
 
-def _flag(params: Any, name: str, default: bool = False) -> bool:
-    value = params.get(name)
-    if value is None:
-        return default
-    if value.lower() not in ("true", "false"):
-        raise SessionError(f"{name}: true or false", "invalid_query")
-    return value.lower() == "true"
-
-
-def _number(params: Any, name: str, lo: int, hi: int) -> int | None:
-    value = params.get(name)
-    if value is None:
-        return None
-    if not value.isdigit() or not lo <= int(value) <= hi:
-        raise SessionError(f"{name}: a whole number from {lo} to {hi}", "invalid_query")
-    return int(value)
-
-
 def _format(params: Any) -> dict[str, Any]:
     encoding = params.get("encoding")
     if encoding not in FORMATS:
@@ -76,9 +59,9 @@ def _format(params: Any) -> dict[str, Any]:
             "(containers such as webm or ogg are not served live)",
             "unsupported_encoding",
         )
-    if (_number(params, "channels", 1, 16) or 1) != 1 or _flag(params, "multichannel"):
+    if (number(params, "channels", 1, 16) or 1) != 1 or flag(params, "multichannel"):
         raise SessionError("channels: live audio is served as one channel", "unsupported")
-    rate = _number(params, "sample_rate", 8000, 48000)
+    rate = number(params, "sample_rate", 8000, 48000)
     if encoding == "linear16":
         if rate is None:
             raise SessionError("sample_rate: required with encoding=linear16", "invalid_query")
@@ -93,28 +76,32 @@ def _turns(params: Any) -> tuple[dict[str, Any], bool]:
     value = params.get("endpointing")
     if value is not None and value.lower() == "false":
         return {"type": "server_vad", "silence_duration_ms": NO_ENDPOINTING_MS}, False
-    ms = _number(params, "endpointing", 0, 10_000)
+    ms = number(params, "endpointing", 0, 10_000)
     silence = max(ENDPOINTING_FLOOR_MS, ms if ms is not None else 0)
     return {"type": "server_vad", "silence_duration_ms": silence}, True
 
 
 def configure(params: Any, loaded: list[str]) -> tuple[dict[str, Any], dict[str, Any]]:
     """(OpenAI's session object, Deepgram's own options) from the connection's query."""
+    try:
+        return _configure(params, loaded)
+    except QueryError as exc:
+        raise SessionError(str(exc), exc.code) from None
+
+
+def _configure(params: Any, loaded: list[str]) -> tuple[dict[str, Any], dict[str, Any]]:
     for name in IGNORED:
-        _flag(params, name)
+        flag(params, name)
     model = params.get("model") or ""
-    keywords = [k.rsplit(":", 1)[0] if ":" in k else k for k in params.getlist("keywords")]
-    keywords += params.getlist("keyterm")
-    if len(keywords) > 100 or any(not k or len(k) > 100 for k in keywords):
-        raise SessionError("keywords, keyterm: at most 100, each 1 to 100 characters")
+    terms = keywords(params)
     turns, speech_final = _turns(params)
     transcription: dict[str, Any] = {
         "model": model if model in loaded else "whisper-1",
         "language": shape.language_of(params.get("language")),
         "word_alignment": "whisper",
     }
-    if keywords:
-        transcription["keywords"] = keywords
+    if terms:
+        transcription["keywords"] = terms
     session = {
         "type": "transcription",
         "audio": {
@@ -126,10 +113,10 @@ def configure(params: Any, loaded: list[str]) -> tuple[dict[str, Any], dict[str,
         },
     }
     options = {
-        "model": model if model in loaded else (loaded[0] if loaded else "whisper"),
-        "interim_results": _flag(params, "interim_results"),
-        "vad_events": _flag(params, "vad_events"),
-        "utterance_end_ms": _number(params, "utterance_end_ms", 1000, 5000),
+        "model": served_model(model, loaded),
+        "interim_results": flag(params, "interim_results"),
+        "vad_events": flag(params, "vad_events"),
+        "utterance_end_ms": number(params, "utterance_end_ms", 1000, 5000),
         "speech_final": speech_final,
     }
     return session, options
@@ -163,6 +150,10 @@ class DeepgramSession(Session):
     @staticmethod
     def refusal(message: str, code: str) -> dict[str, Any]:
         return error_message(message, code)
+
+    @staticmethod
+    def subprotocol(offered: list[str]) -> str | None:
+        return "token" if "token" in offered else None  # a browser's "token, <key>"
 
     @staticmethod
     def query_refusal(params: Any) -> str | None:

@@ -27,22 +27,12 @@ from handler.faces import openai_api
 from handler.faces.admission import run_admitted
 from handler.faces.broker.gateway import BROKER_GONE, BrokerDown
 from handler.faces.deepgram import shape
+from handler.faces.deepgram.query import QueryError, flag, keywords, served_model
 from handler.pipeline.job import run_job
-
-MAX_KEYWORDS = 100
 
 
 class Refused(Exception):
     """A request that can never succeed as sent: 400 with the reason."""
-
-
-def _flag(params: Any, name: str) -> bool:
-    value = params.get(name)
-    if value is None:
-        return False
-    if value.lower() not in ("true", "false"):
-        raise Refused(f"{name}: true or false")
-    return value.lower() == "true"
 
 
 def error(status: int, message: str, code: str = "Bad Request") -> JSONResponse:
@@ -54,26 +44,30 @@ def error(status: int, message: str, code: str = "Bad Request") -> JSONResponse:
 
 def job_input(params: Any, loaded: list[str]) -> tuple[dict[str, Any], str]:
     """The job for the query's options, and the model name the answer gives."""
+    try:
+        return _job_input(params, loaded)
+    except QueryError as exc:
+        raise Refused(str(exc)) from None
+
+
+def _job_input(params: Any, loaded: list[str]) -> tuple[dict[str, Any], str]:
     if params.get("callback"):
         raise Refused("callback is not served here; use /v2/{id}/run with a webhook")
-    if _flag(params, "multichannel") or params.get("channels") not in (None, "1"):
+    if flag(params, "multichannel") or params.get("channels") not in (None, "1"):
         raise Refused("multichannel: one channel is served; the channels are mixed down")
     model = params.get("model") or ""
     job: dict[str, Any] = {"output": ["text", "segments", "words"], "word_timestamps": True}
     if model in loaded:
         job["model"] = model
     language = shape.language_of(params.get("language"))
-    if language and not _flag(params, "detect_language"):
+    if language and not flag(params, "detect_language"):
         job["language"] = language
-    if _flag(params, "diarize"):
+    if flag(params, "diarize"):
         job["diarize"] = True
-    keywords = [k.rsplit(":", 1)[0] if ":" in k else k for k in params.getlist("keywords")]
-    keywords += params.getlist("keyterm")
-    if len(keywords) > MAX_KEYWORDS or any(not k or len(k) > 100 for k in keywords):
-        raise Refused("keywords, keyterm: at most 100, each 1 to 100 characters")
-    if keywords:
-        job["hotwords"] = ", ".join(keywords)
-    return job, model if model in loaded else (loaded[0] if loaded else "whisper")
+    terms = keywords(params)
+    if terms:
+        job["hotwords"] = ", ".join(terms)
+    return job, served_model(model, loaded)
 
 
 async def audio_of(request: Request, job: dict[str, Any]) -> bytes | None:
@@ -103,14 +97,14 @@ def answer(result: dict[str, Any], model: str, params: Any, audio: bytes | None)
 
     words = [shape.word(w, 0.0, speaker(w)) for w in shape.whole_words(result.get("words", []))]
     channel: dict[str, Any] = {"alternatives": [shape.alternative(result["text"], words)]}
-    if "language" not in params or _flag(params, "detect_language"):
+    if "language" not in params or flag(params, "detect_language"):
         channel["detected_language"] = result.get("language")
         channel["language_confidence"] = result.get("language_probability")
     request_id = str(uuid.uuid4())
     meta = shape.metadata(request_id, model, float(result.get("duration", 0.0)))
     meta["sha256"] = hashlib.sha256(audio).hexdigest() if audio else ""
     body: dict[str, Any] = {"metadata": meta, "results": {"channels": [channel]}}
-    if _flag(params, "utterances"):
+    if flag(params, "utterances"):
         body["results"]["utterances"] = [
             _utterance(seg, speaker) for seg in result.get("segments", []) if seg["text"].strip()
         ]

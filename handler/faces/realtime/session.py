@@ -418,6 +418,13 @@ class Session:
         return error_event(message, code)
 
     @staticmethod
+    def subprotocol(offered: list[str]) -> str | None:
+        """The subprotocol answered of those a client offered: a browser fails the handshake
+        unless the server picks one (OpenAI's clients offer "realtime" beside
+        "openai-insecure-api-key.<key>")."""
+        return "realtime" if "realtime" in offered else None
+
+    @staticmethod
     def query_refusal(params: Any) -> str | None:
         """Why the connection's query refuses it before a session starts, else None."""
         if params.get("intent", "transcription") != "transcription":
@@ -445,11 +452,10 @@ async def serve(
     on_result: Callable[[Any], None],
     gateway: bool = False,
     face: type[Session] = Session,
-    subprotocol: str | None = None,
 ) -> None:
     """One live connection (``/v1/realtime``, or another protocol's ``face``): refused with
     an error event, or a session."""
-    await ws.accept(subprotocol=subprotocol)
+    await ws.accept(subprotocol=face.subprotocol(list(ws.scope.get("subprotocols") or [])))
 
     async def refuse(message: str, code: str, close: int) -> None:
         await ws.send_text(json.dumps(face.refusal(message, code)))
