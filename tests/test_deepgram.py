@@ -443,6 +443,7 @@ def test_the_deepgram_sdk_transcribes_a_file_and_a_url(server: Server, audio_sit
         ({"callback": "https://example.com/hook"}, "webhook"),
         ({"diarize": True}, "diariz"),  # this worker loads no diarizer
         ({"language": "zz"}, "zz"),
+        ({"utterances": "yes"}, "utterances"),  # was read only after the job ran: a 500
     ):
         with pytest.raises(ApiError) as info:
             media.transcribe_file(request=wav, model="nova-3", **options)

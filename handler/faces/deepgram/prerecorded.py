@@ -64,6 +64,7 @@ def _job_input(params: Any, loaded: list[str]) -> tuple[dict[str, Any], str]:
         job["language"] = language
     if flag(params, "diarize"):
         job["diarize"] = True
+    flag(params, "utterances")  # checked now: answer() reads it after the job
     terms = keywords(params)
     if terms:
         job["hotwords"] = ", ".join(terms)
