@@ -767,6 +767,35 @@ def test_openais_sdk_and_v1_jobs_through_a_gateway(rds: RedisServer) -> None:
         ) as ws:
             message = json.loads(ws.recv(timeout=30))
         assert message["type"] == "Error" and "gateway" in message["description"]
+        _assemblyai_through(gateway, rds.url)
     finally:
         gateway.stop()
         consumer.stop()
+
+
+def _assemblyai_through(gateway: Server, broker_url: str) -> None:
+    """AssemblyAI's SDK: the upload and the transcript's request are kept in Redis, the job
+    runs on a consumer, and another gateway replica answers for both."""
+    import assemblyai as aai
+
+    saved = aai.settings.model_copy()
+    aai.settings.base_url, aai.settings.polling_interval = gateway.url, 0.2
+    aai.settings.api_key = "unused"  # no WHISPER_API_KEY here, but the SDK sends one
+    replica = Server({"WHISPER_BROKER_URL": broker_url})
+    try:
+        transcript = aai.Transcriber().transcribe(str(DATA / "jfk.wav"))
+        assert transcript.status == aai.TranscriptStatus.completed, transcript.error
+        assert wer(JFK_TEXT, transcript.text) < 0.2 and transcript.words
+        aai.settings.base_url = replica.url
+        again = aai.Transcript.get_by_id(transcript.id)
+        assert again.text == transcript.text and again.audio_url == transcript.audio_url
+        # An upload kept by one replica is transcribed through the other.
+        again = aai.Transcriber().transcribe(transcript.audio_url)
+        assert again.text == transcript.text
+        assert aai.Transcript.delete_by_id(again.id).text == "Deleted by user."
+        with pytest.raises(aai.types.TranscriptError, match="not found"):
+            aai.Transcript.get_by_id(again.id)
+    finally:
+        replica.stop()
+        for name in ("base_url", "polling_interval", "api_key"):
+            setattr(aai.settings, name, getattr(saved, name))

@@ -864,6 +864,32 @@ def test_deepgrams_prerecorded_route_numbers_the_speakers(dserver) -> None:
         assert {w["speaker"] for w in u["words"]} == {u["speaker"]}, u
 
 
+def test_assemblyais_speaker_labels_letter_the_speakers(dserver) -> None:
+    """AssemblyAI's SDK with ``speaker_labels`` (and ``speakers_expected``): words and
+    utterances lettered A, B in order of first appearance, one speaker per utterance."""
+    import assemblyai as aai
+
+    wav, _ = pyannote_sample()
+    saved = aai.settings.model_copy()
+    aai.settings.base_url, aai.settings.api_key, aai.settings.polling_interval = (
+        dserver.url,
+        "unused",
+        0.2,
+    )
+    try:
+        config = aai.TranscriptionConfig(speaker_labels=True, speakers_expected=2)
+        t = aai.Transcriber().transcribe(str(wav), config=config)
+    finally:
+        for name in ("base_url", "api_key", "polling_interval"):
+            setattr(aai.settings, name, getattr(saved, name))
+    assert t.status == aai.TranscriptStatus.completed, t.error
+    assert t.words[0].speaker == "A" and {w.speaker for w in t.words} == {"A", "B"}
+    assert [u.speaker for u in t.utterances][:2] == ["A", "B"]
+    for u in t.utterances:
+        assert {w.speaker for w in u.words} == {u.speaker}, u
+    assert " ".join(u.text for u in t.utterances) == t.text
+
+
 @pytest.mark.e2e
 def test_http_streams_openais_segment_events(dserver) -> None:
     wav, _ = pyannote_sample()

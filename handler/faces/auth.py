@@ -37,7 +37,8 @@ UNAUTHORIZED = {
 
 
 def presented_keys(scope: Scope) -> list[bytes]:
-    """The keys a request offers: the bearer token (or Deepgram's ``Token`` scheme), and on
+    """The keys a request offers: the bearer token (or Deepgram's ``Token`` scheme, or
+    AssemblyAI's bare key), and on
     a WebSocket the subprotocol (OpenAI's prefixed one, or Deepgram's ``token, <key>``)."""
     keys = []
     for name, value in scope.get("headers") or []:
@@ -45,6 +46,8 @@ def presented_keys(scope: Scope) -> list[bytes]:
             keys.append(value[7:].strip())
         elif name == b"authorization" and value[:6].lower() == b"token ":
             keys.append(value[6:].strip())
+        elif name == b"authorization" and b" " not in value.strip():
+            keys.append(value.strip())  # AssemblyAI's: the key alone
     if scope["type"] == "websocket":
         offered = list(scope.get("subprotocols") or [])
         for i, proto in enumerate(offered):

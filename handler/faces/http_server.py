@@ -43,7 +43,7 @@ from starlette.types import ASGIApp
 
 from handler.contract import Segment
 from handler.errors import Code, WorkerError
-from handler.faces import deepgram, openai_api, realtime
+from handler.faces import assemblyai, deepgram, openai_api, realtime
 from handler.faces.admission import run_admitted, settle
 from handler.faces.auth import ApiKey, BodyLimit, BodyTooLarge, ReceiveLimit
 from handler.faces.broker.gateway import BROKER_GONE, BrokerDown
@@ -140,6 +140,7 @@ def create_app(state: ServerState, *, health_path: str = "/ping") -> FastAPI:
     deepgram.add_routes(app, state)
     add_job_routes(app, state)
     state.jobs = add_runpod_routes(app, state, settle)
+    assemblyai.add_routes(app, state)  # after RunPod's: /v2/{id}/health stays RunPod's
     return app
 
 

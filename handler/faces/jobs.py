@@ -155,6 +155,14 @@ class Jobs:
             self._end(rec, "CANCELLED")
         return {"id": rec.id, "status": rec.status}
 
+    def delete(self, rec: Record) -> bool:
+        """Forget an ended job's record, its result with it (AssemblyAI's DELETE); False
+        while it has not ended."""
+        if not rec.ended:
+            return False
+        self.records.pop(rec.id, None)
+        return True
+
     def purge(self) -> int:
         queued = [r for r in self.records.values() if r.status == "IN_QUEUE"]
         for rec in queued:

@@ -9,8 +9,8 @@ import pytest
 pytestmark = [pytest.mark.e2e, pytest.mark.model]
 
 
-FAULT_JOBS = 100
-"""``python -m bench broker-faults`` runs 500 (about 3 minutes here); the suite 100."""
+FAULT_JOBS = 50
+"""``python -m bench broker-faults`` runs 500 (about 3 minutes here); the suite 50."""
 
 
 def test_jobs_through_two_consumers_one_killed_midway() -> None:

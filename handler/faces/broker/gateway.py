@@ -271,6 +271,9 @@ class BrokerJobs:
         fresh = self.get(snap.id) or snap
         return {"id": fresh.id, "status": fresh.status}
 
+    def delete(self, snap: Snapshot) -> bool:
+        return bool(self._guarded(self.store.delete, snap.id))
+
     def purge(self) -> int:
         return self._guarded(self.store.purge)
 

@@ -290,6 +290,15 @@ class JobStore:
         pipe.hdel(_key("queued"), job_id)
         pipe.execute()
 
+    def delete(self, job_id: str) -> bool:
+        """Forget an ended job's record and stream (its result with them); False (and
+        nothing changed) while it has not ended."""
+        fields = self.r.hmget(_key("job", job_id), ["status"])
+        if fields[0] not in TERMINAL_JOB_STATES:
+            return False
+        self.r.delete(_key("job", job_id), _key("stream", job_id))
+        return True
+
     def get(self, job_id: str) -> Snapshot | None:
         fields = self.r.hgetall(_key("job", job_id))
         return Snapshot(job_id, fields) if fields else None

@@ -1,0 +1,263 @@
+"""AssemblyAI's pre-recorded API, for the clients that speak it (AssemblyAI's SDKs with their
+``base_url`` set to this server, anything written against ``api.assemblyai.com``):
+
+- ``POST /v2/upload``: the audio as the body; ``{"upload_url"}``, kept
+  ``WHISPER_RESULT_TTL_S``;
+- ``POST /v2/transcript``: a transcript request (handler.faces.assemblyai.request), queued
+  at once as a job of RunPod's job API (the server's own engine, or the broker's
+  consumers on a gateway) and answered with the transcript, ``queued``;
+- ``GET /v2/transcript/{id}``: ``queued``, ``processing``, ``completed`` (text, words,
+  utterances with ``speaker_labels``, language, duration) or ``error`` with the reason;
+- ``GET /v2/transcript/{id}/sentences``, ``/paragraphs``, ``/srt``, ``/vtt``
+  (``chars_per_caption``); ``DELETE /v2/transcript/{id}`` cancels a job not ended and
+  forgets the transcript.
+
+The key (``WHISPER_API_KEY``) is taken as AssemblyAI's clients send it,
+``Authorization: <key>`` (or ``Bearer <key>``). Errors are AssemblyAI's ``{"error": ...}``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import json
+import uuid
+from typing import Any
+from urllib.parse import urlsplit
+
+from fastapi import FastAPI, Request, Response
+from fastapi.responses import JSONResponse, PlainTextResponse
+
+from handler.faces.assemblyai import records, shape
+from handler.faces.assemblyai.request import Refused, job_for
+from handler.faces.broker.gateway import BROKER_GONE, BrokerDown
+from handler.faces.jobs import StoreFull
+
+UPLOAD_PATH = "/v2/upload/"
+NOT_FOUND = "Transcript lookup error, transcript id not found"
+
+
+def error(status: int, message: str) -> JSONResponse:
+    """AssemblyAI's error body."""
+    headers = {"Retry-After": "2"} if status in (429, 503) else None
+    return JSONResponse({"error": message}, status_code=status, headers=headers)
+
+
+class AssemblyAI:
+    """The routes' work over ``state`` (a handler.faces.http_server.ServerState)."""
+
+    def __init__(self, state: Any) -> None:
+        self.state = state
+        self._uploads: Any = None
+        self._transcripts: Any = None
+
+    @property
+    def uploads(self) -> Any:
+        """The uploads' store (apart from the transcripts': an upload never pushes out a
+        transcript's request)."""
+        if self._uploads is None:
+            self._uploads, self._transcripts = self._stores()
+        return self._uploads
+
+    @property
+    def transcripts(self) -> Any:
+        if self._transcripts is None:
+            self._uploads, self._transcripts = self._stores()
+        return self._transcripts
+
+    def _stores(self) -> tuple[Any, Any]:
+        settings, gateway = self.state.settings, self.state.gateway
+        if gateway is not None:
+            shared = records.InRedis(gateway.store.r, settings)
+            return shared, shared
+        return records.Memory(settings), records.Memory(settings)
+
+    async def call(self, owner: Any, method: str, *args: Any) -> Any:
+        """``owner.<method>(*args)``: in a thread when it is on the network."""
+        fn = getattr(owner, method)
+        if getattr(owner, "blocking", False):
+            return await asyncio.to_thread(fn, *args)
+        return fn(*args)
+
+    async def guarded(self, owner: Any, method: str, *args: Any) -> Any:
+        """As ``call``, the store's refusals as AssemblyAI's errors."""
+        try:
+            return await self.call(owner, method, *args)
+        except (StoreFull, records.Full):
+            return error(429, "too many jobs or uploads held here; retry later")
+        except BrokerDown as exc:
+            return error(503, exc.reason or BROKER_GONE)
+
+    async def upload(self, request: Request) -> Response:
+        body = await request.body()
+        if not body:
+            return error(400, "the upload is empty: send the audio file as the body")
+        token = uuid.uuid4().hex
+        encoded = base64.b64encode(body).decode()
+        stored = await self.guarded(self.uploads, "put", "upload:" + token, encoded)
+        if isinstance(stored, Response):
+            return stored
+        return JSONResponse(
+            {"upload_url": f"{str(request.base_url).rstrip('/')}{UPLOAD_PATH}{token}"}
+        )
+
+    async def models(self) -> list[str]:
+        if self.state.gateway is not None:
+            return list(await asyncio.to_thread(self.state.gateway.models))
+        return list(self.state.worker.pool.names) if self.state.worker is not None else []
+
+    async def create(self, request: Request) -> Response:
+        if self.state.gateway is None and self.state.worker is None:
+            return error(503, "the model is still loading; retry shortly")
+        try:
+            body = json.loads(await request.body() or b"null")
+        except (ValueError, RecursionError):
+            return error(400, "the body is not JSON (or nests too deeply)")
+        try:
+            loaded = await self.models()
+            job, echo = job_for(body, loaded)
+        except Refused as exc:
+            return error(400, str(exc))
+        except BrokerDown as exc:
+            return error(503, exc.reason or BROKER_GONE)
+        audio = await self.audio(echo["audio_url"], job)
+        if isinstance(audio, Response):
+            return audio
+        size = len(job.get("audio_base64", ""))
+        rec = await self.guarded(self.state.jobs, "submit", job, size, None)
+        if isinstance(rec, Response):
+            return rec
+        model = job.get("model") or (loaded[0] if loaded else "whisper")
+        echo["speech_model_used"] = model
+        kept = await self.guarded(self.transcripts, "put", "transcript:" + rec.id, json.dumps(echo))
+        if isinstance(kept, Response):
+            await self.call(self.state.jobs, "cancel", rec)
+            return kept
+        return JSONResponse(shape.transcript(rec.id, rec.status_object(), echo, model))
+
+    async def audio(self, url: str, job: dict[str, Any]) -> Response | None:
+        """Put the audio in ``job``: an upload's bytes, else the URL to fetch."""
+        parts = urlsplit(url)
+        if parts.path.startswith(UPLOAD_PATH):
+            token = parts.path[len(UPLOAD_PATH) :]
+            data = await self.guarded(self.uploads, "get", "upload:" + token)
+            if isinstance(data, Response):
+                return data
+            if data is None:
+                return error(
+                    400, "audio_url: this upload is not held here (expired?); upload again"
+                )
+            job["audio_base64"] = data
+            return None
+        job["audio_url"] = url
+        return None
+
+    async def lookup(self, transcript_id: str) -> tuple[Any, dict[str, Any]] | Response:
+        """The job's record and the request's echo (``{}`` once the echo has expired: a job
+        that waited long, whose result is still held), or AssemblyAI's 404."""
+        if len(transcript_id) > 64:
+            return error(404, NOT_FOUND)
+        rec = await self.guarded(self.state.jobs, "get", transcript_id)
+        if isinstance(rec, Response):
+            return rec
+        if rec is None:
+            return error(404, NOT_FOUND)
+        kept = await self.guarded(self.transcripts, "get", "transcript:" + transcript_id)
+        if isinstance(kept, Response):
+            return kept
+        return rec, (json.loads(kept) if kept else {})
+
+    async def get(self, transcript_id: str) -> Response:
+        found = await self.lookup(transcript_id)
+        if isinstance(found, Response):
+            return found
+        rec, echo = found
+        model = echo.pop("speech_model_used", "whisper")
+        return JSONResponse(shape.transcript(rec.id, rec.status_object(), echo, model))
+
+    async def delete(self, transcript_id: str) -> Response:
+        found = await self.lookup(transcript_id)
+        if isinstance(found, Response):
+            return found
+        rec, echo = found
+        deleted = await self.guarded(self.state.jobs, "delete", rec)
+        if isinstance(deleted, Response):
+            return deleted
+        if not deleted:
+            return error(400, "Transcript is not completed: it can be deleted once it ends")
+        gone = await self.guarded(self.transcripts, "forget", "transcript:" + transcript_id)
+        if isinstance(gone, Response):
+            return gone
+        model = echo.pop("speech_model_used", "whisper")
+        obj = shape.transcript(rec.id, {"status": "COMPLETED"}, echo, model)
+        obj.update(text="Deleted by user.", words=[], audio_url="http://deleted_by_user")
+        return JSONResponse(obj)
+
+    async def completed(self, transcript_id: str) -> tuple[dict[str, Any], Any] | Response:
+        """A completed transcript's result and echo, or the error saying why not."""
+        found = await self.lookup(transcript_id)
+        if isinstance(found, Response):
+            return found
+        rec, echo = found
+        status = rec.status_object()
+        if status["status"] != "COMPLETED":
+            state = shape.STATUS.get(status["status"], "queued")
+            return error(400, f"Transcript is not completed (its status: {state})")
+        return status.get("output") or {}, echo
+
+    async def parts(self, transcript_id: str, kind: str) -> Response:
+        done = await self.completed(transcript_id)
+        if isinstance(done, Response):
+            return done
+        result, echo = done
+        obj = shape.transcript(transcript_id, {"status": "COMPLETED", "output": result}, echo, "")
+        cut = shape.sentences if kind == "sentences" else shape.paragraphs
+        return JSONResponse(
+            {
+                kind: cut(obj["words"]),
+                "id": transcript_id,
+                "confidence": obj["confidence"],
+                "audio_duration": obj["audio_duration"],
+            }
+        )
+
+    async def subtitles(self, transcript_id: str, kind: str, request: Request) -> Response:
+        chars = request.query_params.get("chars_per_caption")
+        if chars is not None and (not chars.isdigit() or not 10 <= int(chars) <= 200):
+            return error(400, "chars_per_caption: a whole number from 10 to 200")
+        done = await self.completed(transcript_id)
+        if isinstance(done, Response):
+            return done
+        text = shape.subtitles(done[0], kind, None if chars is None else int(chars))
+        return PlainTextResponse(text, media_type="text/vtt" if kind == "vtt" else "text/plain")
+
+
+def add_routes(app: FastAPI, state: Any) -> None:
+    """AssemblyAI's ``/v2/upload`` and ``/v2/transcript`` routes on ``app``."""
+    api = AssemblyAI(state)
+    app.add_api_route("/v2/upload", api.upload, methods=["POST"])
+    app.add_api_route("/v2/transcript", api.create, methods=["POST"])
+    app.add_api_route("/v2/transcript/{transcript_id}", api.get, methods=["GET"])
+    app.add_api_route("/v2/transcript/{transcript_id}", api.delete, methods=["DELETE"])
+    for kind in ("sentences", "paragraphs"):
+        app.add_api_route(
+            f"/v2/transcript/{{transcript_id}}/{kind}", _parts_route(api, kind), methods=["GET"]
+        )
+    for kind in ("srt", "vtt"):
+        app.add_api_route(
+            f"/v2/transcript/{{transcript_id}}/{kind}", _subtitles_route(api, kind), methods=["GET"]
+        )
+
+
+def _parts_route(api: AssemblyAI, kind: str) -> Any:
+    async def route(transcript_id: str) -> Response:
+        return await api.parts(transcript_id, kind)
+
+    return route
+
+
+def _subtitles_route(api: AssemblyAI, kind: str) -> Any:
+    async def route(transcript_id: str, request: Request) -> Response:
+        return await api.subtitles(transcript_id, kind, request)
+
+    return route

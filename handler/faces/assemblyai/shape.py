@@ -1,0 +1,192 @@
+"""AssemblyAI's answer shapes from a job's status and result: the transcript object, its
+sentences, its paragraphs and its subtitles. Times are milliseconds, speakers ``A``, ``B``,
+... in the order they first speak, each word's ``confidence`` Whisper's probability."""
+
+from __future__ import annotations
+
+import re
+from typing import Any
+
+from handler.faces.deepgram.shape import whole_words
+from handler.output.cues import Layout
+from handler.output.formats import to_srt, to_vtt
+
+STATUS = {
+    "IN_QUEUE": "queued",
+    "IN_PROGRESS": "processing",
+    "COMPLETED": "completed",
+    "FAILED": "error",
+    "CANCELLED": "error",
+    "TIMED_OUT": "error",
+}
+SENTENCE_END = re.compile(r"[.?!。？！]['\"”’)\]]*$")
+PARAGRAPH_PAUSE_S = 1.5
+"""A pause this long between two sentences (or another speaker) starts a paragraph."""
+
+
+def _ms(seconds: Any) -> int:
+    return max(0, round(float(seconds) * 1000))
+
+
+def letters(result: dict[str, Any]) -> dict[str, str]:
+    """The job's speaker labels as AssemblyAI's: ``A``, ``B``, ... by first word."""
+    names: dict[str, str] = {}
+    for w in result.get("words") or []:
+        label = w.get("speaker")
+        if label is not None and str(label) not in names:
+            n = len(names)
+            names[str(label)] = chr(ord("A") + n) if n < 26 else f"S{n + 1}"
+    return names
+
+
+def respell(text: str, spelling: dict[str, str]) -> str:
+    """``custom_spelling`` applied to one word as written (its punctuation kept)."""
+    if not spelling:
+        return text
+    core = text.strip(".,!?;:\"'“”‘’()")
+    if core.lower() not in spelling:
+        return text
+    return text.replace(core, spelling[core.lower()], 1)
+
+
+def words_of(
+    raw: list[dict[str, Any]], names: dict[str, str], spelling: dict[str, str]
+) -> list[dict[str, Any]]:
+    """A job's words as AssemblyAI's (whole words as the text spells them)."""
+    out = []
+    for w in whole_words(raw):
+        label = w.get("speaker")
+        out.append(
+            {
+                "text": respell(w["word"].strip(), spelling),
+                "start": _ms(w["start"]),
+                "end": _ms(w["end"]),
+                "confidence": round(float(w.get("probability", 0.0)), 4),
+                "speaker": None if label is None else names.get(str(label)),
+            }
+        )
+    return out
+
+
+def _confidence(words: list[dict[str, Any]]) -> float:
+    return round(sum(w["confidence"] for w in words) / len(words), 4) if words else 0.0
+
+
+def _span(words: list[dict[str, Any]], speaker: bool = True) -> dict[str, Any]:
+    out = {
+        "text": " ".join(w["text"] for w in words),
+        "start": words[0]["start"],
+        "end": words[-1]["end"],
+        "confidence": _confidence(words),
+        "words": words,
+    }
+    if speaker:
+        out["speaker"] = words[0]["speaker"]
+    return out
+
+
+def utterances(words: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Runs of words by one speaker."""
+    runs: list[list[dict[str, Any]]] = []
+    for w in words:
+        if runs and runs[-1][-1]["speaker"] == w["speaker"]:
+            runs[-1].append(w)
+        else:
+            runs.append([w])
+    return [_span(run) for run in runs]
+
+
+def sentences(words: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Words cut after each one that ends a sentence, and where the speaker changes."""
+    runs: list[list[dict[str, Any]]] = []
+    ended = True
+    for w in words:
+        if ended or runs[-1][-1]["speaker"] != w["speaker"]:
+            runs.append([])
+        runs[-1].append(w)
+        ended = bool(SENTENCE_END.search(w["text"]))
+    return [_span(run) for run in runs]
+
+
+def paragraphs(words: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Sentences joined until a pause of PARAGRAPH_PAUSE_S or another speaker."""
+    groups: list[list[dict[str, Any]]] = []
+    for s in sentences(words):
+        last = groups[-1][-1] if groups else None
+        if (
+            last is None
+            or last["speaker"] != s["speaker"]
+            or s["start"] - last["end"] >= PARAGRAPH_PAUSE_S * 1000
+        ):
+            groups.append([])
+        groups[-1].append(s)
+    return [_span([w for s in group for w in s["words"]]) for group in groups]
+
+
+def transcript(
+    job_id: str,
+    status: dict[str, Any],
+    echo: dict[str, Any],
+    model: str,
+) -> dict[str, Any]:
+    """The transcript object for a job's RunPod status object and the request's echo."""
+    state = STATUS.get(status.get("status", ""), "queued")
+    obj: dict[str, Any] = {
+        "id": job_id,
+        "status": state,
+        "audio_url": echo.get("audio_url", ""),
+        "punctuate": echo.get("punctuate", True),
+        "format_text": echo.get("format_text", True),
+        "speaker_labels": bool(echo.get("speaker_labels")),
+        "language_detection": bool(echo.get("language_detection")),
+        "speech_model": None,
+        "speech_model_used": model,
+        "webhook_url": None,
+        "text": None,
+        "words": None,
+        "utterances": None,
+        "confidence": None,
+        "audio_duration": None,
+        "error": None,
+    }
+    obj.update({k: v for k, v in echo.items() if k not in obj or obj[k] is None})
+    obj["speech_model"] = None  # AssemblyAI's enum: the model used is speech_model_used
+    output = status.get("output")
+    if state == "error":
+        obj["error"] = status.get("error") or f"the job was {status.get('status', '').lower()}"
+        if isinstance(output, dict) and output.get("error_code"):
+            obj["error_code"] = output["error_code"]
+    elif state == "completed" and isinstance(output, dict):
+        obj.update(completed(output, echo))
+    return obj
+
+
+def completed(result: dict[str, Any], echo: dict[str, Any]) -> dict[str, Any]:
+    """The fields a completed transcript adds."""
+    from handler.faces.assemblyai.request import spelling
+
+    spell = spelling(echo.get("custom_spelling"))
+    words = words_of(result.get("words") or [], letters(result), spell)
+    text = " ".join(w["text"] for w in words) if spell else str(result.get("text", ""))
+    out: dict[str, Any] = {
+        "text": text,
+        "words": words,
+        "confidence": _confidence(words),
+        "audio_duration": round(float(result.get("duration") or 0.0)),
+        "language_code": result.get("language") or echo.get("language_code"),
+    }
+    if echo.get("language_detection"):
+        out["language_confidence"] = result.get("language_probability")
+    if echo.get("speaker_labels"):
+        out["utterances"] = utterances(words)
+    if result.get("warnings"):
+        out["metadata"] = {"warnings": [{"message": str(w)} for w in result["warnings"]]}
+    return out
+
+
+def subtitles(result: dict[str, Any], kind: str, chars_per_caption: int | None) -> str:
+    """SRT or WebVTT of a completed job, each caption at most ``chars_per_caption`` wide."""
+    layout = Layout() if chars_per_caption is None else Layout(chars_per_caption, 1)
+    # AssemblyAI's captions name no speaker.
+    segments: list[Any] = [{**seg, "speaker": None} for seg in result.get("segments") or []]
+    return to_srt(segments, layout=layout) if kind == "srt" else to_vtt(segments, layout=layout)

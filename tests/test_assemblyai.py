@@ -1,0 +1,244 @@
+"""AssemblyAI's pre-recorded API (``/v2/upload``, ``/v2/transcript``), through AssemblyAI's own
+Python SDK (1.8.2) pointed at ``python -m handler serve`` with the real tiny.en model, as a
+user moving off AssemblyAI would run it: only ``base_url`` and the key change. Through a
+gateway and its consumer on a real Redis: tests/test_broker.py; speakers:
+tests/test_diarization.py."""
+
+from __future__ import annotations
+
+import json
+import threading
+from collections.abc import Iterator
+from functools import partial
+from http.server import SimpleHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any
+
+import pytest
+import requests
+
+from handler.faces.assemblyai import request as aai_request
+from handler.faces.assemblyai import shape
+from tests.helpers import DATA, JFK_TEXT, wer
+from tests.test_http import Server
+
+KEY = "assemblyai-test-key-0123456789abcdef"
+
+
+def _word(text: str, start: float, end: float, speaker: str | None = None) -> dict[str, Any]:
+    w = {"word": " " + text, "start": start, "end": end, "probability": 0.9}
+    return {**w, "speaker": speaker} if speaker else w
+
+
+def test_sentences_paragraphs_and_speakers_are_assemblyais_shapes() -> None:
+    """Words in milliseconds, speakers lettered by first word, sentences cut after their
+    end mark and where the speaker changes, paragraphs at a long pause or another speaker."""
+    result = {
+        "text": "Hello there. How are you? Fine.",
+        "words": [
+            _word("Hello", 0.0, 0.4, "SPEAKER_01"),
+            _word("there.", 0.4, 0.8, "SPEAKER_01"),
+            _word("How", 1.0, 1.2, "SPEAKER_01"),
+            _word("are", 1.2, 1.4, "SPEAKER_00"),
+            _word("you?", 1.4, 1.8, "SPEAKER_00"),
+            _word("Fine.", 4.0, 4.5, "SPEAKER_00"),
+        ],
+        "duration": 5.4,
+        "language": "en",
+    }
+    out = shape.completed(result, {"speaker_labels": True})
+    assert [w["speaker"] for w in out["words"]] == ["A", "A", "A", "B", "B", "B"]
+    assert out["words"][1] == {
+        "text": "there.",
+        "start": 400,
+        "end": 800,
+        "confidence": 0.9,
+        "speaker": "A",
+    }
+    assert out["audio_duration"] == 5 and [u["speaker"] for u in out["utterances"]] == ["A", "B"]
+    assert [s["text"] for s in shape.sentences(out["words"])] == [
+        "Hello there.",
+        "How",
+        "are you?",
+        "Fine.",
+    ]
+    paragraphs = shape.paragraphs(out["words"])
+    assert [p["text"] for p in paragraphs] == ["Hello there. How", "are you?", "Fine."]
+    spelled = shape.completed(result, {"custom_spelling": [{"from": ["fine"], "to": "FINE"}]})
+    assert spelled["text"].endswith("FINE.") and spelled["words"][-1]["text"] == "FINE."
+
+
+def test_a_request_becomes_a_job_and_what_cannot_be_served_is_refused() -> None:
+    job, echo = aai_request.job_for(
+        {
+            "audio_url": "https://example.com/a.mp3",
+            "language_code": "en_us",
+            "speaker_labels": True,
+            "speakers_expected": 2,
+            "word_boost": ["Kubernetes"],
+            "keyterms_prompt": ["KEDA"],
+            "audio_start_from": 1500,
+            "audio_end_at": 9000,
+            "punctuate": True,
+            "speech_model": "tiny.en",
+        },
+        ["tiny.en"],
+    )
+    assert job["language"] == "en" and job["diarize"] is True and job["num_speakers"] == 2
+    assert job["hotwords"] == "Kubernetes, KEDA" and job["clip_timestamps"] == [1.5, 9.0]
+    assert job["model"] == "tiny.en" and echo["audio_url"] == "https://example.com/a.mp3"
+    detect, _ = aai_request.job_for(
+        {"audio_url": "u", "language_detection": True, "language_codes": ["en", "es"]}, []
+    )
+    assert "language" not in detect and detect["languages"] == ["en", "es"]
+    refusals = {
+        "summarization": "summaries",
+        "redact_pii": "PII",
+        "multichannel": "mixed down",
+        "webhook_url": "poll",
+        "no_such_option": "not an option",
+    }
+    for name, said in refusals.items():
+        with pytest.raises(aai_request.Refused, match=said):
+            aai_request.job_for(
+                {"audio_url": "u", name: "https://x" if "url" in name else True}, []
+            )
+    for bad in (
+        {"audio_url": ""},
+        {"audio_url": "u", "speakers_expected": 2},
+        {"audio_url": "u", "speaker_labels": "yes"},
+        {"audio_url": "u", "audio_start_from": 5000, "audio_end_at": 1000},
+        {"audio_url": "u", "word_boost": ["x" * 101]},
+        {"audio_url": "u", "custom_spelling": [{"from": "a", "to": "b"}]},
+        {"audio_url": "u", "temperature": 3},
+        ["not", "an", "object"],
+    ):
+        with pytest.raises(aai_request.Refused):
+            aai_request.job_for(bad, [])
+
+
+@pytest.fixture(scope="module")
+def server() -> Iterator[Server]:
+    srv = Server(
+        {
+            "WHISPER_API_KEY": KEY,
+            "WHISPER_MAX_CONCURRENCY": "2",
+            "WHISPER_ALLOW_PRIVATE_URLS": "true",  # the URL test serves audio on 127.0.0.1
+        }
+    )
+    yield srv
+    srv.stop()
+
+
+@pytest.fixture
+def aai(server: Server) -> Iterator[Any]:
+    import assemblyai
+
+    saved = assemblyai.settings.model_copy()
+    assemblyai.settings.base_url = server.url
+    assemblyai.settings.api_key = KEY
+    assemblyai.settings.polling_interval = 0.2
+    yield assemblyai
+    for name in ("base_url", "api_key", "polling_interval"):
+        setattr(assemblyai.settings, name, getattr(saved, name))
+
+
+@pytest.fixture
+def audio_site() -> Iterator[str]:
+    handler = partial(SimpleHTTPRequestHandler, directory=str(DATA))
+    site = ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    thread = threading.Thread(target=site.serve_forever, daemon=True)
+    thread.start()
+    yield f"http://127.0.0.1:{site.server_address[1]}/jfk.wav"
+    site.shutdown()
+    site.server_close()
+
+
+@pytest.mark.e2e
+def test_the_assemblyai_sdk_transcribes_a_file_and_reads_every_view_of_it(aai: Any) -> None:
+    """``Transcriber().transcribe(path)``: the SDK uploads the file, creates the transcript
+    and polls it until completed; then its sentences, paragraphs, subtitles, a fresh
+    lookup, and its deletion."""
+    config = aai.TranscriptionConfig(custom_spelling={"Nation": ["country"]})
+    t = aai.Transcriber().transcribe(str(DATA / "jfk.wav"), config=config)
+    assert t.status == aai.TranscriptStatus.completed, t.error
+    assert t.audio_url.startswith(aai.settings.base_url + "/v2/upload/")
+    assert "Nation" in t.text and "country" not in t.text.lower()
+    assert wer(JFK_TEXT, t.text.replace("Nation", "country")) < 0.2
+    assert t.language_code == "en" and t.audio_duration == 11 and 0 < t.confidence <= 1
+    starts = [w.start for w in t.words]
+    assert starts == sorted(starts) and 0 <= starts[0] and t.words[-1].end <= 11_000
+    assert " ".join(w.text for w in t.words) == t.text
+    assert t.utterances is None  # no speaker_labels asked
+    sentences = t.get_sentences()
+    assert " ".join(s.text for s in sentences) == t.text
+    assert " ".join(p.text for p in t.get_paragraphs()) == t.text
+    srt = t.export_subtitles_srt(chars_per_caption=32)
+    cues = [block.split("\n")[2:] for block in srt.strip().split("\n\n")]
+    assert len(cues) >= 3 and all(len(line) <= 32 for cue in cues for line in cue), srt
+    assert t.export_subtitles_vtt().startswith("WEBVTT")
+    again = aai.Transcript.get_by_id(t.id)
+    assert again.status == aai.TranscriptStatus.completed and again.text == t.text
+    assert aai.Transcript.delete_by_id(t.id).text == "Deleted by user."
+    with pytest.raises(aai.types.TranscriptError, match="not found"):
+        aai.Transcript.get_by_id(t.id)
+    status = requests.get(f"{aai.settings.base_url}/v2/any/status/{t.id}", headers=_auth())
+    assert status.status_code == 404  # its result went with it, from the job API too
+
+
+@pytest.mark.e2e
+def test_a_url_a_span_and_a_detected_language(aai: Any, audio_site: str) -> None:
+    config = aai.TranscriptionConfig(
+        language_detection=True, audio_start_from=5000, audio_end_at=11000
+    )
+    t = aai.Transcriber().transcribe(audio_site, config=config)
+    assert t.status == aai.TranscriptStatus.completed, t.error
+    assert t.audio_url == audio_site and t.language_code == "en"
+    assert t.json_response["language_confidence"] > 0.5
+    assert t.words[0].start >= 4500  # only the span was transcribed, on the file's clock
+    assert "fellow" not in t.text.lower() and "country" in t.text.lower()
+
+
+def _auth() -> dict[str, str]:
+    return {"Authorization": KEY}
+
+
+def _create(url: str, body: Any) -> requests.Response:
+    return requests.post(f"{url}/v2/transcript", json=body, headers=_auth(), timeout=30)
+
+
+@pytest.mark.e2e
+def test_a_transcript_that_fails_says_why_and_refusals_say_what_to_send(
+    server: Server, aai: Any
+) -> None:
+    upload = requests.post(
+        f"{server.url}/v2/upload", data=b"this is not audio" * 50, headers=_auth(), timeout=30
+    )
+    assert upload.status_code == 200
+    t = aai.Transcriber().transcribe(upload.json()["upload_url"])
+    assert t.status == aai.TranscriptStatus.error and "audio" in t.error.lower(), t.error
+    raw = requests.get(f"{server.url}/v2/transcript/{t.id}", headers=_auth(), timeout=30).json()
+    assert raw["error_code"] == "UNSUPPORTED_OR_CORRUPT_MEDIA"  # beside AssemblyAI's fields
+    with pytest.raises(aai.types.TranscriptError, match="summaries is not served"):
+        aai.Transcriber().transcribe(
+            str(DATA / "jfk.wav"), config=aai.TranscriptionConfig(summarization=True)
+        )
+    refused = _create(server.url, {"audio_url": "https://example.com/a.wav", "fancy": 1})
+    assert refused.status_code == 400 and "fancy" in refused.json()["error"]
+    gone = _create(server.url, {"audio_url": f"{server.url}/v2/upload/{'0' * 32}"})
+    assert gone.status_code == 400 and "upload again" in gone.json()["error"]
+    for path in ("", "/sentences", "/srt"):
+        missing = requests.get(f"{server.url}/v2/transcript/nope{path}", headers=_auth())
+        assert missing.status_code == 404 and "not found" in missing.json()["error"]
+    empty = requests.post(f"{server.url}/v2/upload", data=b"", headers=_auth(), timeout=30)
+    assert empty.status_code == 400
+    wide = requests.get(f"{server.url}/v2/transcript/{t.id}/srt?chars_per_caption=9000")
+    assert wide.status_code == 401  # the key first
+    wide = requests.get(
+        f"{server.url}/v2/transcript/{t.id}/srt?chars_per_caption=9000", headers=_auth()
+    )
+    assert wide.status_code == 400 and "chars_per_caption" in wide.json()["error"]
+    failed = requests.get(f"{server.url}/v2/transcript/{t.id}/sentences", headers=_auth())
+    assert failed.status_code == 400 and "not completed" in failed.json()["error"]
+    anon = requests.post(f"{server.url}/v2/transcript", json={"audio_url": "x"}, timeout=30)
+    assert anon.status_code == 401
+    assert KEY not in server.logs() and "not audio" not in json.dumps(raw)
