@@ -218,6 +218,10 @@ def test_a_transcript_that_fails_says_why_and_refusals_say_what_to_send(
     assert t.status == aai.TranscriptStatus.error and "audio" in t.error.lower(), t.error
     raw = requests.get(f"{server.url}/v2/transcript/{t.id}", headers=_auth(), timeout=30).json()
     assert raw["error_code"] == "UNSUPPORTED_OR_CORRUPT_MEDIA"  # beside AssemblyAI's fields
+    speakers = aai.Transcriber().transcribe(
+        str(DATA / "jfk.wav"), config=aai.TranscriptionConfig(speaker_labels=True)
+    )  # this server has no diarizer: the transcript says so
+    assert speakers.status == aai.TranscriptStatus.error and "DIARIZATION" in speakers.error
     with pytest.raises(aai.types.TranscriptError, match="summaries is not served"):
         aai.Transcriber().transcribe(
             str(DATA / "jfk.wav"), config=aai.TranscriptionConfig(summarization=True)
