@@ -94,14 +94,11 @@ def test_a_request_becomes_a_job_and_what_cannot_be_served_is_refused() -> None:
         "summarization": "summaries",
         "redact_pii": "PII",
         "multichannel": "mixed down",
-        "webhook_url": "poll",
         "no_such_option": "not an option",
     }
     for name, said in refusals.items():
         with pytest.raises(aai_request.Refused, match=said):
-            aai_request.job_for(
-                {"audio_url": "u", name: "https://x" if "url" in name else True}, []
-            )
+            aai_request.job_for({"audio_url": "u", name: True}, [])
     for bad in (
         {"audio_url": ""},
         {"audio_url": "u", "speakers_expected": 2},
@@ -114,6 +111,45 @@ def test_a_request_becomes_a_job_and_what_cannot_be_served_is_refused() -> None:
     ):
         with pytest.raises(aai_request.Refused):
             aai_request.job_for(bad, [])
+
+
+def test_a_webhook_is_checked_and_becomes_assemblyais_call() -> None:
+    hook = aai_request.webhook_of(
+        {
+            "webhook_url": "https://example.com/hook",
+            "webhook_auth_header_name": "X-Secret",
+            "webhook_auth_header_value": "s3cret",
+        }
+    )
+    assert hook is not None and json.loads(hook) == {
+        "url": "https://example.com/hook",
+        "shape": "assemblyai",
+        "headers": {"X-Secret": "s3cret"},
+    }
+    assert aai_request.webhook_of({}) is None
+    for bad, said in (
+        ({"webhook_url": "gopher://example.com/"}, "webhook_url"),
+        ({"webhook_url": "file:///etc/passwd"}, "webhook_url"),
+        ({"webhook_url": "https://e.com", "webhook_auth_header_name": "X-A"}, "both"),
+        (
+            {
+                "webhook_url": "https://e.com",
+                "webhook_auth_header_name": "Host",
+                "webhook_auth_header_value": "x",
+            },
+            "set by the worker",
+        ),
+        (
+            {
+                "webhook_url": "https://e.com",
+                "webhook_auth_header_name": "X-A",
+                "webhook_auth_header_value": "a\r\nX-B: b",
+            },
+            "one line",
+        ),
+    ):
+        with pytest.raises(aai_request.Refused, match=said):
+            aai_request.webhook_of(bad)
 
 
 @pytest.fixture(scope="module")
@@ -246,3 +282,48 @@ def test_a_transcript_that_fails_says_why_and_refusals_say_what_to_send(
     anon = requests.post(f"{server.url}/v2/transcript", json={"audio_url": "x"}, timeout=30)
     assert anon.status_code == 401
     assert KEY not in server.logs() and "not audio" not in json.dumps(raw)
+
+
+@pytest.fixture
+def receiver() -> Iterator[tuple[str, list[tuple[dict[str, str], Any]]]]:
+    """A webhook receiver on 127.0.0.1: each call's headers and JSON body."""
+    from http.server import BaseHTTPRequestHandler
+
+    calls: list[tuple[dict[str, str], Any]] = []
+
+    class Hook(BaseHTTPRequestHandler):
+        def do_POST(self) -> None:  # noqa: N802 (http.server's name)
+            body = self.rfile.read(int(self.headers["Content-Length"]))
+            calls.append((dict(self.headers), json.loads(body)))
+            self.send_response(200)
+            self.end_headers()
+
+        def log_message(self, *args: Any) -> None:
+            pass
+
+    site = ThreadingHTTPServer(("127.0.0.1", 0), Hook)
+    thread = threading.Thread(target=site.serve_forever, daemon=True)
+    thread.start()
+    yield f"http://127.0.0.1:{site.server_address[1]}/done", calls
+    site.shutdown()
+    site.server_close()
+
+
+@pytest.mark.e2e
+def test_a_webhook_gets_assemblyais_call_with_its_header(aai: Any, receiver: Any) -> None:
+    url, calls = receiver
+    config = aai.TranscriptionConfig().set_webhook(url, "X-Hook-Secret", "hook-secret-value")
+    t = aai.Transcriber().transcribe(str(DATA / "jfk.wav"), config=config)
+    assert t.status == aai.TranscriptStatus.completed, t.error
+    from tests.helpers import wait_for
+
+    wait_for(lambda: calls, 30, "the webhook's call")
+    headers, body = calls[0]
+    assert body == {"transcript_id": t.id, "status": "completed"}
+    assert headers.get("X-Hook-Secret") == "hook-secret-value"
+    got = wait_for(
+        lambda: (g := aai.Transcript.get_by_id(t.id)).webhook_status_code and g, 30, "its report"
+    )
+    assert got.webhook_status_code == 200 and got.webhook_auth is True
+    raw = requests.get(f"{aai.settings.base_url}/v2/transcript/{t.id}", headers=_auth()).json()
+    assert raw["webhook_url"] == url and "hook-secret-value" not in json.dumps(raw)

@@ -7,6 +7,10 @@ through the same guard as audio URLs (handler.audio.netpost: no private address 
 HMAC-SHA256 of ``"<timestamp>.<body>"`` with the secret, so the receiver can tell the
 worker's calls from anyone's and refuse replays. The job's status then says how it went
 (``webhook``: ``delivered`` or ``failed``, the tries). The URL is never logged.
+
+A face may ask for its own call (``target``): AssemblyAI's is ``{"transcript_id",
+"status"}`` with the header its caller named (``webhook_auth_header_name`` and
+``_value``); the job then keeps that request, as JSON, where RunPod's keep the URL.
 """
 
 from __future__ import annotations
@@ -50,14 +54,32 @@ def signed_headers(body: bytes, secret: str, now: float | None = None) -> dict[s
     return {"X-Whisper-Timestamp": stamp, "X-Whisper-Signature": f"sha256={mac}"}
 
 
+def target(url: str, shape: str, headers: dict[str, str] | None = None) -> str:
+    """A job's ``webhook`` for a face's own call: ``shape`` (``assemblyai``) says what is
+    posted to ``url``, with ``headers``."""
+    return json.dumps({"url": url, "shape": shape, "headers": headers or {}})
+
+
+def _call(rec: Ended) -> tuple[str, bytes, dict[str, str]]:
+    """(the URL, the body, the caller's headers) of ``rec``'s webhook."""
+    assert rec.webhook is not None
+    status = rec.status_object()
+    if not rec.webhook.startswith("{"):
+        return rec.webhook, json.dumps(status, ensure_ascii=False).encode(), {}
+    spec = json.loads(rec.webhook)
+    ended = "completed" if status.get("status") == "COMPLETED" else "error"
+    body = {"transcript_id": rec.id, "status": ended}  # AssemblyAI's, the one shape so far
+    return str(spec["url"]), json.dumps(body).encode(), dict(spec.get("headers") or {})
+
+
 def deliver(rec: Ended, settings: Settings, stop: threading.Event | None = None) -> None:
     """Post in the background; ``rec.webhook_report`` says how it went."""
-    body = json.dumps(rec.status_object(), ensure_ascii=False).encode()
+    url, body, headers = _call(rec)
     rec.webhook_report = {"status": "pending", "tries": 0}
     global _pending
     with _idle:
         _pending += 1
-    _POOL.submit(_counted, rec, body, settings, stop or threading.Event())
+    _POOL.submit(_counted, rec, (url, body, headers), settings, stop or threading.Event())
 
 
 def wait_idle(timeout: float) -> bool:
@@ -66,24 +88,28 @@ def wait_idle(timeout: float) -> bool:
         return _idle.wait_for(lambda: _pending == 0, timeout)
 
 
-def _counted(rec: Ended, body: bytes, settings: Settings, stop: threading.Event) -> None:
+def _counted(
+    rec: Ended, call: tuple[str, bytes, dict[str, str]], settings: Settings, stop: threading.Event
+) -> None:
     global _pending
     try:
-        _send(rec, body, settings, stop)
+        _send(rec, call, settings, stop)
     finally:
         with _idle:
             _pending -= 1
             _idle.notify_all()
 
 
-def _send(rec: Ended, body: bytes, settings: Settings, stop: threading.Event) -> None:
-    assert rec.webhook is not None
+def _send(
+    rec: Ended, call: tuple[str, bytes, dict[str, str]], settings: Settings, stop: threading.Event
+) -> None:
+    url, body, own = call
     secret = settings.webhook_secret
     last = ""
     for n in range(1, TRIES + 1):
         headers = signed_headers(body, secret.get_secret_value()) if secret else {}
         try:
-            status = post_json(rec.webhook, body, settings, headers=headers)
+            status = post_json(url, body, settings, headers={**own, **headers})
             last = f"HTTP {status}"
             if 200 <= status < 300:
                 rec.webhook_report = {"status": "delivered", "tries": n}

@@ -10,7 +10,9 @@
   utterances with ``speaker_labels``, language, duration) or ``error`` with the reason;
 - ``GET /v2/transcript/{id}/sentences``, ``/paragraphs``, ``/srt``, ``/vtt``
   (``chars_per_caption``); ``DELETE /v2/transcript/{id}`` cancels a job not ended and
-  forgets the transcript.
+  forgets the transcript;
+- ``webhook_url``: AssemblyAI's call (``{"transcript_id", "status"}``, with the header the
+  request named) when the transcript ends, as every job's webhook is delivered.
 
 The key (``WHISPER_API_KEY``) is taken as AssemblyAI's clients send it,
 ``Authorization: <key>`` (or ``Bearer <key>``). Errors are AssemblyAI's ``{"error": ...}``.
@@ -29,7 +31,7 @@ from fastapi import FastAPI, Request, Response
 from fastapi.responses import JSONResponse, PlainTextResponse
 
 from handler.faces.assemblyai import records, shape
-from handler.faces.assemblyai.request import Refused, job_for
+from handler.faces.assemblyai.request import Refused, job_for, webhook_of
 from handler.faces.broker.gateway import BROKER_GONE, BrokerDown
 from handler.faces.jobs import StoreFull
 
@@ -116,6 +118,7 @@ class AssemblyAI:
         try:
             loaded = await self.models()
             job, echo = job_for(body, loaded)
+            webhook = webhook_of(body)
         except Refused as exc:
             return error(400, str(exc))
         except BrokerDown as exc:
@@ -124,7 +127,7 @@ class AssemblyAI:
         if isinstance(audio, Response):
             return audio
         size = len(job.get("audio_base64", ""))
-        rec = await self.guarded(self.state.jobs, "submit", job, size, None)
+        rec = await self.guarded(self.state.jobs, "submit", job, size, webhook)
         if isinstance(rec, Response):
             return rec
         model = job.get("model") or (loaded[0] if loaded else "whisper")

@@ -6,18 +6,24 @@ the same guard as every job's), ``language_code`` (``en_us`` is ``en``), ``langu
 ``speakers_expected`` or ``speaker_options`` (a worker with ``WHISPER_DIARIZATION``),
 ``word_boost`` and ``keyterms_prompt`` (Whisper's hotwords), ``prompt`` (its initial
 prompt), ``temperature``, ``audio_start_from`` and ``audio_end_at`` (only that span is
-transcribed), ``custom_spelling`` (applied to the words and text), and ``speech_model``
-(a model loaded here by that name; any other name is the default model). ``punctuate``,
+transcribed), ``custom_spelling`` (applied to the words and text), ``speech_model`` (a
+model loaded here by that name; any other name is the default model), and ``webhook_url``
+with ``webhook_auth_header_name`` and ``_value`` (AssemblyAI's call when the transcript
+ends, through the same guard and tries as every webhook). ``punctuate``,
 ``format_text``, ``disfluencies`` and ``boost_param`` are taken (Whisper punctuates and
 formats as it transcribes). What this worker cannot do is refused with 400 and a
 sentence, never ignored: the audio-intelligence features (summaries, chapters, entities,
-PII redaction, ...), ``multichannel``, and ``webhook_url`` (poll the transcript, or use
-``/v2/{id}/run`` with a webhook).
+PII redaction, ...) and ``multichannel``.
 """
 
 from __future__ import annotations
 
+import re
 from typing import Any
+
+from handler.audio.netpost import check_url
+from handler.errors import WorkerError
+from handler.faces import webhooks
 
 HOTWORDS = 100
 TERM_CHARS = 100
@@ -51,7 +57,6 @@ TAKEN = {
     "keyterms_prompt_options",
     "domain",
     "remove_audio_tags",
-    "webhook_auth_header_name",
     "webhook_auth_header_value",
     "redact_pii_policies",
     "redact_pii_sub",
@@ -86,8 +91,13 @@ ECHOED = (
     "audio_end_at",
     "custom_spelling",
     "speech_model",
+    "webhook_url",
+    "webhook_auth_header_name",
 )
-"""The request's options its transcript repeats back, as AssemblyAI's does."""
+"""The request's options its transcript repeats back, as AssemblyAI's does (the webhook's
+header value is never repeated)."""
+HEADER_NAME = re.compile(r"^[A-Za-z0-9!#$%&'*+.^_`|~-]{1,100}$")
+RESERVED_HEADERS = {"host", "content-length", "content-type", "transfer-encoding", "connection"}
 
 MAX_SPELLINGS = 100
 """``custom_spelling`` entries at most (each at most 100 ``from`` words of 100 chars)."""
@@ -119,14 +129,9 @@ def _refuse_unserved(body: dict[str, Any]) -> None:
     for name, what in NOT_SERVED.items():
         if body.get(name):
             raise Refused(f"{name}: {what} is not served by this worker")
-    if body.get("webhook_url"):
-        raise Refused(
-            "webhook_url is not served here: poll GET /v2/transcript/{id}, "
-            "or send the job to /v2/{endpoint}/run with a webhook"
-        )
     if body.get("translation") or (body.get("speech_understanding") or {}).get("request"):
         raise Refused("speech_understanding: not served by this worker")
-    unknown = sorted(set(body) - set(ECHOED) - set(NOT_SERVED) - TAKEN - {"webhook_url"})
+    unknown = sorted(set(body) - set(ECHOED) - set(NOT_SERVED) - TAKEN)
     if unknown:
         raise Refused(f"{unknown[0]}: not an option of AssemblyAI's transcript request")
 
@@ -264,3 +269,32 @@ def spelling(value: Any) -> dict[str, str]:
                 raise Refused('custom_spelling: each "from" is a word of 1 to 100 characters')
             out[source.strip().lower()] = entry["to"][:100]
     return out
+
+
+def webhook_of(body: dict[str, Any]) -> str | None:
+    """The job's ``webhook`` for ``webhook_url`` (AssemblyAI's call, with the caller's
+    header), or None."""
+    url = body.get("webhook_url")
+    if url is None:
+        return None
+    if not isinstance(url, str) or len(url) > 2048:
+        raise Refused("webhook_url: a URL")
+    try:
+        check_url(url)
+    except WorkerError as exc:
+        raise Refused(f"webhook_url: {exc.message}") from None
+    name, value = body.get("webhook_auth_header_name"), body.get("webhook_auth_header_value")
+    if (name is None) != (value is None):
+        raise Refused("webhook_auth_header_name and _value: both, or neither")
+    headers = {}
+    if name is not None:
+        if not isinstance(name, str) or not HEADER_NAME.match(name):
+            raise Refused("webhook_auth_header_name: a header's name")
+        if name.lower() in RESERVED_HEADERS or name.lower().startswith("x-whisper-"):
+            raise Refused(f"webhook_auth_header_name: {name} is set by the worker")
+        if not isinstance(value, str) or not 0 < len(value) <= 1000:
+            raise Refused("webhook_auth_header_value: text of 1 to 1000 characters")
+        if any(not 32 <= ord(c) < 127 for c in value):
+            raise Refused("webhook_auth_header_value: printable ASCII on one line")
+        headers[name] = value
+    return webhooks.target(url, "assemblyai", headers)

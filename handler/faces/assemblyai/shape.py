@@ -123,6 +123,16 @@ def paragraphs(words: list[dict[str, Any]]) -> list[dict[str, Any]]:
     return [_span([w for s in group for w in s["words"]]) for group in groups]
 
 
+def _webhook_code(report: Any) -> int | None:
+    """The HTTP status the webhook's receiver last answered, as far as the report says."""
+    if not isinstance(report, dict):
+        return None
+    if report.get("status") == "delivered":
+        return 200
+    last = str(report.get("last", ""))
+    return int(last[5:]) if last.startswith("HTTP ") and last[5:].isdigit() else None
+
+
 def transcript(
     job_id: str,
     status: dict[str, Any],
@@ -150,6 +160,9 @@ def transcript(
         "error": None,
     }
     obj.update({k: v for k, v in echo.items() if k not in obj or obj[k] is None})
+    if echo.get("webhook_url"):
+        obj["webhook_auth"] = bool(echo.get("webhook_auth_header_name"))
+        obj["webhook_status_code"] = _webhook_code(status.get("webhook"))
     obj["speech_model"] = None  # AssemblyAI's enum: the model used is speech_model_used
     output = status.get("output")
     if state == "error":
