@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import threading
+import time
 from collections.abc import Iterator
 from functools import partial
 from http.server import SimpleHTTPRequestHandler, ThreadingHTTPServer
@@ -327,3 +328,235 @@ def test_a_webhook_gets_assemblyais_call_with_its_header(aai: Any, receiver: Any
     assert got.webhook_status_code == 200 and got.webhook_auth is True
     raw = requests.get(f"{aai.settings.base_url}/v2/transcript/{t.id}", headers=_auth()).json()
     assert raw["webhook_url"] == url and "hook-secret-value" not in json.dumps(raw)
+
+
+# --- streaming: /v3/ws ------------------------------------------------------------------
+
+RATE = 16000
+CHUNK = RATE * 2 // 10  # 100 ms of pcm_s16le
+PACE_S = 0.025  # 4x real time
+
+
+def _pcm16(samples: Any) -> bytes:
+    import numpy as np
+
+    return (np.clip(samples, -1, 1) * 32767).astype("<i2").tobytes()
+
+
+def _readings(n: int, gap_s: float = 1.5) -> tuple[Any, list[Any]]:
+    import numpy as np
+
+    from speech_assets.clips import clips
+
+    spoken = clips()[:n]
+    gap = np.zeros(int(gap_s * RATE), dtype=np.float32)
+    return np.concatenate(
+        [gap[: RATE // 2]] + [x for c in spoken for x in (c.samples, gap)]
+    ), spoken
+
+
+@pytest.mark.e2e
+def test_the_assemblyai_sdks_streaming_client_gets_each_turn_formatted(server: Server) -> None:
+    """AssemblyAI's SDK (StreamingClient) pointed at ws://: Begin, partial turns, each
+    turn's end (unformatted, then formatted with format_turns), words on the stream's
+    clock, Termination with the audio's length after Terminate."""
+    from assemblyai.streaming.v3 import (
+        StreamingClient,
+        StreamingClientOptions,
+        StreamingEvents,
+        StreamingParameters,
+    )
+
+    audio, spoken = _readings(3)
+    client = StreamingClient(
+        StreamingClientOptions(api_key=KEY, api_host=server.url.replace("http", "ws"))
+    )
+    events: list[Any] = []
+    ended = threading.Event()
+    for kind in (StreamingEvents.Begin, StreamingEvents.Turn, StreamingEvents.Error):
+        client.on(kind, lambda _c, e: events.append(e))
+    client.on(StreamingEvents.Termination, lambda _c, e: (events.append(e), ended.set()))
+    client.connect(
+        StreamingParameters(
+            sample_rate=RATE,
+            format_turns=True,
+            speech_model="universal-streaming-english",
+            keyterms_prompt=["Americans"],
+        )
+    )
+    pcm = _pcm16(audio)
+    for i in range(0, len(pcm), CHUNK):
+        client.stream(pcm[i : i + CHUNK])
+        time.sleep(PACE_S)
+    client.disconnect(terminate=True)
+    assert ended.wait(60), [type(e).__name__ for e in events]
+    kinds = [type(e).__name__ for e in events]
+    assert kinds[0] == "BeginEvent" and kinds[-1] == "TerminationEvent", kinds
+    assert "ErrorEvent" not in kinds, events
+    assert abs(events[-1].audio_duration_seconds - len(audio) / RATE) <= 1
+    turns = [e for e in events if kinds[events.index(e)] == "TurnEvent"]
+    formatted = [t for t in turns if t.end_of_turn and t.turn_is_formatted]
+    raw = [t for t in turns if t.end_of_turn and not t.turn_is_formatted]
+    assert len(formatted) == len(raw) >= 3, [(t.turn_order, t.transcript) for t in turns]
+    assert [t.turn_order for t in formatted] == list(range(len(formatted)))
+    text = " ".join(t.transcript for t in formatted)
+    assert wer(" ".join(c.text for c in spoken), text) < 0.25, text
+    last = 0
+    for r, f in zip(raw, formatted, strict=True):
+        assert r.turn_order == f.turn_order and r.transcript == r.transcript.lower()
+        assert [w.text for w in f.words] == f.transcript.split()
+        for w in f.words:  # in order, on the stream's clock, inside the audio
+            assert last - 50 <= w.start <= w.end <= len(audio) * 1000 // RATE and w.word_is_final
+            last = w.end
+    for t in turns:  # a partial belongs to a turn whose end comes later
+        if not t.end_of_turn:
+            assert t.turn_order in {f.turn_order for f in formatted} and not t.words
+
+
+def _ws(srv: Server, query: str, **kwargs: Any) -> Any:
+    from websockets.sync.client import connect
+
+    kwargs.setdefault("additional_headers", {"Authorization": KEY})
+    url = srv.url.replace("http", "ws") + f"/v3/ws?{query}"
+    return connect(url, open_timeout=30, **kwargs)
+
+
+def _until(ws: Any, kind: str, timeout: float = 120) -> list[dict[str, Any]]:
+    got: list[dict[str, Any]] = []
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        message = json.loads(ws.recv(timeout=deadline - time.monotonic()))
+        got.append(message)
+        if message["type"] == kind:
+            return got
+    raise AssertionError(f"no {kind} in {got}")
+
+
+@pytest.mark.e2e
+def test_force_endpoint_ends_a_turn_and_refusals_close_with_a_reason(server: Server) -> None:
+    """ForceEndpoint (what Pipecat sends when its own VAD hears the user stop) ends the turn
+    under way at once, without waiting for silence; mu-law at 8 kHz is served; what cannot
+    be served closes the connection with 3006 and says why; no key, no session."""
+    import audioop  # the standard G.711 coder (deprecated in 3.11, still here)
+
+    from websockets.exceptions import ConnectionClosed, InvalidStatus
+
+    from speech_assets.clips import JFK_TEXT as JFK
+
+    audio, _ = _readings(1)
+    audio = audio[: -int(1.5 * RATE)]  # JFK's words and nothing after them
+    eight = audioop.ratecv(_pcm16(audio), 2, 1, RATE, 8000, None)[0]
+    query = "sample_rate=8000&encoding=pcm_mulaw&format_turns=false&min_turn_silence=5000"
+    with _ws(server, query) as ws:
+        assert json.loads(ws.recv(timeout=30))["type"] == "Begin"
+        ws.send(audioop.lin2ulaw(eight, 2))  # speech, no trailing silence
+        ws.send(json.dumps({"type": "ForceEndpoint"}))
+        # Without ForceEndpoint the turn ("... for your country") would end only after 5 s
+        # of silence, and none follows it. Its end comes before Terminate is sent.
+        finals: list[str] = []
+        deadline = time.monotonic() + 60
+        while not finals or not finals[-1].endswith("country"):
+            message = json.loads(ws.recv(timeout=deadline - time.monotonic()))
+            if message["type"] == "Turn" and message["end_of_turn"]:
+                assert not message["turn_is_formatted"]  # format_turns=false
+                finals.append(message["transcript"])
+        assert wer(JFK, " ".join(finals)) < 0.3, finals
+        ws.send(json.dumps({"type": "KeepAlive"}))
+        ws.send(json.dumps({"type": "Terminate"}))
+        assert _until(ws, "Termination")[-1]["audio_duration_seconds"] >= 11
+    for query, said in (
+        ("sample_rate=16000&speaker_labels=true", "speaker labels"),
+        ("encoding=opus", "pcm_s16le"),
+        ("encoding=pcm_s16le", "sample_rate"),
+        ("sample_rate=16000&keyterms_prompt=notjson", "keyterms_prompt"),
+    ):
+        with _ws(server, query) as ws:
+            message = json.loads(ws.recv(timeout=30))
+            assert message["type"] == "Error" and said in message["error"], message
+            with pytest.raises(ConnectionClosed) as closed:
+                ws.recv(timeout=30)
+            assert closed.value.rcvd is not None and closed.value.rcvd.code == 3006
+    with pytest.raises(InvalidStatus) as refused:
+        _ws(server, "sample_rate=16000", additional_headers={"Authorization": "wrong"})
+    assert refused.value.response.status_code == 401
+
+
+@pytest.mark.e2e
+def test_pipecats_assemblyai_service_with_its_defaults(server: Server) -> None:
+    """Pipecat's AssemblyAISTTService as its docs show it, inside a real pipeline, with only
+    ``api_endpoint_base_url`` pointed here: its defaults (universal-3-6-pro, formatted
+    turns, 100-ms turn silences, a ForceEndpoint at each of its own VAD's stops). Pipecat
+    takes a turn's formatted end as its transcript: every turn is heard, no error."""
+    pytest.importorskip("pipecat", reason="pip install '.[dev]' (pipecat-ai)")
+    import asyncio
+
+    import numpy as np
+    from pipecat.frames.frames import (
+        EndFrame,
+        ErrorFrame,
+        InputAudioRawFrame,
+        TranscriptionFrame,
+        VADUserStartedSpeakingFrame,
+        VADUserStoppedSpeakingFrame,
+    )
+    from pipecat.pipeline.pipeline import Pipeline
+    from pipecat.pipeline.worker import PipelineParams, PipelineWorker
+    from pipecat.processors.frame_processor import FrameDirection, FrameProcessor
+    from pipecat.services.assemblyai.stt import AssemblyAISTTService
+    from pipecat.workers.runner import WorkerRunner
+
+    from speech_assets.clips import clips
+
+    finals: list[str] = []
+    errors: list[str] = []
+
+    class Collect(FrameProcessor):
+        async def process_frame(self, frame: Any, direction: FrameDirection) -> None:
+            await super().process_frame(frame, direction)
+            if isinstance(frame, TranscriptionFrame):
+                finals.append(frame.text)
+            elif isinstance(frame, ErrorFrame):
+                errors.append(frame.error)
+            await self.push_frame(frame, direction)
+
+    async def talk() -> None:
+        stt = AssemblyAISTTService(
+            api_key=KEY, api_endpoint_base_url=server.url.replace("http", "ws") + "/v3/ws"
+        )
+        worker = PipelineWorker(
+            Pipeline([Collect(), stt, Collect()]), params=PipelineParams(audio_in_sample_rate=RATE)
+        )
+        runner = WorkerRunner(handle_sigint=False)
+        await runner.add_workers(worker)
+        running = asyncio.create_task(runner.run())
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + 60
+        while stt._websocket is None and loop.time() < deadline:
+            await asyncio.sleep(0.05)
+        assert stt._websocket is not None, "Pipecat never connected"
+        for n, clip in enumerate(spoken, 1):
+            await worker.queue_frame(VADUserStartedSpeakingFrame())
+            audio = _pcm16(np.concatenate([clip.samples, np.zeros(RATE // 5, np.float32)]))
+            for i in range(0, len(audio), 6400):  # 200 ms a frame, 4x real time
+                await worker.queue_frame(InputAudioRawFrame(audio[i : i + 6400], RATE, 1))
+                await asyncio.sleep(0.05)
+            await worker.queue_frame(VADUserStoppedSpeakingFrame())
+            heard_by = len(" ".join(c.text for c in spoken[:n]).split())
+            deadline = loop.time() + 120
+            while loop.time() < deadline and not errors:
+                if len(" ".join(finals).split()) >= 0.8 * heard_by:
+                    break
+                await asyncio.sleep(0.1)
+        await worker.queue_frame(EndFrame())
+        await asyncio.wait_for(running, 60)
+
+    spoken = clips()[:2]
+    before = len(server.logs())
+    asyncio.run(asyncio.wait_for(talk(), 400))
+    assert errors == [], errors
+    text = " ".join(finals)
+    assert wer(" ".join(c.text for c in spoken), text) < 0.25, text
+    assert any(t[:1].isupper() for t in finals), finals  # the formatted turns, not the raw
+    logs = server.logs()[before:]
+    where = max(logs.find("Traceback"), logs.find(" ERROR "))
+    assert where < 0, logs[max(0, where - 1000) : where + 3000]

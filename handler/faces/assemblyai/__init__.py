@@ -27,10 +27,11 @@ import uuid
 from typing import Any
 from urllib.parse import urlsplit
 
-from fastapi import FastAPI, Request, Response
+from fastapi import FastAPI, Request, Response, WebSocket
 from fastapi.responses import JSONResponse, PlainTextResponse
 
 from handler.faces.assemblyai import records, shape
+from handler.faces.assemblyai.live import AssemblyAISession
 from handler.faces.assemblyai.request import Refused, job_for, webhook_of
 from handler.faces.broker.gateway import BROKER_GONE, BrokerDown
 from handler.faces.jobs import StoreFull
@@ -236,8 +237,24 @@ class AssemblyAI:
 
 
 def add_routes(app: FastAPI, state: Any) -> None:
-    """AssemblyAI's ``/v2/upload`` and ``/v2/transcript`` routes on ``app``."""
+    """AssemblyAI's ``/v2/upload`` and ``/v2/transcript`` routes, and its streaming
+    ``/v3/ws``, on ``app``."""
+    from handler.faces.realtime import serve
+
     api = AssemblyAI(state)
+
+    @app.websocket("/v3/ws")
+    async def stream(ws: WebSocket) -> None:
+        await serve(
+            ws,
+            state.worker,
+            state.settings,
+            state.live,
+            state.metrics.job_done,
+            gateway=state.gateway is not None,
+            face=AssemblyAISession,
+        )
+
     app.add_api_route("/v2/upload", api.upload, methods=["POST"])
     app.add_api_route("/v2/transcript", api.create, methods=["POST"])
     app.add_api_route("/v2/transcript/{transcript_id}", api.get, methods=["GET"])

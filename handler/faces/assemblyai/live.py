@@ -1,0 +1,357 @@
+"""AssemblyAI's streaming protocol (Universal-Streaming, v3) on ``/v3/ws``: a live session of
+handler.faces.realtime (the same audio buffer, server VAD, interim agreement, turn order,
+bounds and send guard) spoken in AssemblyAI's messages, for AssemblyAI's SDK and the
+voice-agent frameworks' AssemblyAI services (Pipecat's ``AssemblyAISTTService``).
+
+The connection's query configures it: ``encoding`` (``pcm_s16le`` with ``sample_rate``,
+or ``pcm_mulaw`` at 8 kHz), ``speech_model`` (a model loaded here by name; any other name
+is this worker's model), ``language_code``, ``language_detection``, ``keyterms_prompt``
+(a JSON list: hotwords), ``prompt``, ``format_turns``, ``min_turn_silence`` (ms of silence
+that end a turn, at least ``TURN_SILENCE_FLOOR_MS``; its older name
+``min_end_of_turn_silence_when_confident`` too), ``max_turn_silence`` (the silence that ends
+a turn when ``end_of_turn_confidence_threshold`` is 1, the setting that turns AssemblyAI's
+semantic end of turn off) and ``vad_threshold``. Other options are taken as sent, but for
+what cannot be served, which refuses the connection: ``speaker_labels`` (no live
+diarization here), ``redact_pii``, ``webhook_url``, and containers (``opus``, ``aac``).
+
+The client sends binary PCM and ``ForceEndpoint`` (the turn under way ends now),
+``UpdateConfiguration`` (``keyterms_prompt``, ``prompt``, ``format_turns``), ``KeepAlive``
+and ``Terminate`` (the rest is transcribed, then ``Termination``, then a close). The server
+sends ``Begin``, ``SpeechStarted``, ``Turn`` messages (partials while a turn is spoken: the
+words two decodes agree on, lower case, ``end_of_turn: false``; then the turn's end, its
+``words`` timed on the stream's clock in ms, unformatted; then with ``format_turns`` the
+same turn formatted, ``turn_is_formatted: true``), ``Termination`` and ``Error``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+from typing import Any
+
+from starlette.websockets import WebSocketDisconnect
+
+from handler.contract import SAMPLE_RATE
+from handler.errors import WorkerError
+from handler.faces.assemblyai.request import language_of
+from handler.faces.deepgram.shape import plain, whole_words
+from handler.faces.realtime.item import LiveItem
+from handler.faces.realtime.protocol import MIN_COMMIT_S, SessionError
+from handler.faces.realtime.session import Session
+
+TURN_SILENCE_FLOOR_MS = 300
+"""The shortest silence that ends a turn (as the Deepgram face's endpointing floor: Whisper
+needs whole phrases; its measurements are in handler.faces.deepgram.live)."""
+DEFAULT_SILENCE_MS = 400
+"""``min_turn_silence`` when none is asked (AssemblyAI's default when confident)."""
+DEFAULT_MAX_SILENCE_MS = 1280
+"""``max_turn_silence`` when none is asked (AssemblyAI's default)."""
+REFUSED = {
+    "speaker_labels": "live speaker labels are not served here",
+    "redact_pii": "PII redaction is not served here",
+    "webhook_url": "a streaming webhook is not served here",
+    "filter_profanity": "profanity filtering is not served here",
+}
+INPUT_ERROR = 3006
+"""AssemblyAI's close code (and ``error_code``) for a request it cannot serve as sent."""
+
+
+def _flag(params: Any, name: str) -> bool | None:
+    value = params.get(name)
+    if value is None:
+        return None
+    if value.lower() not in ("true", "false"):
+        raise SessionError(f"{name}: true or false", "invalid_query")
+    return value.lower() == "true"
+
+
+def _number(params: Any, name: str, lo: float, hi: float) -> float | None:
+    value = params.get(name)
+    if value is None:
+        return None
+    try:
+        number = float(value)
+    except ValueError:
+        number = float("nan")
+    if not lo <= number <= hi:
+        raise SessionError(f"{name}: a number from {lo:g} to {hi:g}", "invalid_query")
+    return number
+
+
+def _terms(value: Any, name: str) -> list[str] | None:
+    if value is None:
+        return None
+    try:
+        terms = json.loads(value) if isinstance(value, str) else value
+    except ValueError:
+        terms = None
+    if not isinstance(terms, list) or not all(isinstance(t, str) for t in terms):
+        raise SessionError(f"{name}: a JSON list of words or phrases", "invalid_query")
+    return terms
+
+
+def _format(params: Any) -> dict[str, Any]:
+    encoding = params.get("encoding") or "pcm_s16le"
+    rate = _number(params, "sample_rate", 8000, 48000)
+    if encoding == "pcm_s16le":
+        if rate is None:
+            raise SessionError("sample_rate: required with pcm_s16le", "invalid_query")
+        return {"type": "audio/pcm", "rate": int(rate)}
+    if encoding == "pcm_mulaw":
+        if rate not in (None, 8000):
+            raise SessionError("sample_rate: pcm_mulaw is served at 8000 Hz", "invalid_query")
+        return {"type": "audio/pcmu"}
+    raise SessionError(
+        "encoding: send raw audio, pcm_s16le with its sample_rate or pcm_mulaw "
+        "(opus, ogg_opus and aac are not served live)",
+        "unsupported_encoding",
+    )
+
+
+def _turns(params: Any) -> dict[str, Any]:
+    """OpenAI's server VAD for AssemblyAI's turn silences."""
+    low = _number(params, "min_turn_silence", 0, 10_000)
+    if low is None:
+        low = _number(params, "min_end_of_turn_silence_when_confident", 0, 10_000)
+    high = _number(params, "max_turn_silence", 0, 10_000)
+    semantic = _number(params, "end_of_turn_confidence_threshold", 0, 1)
+    if semantic is not None and semantic >= 1:  # AssemblyAI's own end of turn is off
+        silence = high if high is not None else DEFAULT_MAX_SILENCE_MS
+    else:
+        silence = low if low is not None else DEFAULT_SILENCE_MS
+        if high is not None:
+            silence = min(silence, high)
+    turns: dict[str, Any] = {
+        "type": "server_vad",
+        "silence_duration_ms": int(max(TURN_SILENCE_FLOOR_MS, silence)),
+    }
+    threshold = _number(params, "vad_threshold", 0, 1)
+    if threshold is not None:
+        turns["threshold"] = threshold
+    return turns
+
+
+def configure(params: Any, loaded: list[str]) -> tuple[dict[str, Any], dict[str, Any]]:
+    """(OpenAI's session object, AssemblyAI's own options) from the connection's query."""
+    for name, why in REFUSED.items():
+        value = params.get(name)
+        if value and value.lower() not in ("false", "0", ""):
+            raise SessionError(f"{name}: {why}", "unsupported")
+    model = params.get("speech_model") or ""
+    codes = _terms(params.get("language_codes"), "language_codes")
+    code = params.get("language_code")
+    transcription: dict[str, Any] = {
+        "model": model if model in loaded else "whisper-1",
+        "language": language_of(code) if code and not _flag(params, "language_detection") else None,
+        "word_alignment": "whisper",
+    }
+    if codes and transcription["language"] is None:
+        transcription["languages"] = sorted({language_of(c) for c in codes})
+    terms = _terms(params.get("keyterms_prompt"), "keyterms_prompt")
+    if terms:
+        transcription["keywords"] = terms
+    if params.get("prompt"):
+        transcription["prompt"] = params["prompt"]
+    session = {
+        "type": "transcription",
+        "audio": {
+            "input": {
+                "format": _format(params),
+                "transcription": transcription,
+                "turn_detection": _turns(params),
+            }
+        },
+    }
+    options = {"format_turns": bool(_flag(params, "format_turns"))}
+    return session, options
+
+
+def error_message(message: str, code: int = INPUT_ERROR) -> dict[str, Any]:
+    """AssemblyAI's ``Error`` message."""
+    return {"type": "Error", "error_code": code, "error": message}
+
+
+def unformatted(words: list[str]) -> str:
+    """A turn's words as AssemblyAI's unformatted transcript: lower case, no punctuation."""
+    return " ".join(p for p in (plain(w) for w in words) if p)
+
+
+class AssemblyAISession(Session):
+    """One ``/v3/ws`` WebSocket: a live session answered in AssemblyAI's messages."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.options: dict[str, Any] = {}
+        self.interims: dict[str, str] = {}
+        self.results: dict[str, dict[str, Any]] = {}
+        """A turn's last decode (its timed words), by item id, until its end is sent."""
+        self.orders: dict[str, int] = {}
+        """Each turn's ``turn_order``, given when its first message is sent."""
+        self.next_order = 0
+        self.closing = False
+
+    @staticmethod
+    def refusal(message: str, code: str) -> dict[str, Any]:
+        return error_message(message)
+
+    @staticmethod
+    def subprotocol(offered: list[str]) -> str | None:
+        return None
+
+    @staticmethod
+    def query_refusal(params: Any) -> str | None:
+        return None  # the query is read whole when the session starts (it needs the models)
+
+    async def run(self) -> None:
+        try:
+            session, self.options = configure(self.ws.query_params, self.worker.pool.names)
+            self._reconfigure(self.config.update, session)
+        except SessionError as exc:
+            await self.send_json(error_message(str(exc)))
+            await self.ws.close(code=INPUT_ERROR, reason=str(exc)[:120])
+            return
+        expires = int(time.time() + self.settings.realtime_max_session_s)
+        await self.send_json({"type": "Begin", "id": self.id, "expires_at": expires})
+        await super().run()
+
+    async def receive(self, message: Any) -> bool:
+        data = message.get("bytes")
+        if data is None:
+            return await super().receive(message) and not self.closing
+        try:
+            await self.append(data)
+        except SessionError as exc:
+            await self.send_json(error_message(str(exc)))
+        except WorkerError as exc:  # the audio cannot be read as the query names it
+            await self.send_json(error_message(exc.message))
+        return True
+
+    async def dispatch(self, event: dict[str, Any]) -> None:
+        kind = event["type"]
+        if kind == "KeepAlive":
+            return
+        if kind == "ForceEndpoint":
+            await self._force_endpoint()
+        elif kind == "UpdateConfiguration":
+            self._update(event)
+        elif kind == "Terminate":
+            await self._terminate()
+        else:
+            raise SessionError(f"unknown message type {kind[:80]!r}", "unknown_message")
+
+    async def _force_endpoint(self) -> None:
+        """The turn under way ends now (nothing happens when none is)."""
+        if self.turn is not None and len(self.audio) >= MIN_COMMIT_S * SAMPLE_RATE:
+            await self.commit(self.audio.received_ms)
+            self.detector.speaking = False
+
+    def _update(self, event: dict[str, Any]) -> None:
+        """``UpdateConfiguration``: ``keyterms_prompt`` and ``prompt`` replace the session's
+        (null keeps them); ``format_turns`` switches formatted turns; the rest is taken."""
+        if event.get("format_turns") is not None:
+            self.options["format_turns"] = bool(event["format_turns"])
+        terms = _terms(event.get("keyterms_prompt"), "keyterms_prompt")
+        prompt = event.get("prompt")
+        if terms is None and prompt is None:
+            return
+        c = self.config
+        transcription = {
+            "model": c.model,
+            "language": c.language,
+            "languages": c.languages,
+            "keywords": c.keywords if terms is None else terms,
+            "prompt": c.prompt if prompt is None else prompt,
+            "word_alignment": c.word_alignment,
+        }
+        self.config = c.update(
+            {"type": "transcription", "audio": {"input": {"transcription": transcription}}}
+        )
+
+    async def _terminate(self) -> None:
+        await self._force_endpoint()
+        pending = {t for t in self.finals | self.tasks if not t.done()}
+        if pending:
+            await asyncio.wait(pending)
+        await self.send_json(
+            {
+                "type": "Termination",
+                "audio_duration_seconds": round(self.audio.received_ms / 1000),
+                "session_duration_seconds": round(time.monotonic() - self.started),
+            }
+        )
+        self.closing = True
+        try:
+            await self.ws.close(code=1000)
+        except (WebSocketDisconnect, RuntimeError):
+            pass  # the client closed first
+
+    async def _transcribe(self, samples: Any, item_id: str) -> dict[str, Any]:
+        result = await super()._transcribe(samples, item_id)
+        self.results[item_id] = result
+        return result
+
+    async def send(self, event: dict[str, Any]) -> None:
+        """OpenAI's events of the session, as AssemblyAI's messages (most have none)."""
+        kind, item = event["type"], event.get("item_id", "")
+        if kind == "input_audio_buffer.speech_started":
+            await self.send_json({"type": "SpeechStarted", "timestamp": event["audio_start_ms"]})
+        elif kind == "conversation.item.input_audio_transcription.delta":
+            self.interims[item] = self.interims.get(item, "") + event["delta"]
+            text = unformatted(self.interims[item].split())
+            await self.send_json(self._turn(item, text, [], end=False, formatted=False))
+        elif kind == "conversation.item.input_audio_transcription.failed":
+            self._forget(item)
+            await self.send_json(error_message(event["error"]["message"], 3005))
+        elif kind == "error":
+            await self.send_json(error_message(event["error"]["message"]))
+
+    async def send_final(self, turn: LiveItem, completed: dict[str, Any]) -> None:
+        item = turn.item_id
+        result = self.results.get(item) or {}
+        self._forget(item)
+        text = completed["transcript"].strip()
+        if not text and item not in self.orders:
+            return  # no words were heard, none were said: AssemblyAI sends no turn
+        end_ms = turn.audio_from_ms + round(completed["usage"]["seconds"] * 1000)
+        timed = whole_words(result.get("words", [])) if text else []
+
+        def words(formatted: bool) -> list[dict[str, Any]]:
+            return [self._word(w, turn.audio_from_ms, end_ms, formatted) for w in timed]
+
+        raw = unformatted(text.split())
+        await self.send_json(self._turn(item, raw, words(False), end=True, formatted=False))
+        if self.options.get("format_turns"):
+            await self.send_json(self._turn(item, text, words(True), end=True, formatted=True))
+        self.orders.pop(item, None)
+
+    @staticmethod
+    def _word(w: dict[str, Any], offset_ms: int, end_ms: int, formatted: bool) -> dict[str, Any]:
+        written = w["word"].strip()
+        return {
+            "start": min(end_ms, offset_ms + round(float(w["start"]) * 1000)),
+            "end": min(end_ms, offset_ms + round(float(w["end"]) * 1000)),
+            "text": written if formatted else (plain(written) or written),
+            "confidence": round(float(w.get("probability", 0.0)), 4),
+            "word_is_final": True,
+        }
+
+    def _turn(
+        self, item: str, text: str, words: list[dict[str, Any]], *, end: bool, formatted: bool
+    ) -> dict[str, Any]:
+        if item not in self.orders:
+            self.orders[item] = self.next_order
+            self.next_order += 1
+        return {
+            "type": "Turn",
+            "turn_order": self.orders[item],
+            "turn_is_formatted": formatted,
+            "end_of_turn": end,
+            "transcript": text,
+            "end_of_turn_confidence": 1.0 if end else 0.0,
+            "words": words,
+        }
+
+    def _forget(self, item: str) -> None:
+        for table in (self.interims, self.results):
+            table.pop(item, None)
