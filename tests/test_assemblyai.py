@@ -408,9 +408,12 @@ def test_the_assemblyai_sdks_streaming_client_gets_each_turn_formatted(server: S
         for w in f.words:  # in order, on the stream's clock, inside the audio
             assert last - 50 <= w.start <= w.end <= len(audio) * 1000 // RATE and w.word_is_final
             last = w.end
-    for t in turns:  # a partial belongs to a turn whose end comes later
-        if not t.end_of_turn:
-            assert t.turn_order in {f.turn_order for f in formatted} and not t.words
+    partials = [t for t in turns if not t.end_of_turn]
+    assert partials, [(t.turn_order, t.transcript) for t in turns]
+    for t in partials:  # a partial belongs to a turn whose end comes later; its words timed
+        assert t.turn_order in {f.turn_order for f in formatted}
+        assert t.transcript == " ".join(w.text for w in t.words), t
+        assert all(0 <= w.start <= w.end <= len(audio) * 1000 // RATE for w in t.words)
 
 
 def _ws(srv: Server, query: str, **kwargs: Any) -> Any:
@@ -557,6 +560,64 @@ def test_pipecats_assemblyai_service_with_its_defaults(server: Server) -> None:
     text = " ".join(finals)
     assert wer(" ".join(c.text for c in spoken), text) < 0.25, text
     assert any(t[:1].isupper() for t in finals), finals  # the formatted turns, not the raw
+    logs = server.logs()[before:]
+    where = max(logs.find("Traceback"), logs.find(" ERROR "))
+    assert where < 0, logs[max(0, where - 1000) : where + 3000]
+
+
+@pytest.mark.e2e
+def test_livekits_assemblyai_plugin_streams_every_turn(server: Server) -> None:
+    """LiveKit Agents' AssemblyAI plugin (1.8.9) as its docs show it, with only ``base_url``
+    pointed here: its defaults (universal-streaming-english, 100-ms min_turn_silence), 20-ms
+    frames as LiveKit's rooms deliver them. Its interim transcripts are built from the
+    partials' words, its finals from each turn's end."""
+    pytest.importorskip("livekit.plugins.assemblyai", reason="pip install '.[dev]'")
+    import asyncio
+
+    from livekit import rtc
+    from livekit.agents import stt as agents_stt
+    from livekit.agents.utils import http_context
+    from livekit.plugins import assemblyai as lk_assemblyai
+
+    audio, spoken = _readings(3)
+    events: list[Any] = []
+
+    def finals() -> list[str]:
+        kind = agents_stt.SpeechEventType.FINAL_TRANSCRIPT
+        return [e.alternatives[0].text for e in events if e.type == kind]
+
+    async def talk() -> None:
+        async with http_context.open():  # LiveKit's way for scripts outside an agent's job
+            stt = lk_assemblyai.STT(api_key=KEY, base_url=server.url.replace("http", "ws"))
+            stream = stt.stream()
+
+            async def read() -> None:
+                async for ev in stream:
+                    events.append(ev)
+
+            reader = asyncio.create_task(read())
+            pcm = _pcm16(audio)
+            frame = RATE * 2 // 50  # 20 ms
+            for i in range(0, len(pcm) - frame + 1, frame):
+                stream.push_frame(rtc.AudioFrame(pcm[i : i + frame], RATE, 1, frame // 2))
+                await asyncio.sleep(0.005)  # 4x real time
+            reference = " ".join(c.text for c in spoken)
+            loop = asyncio.get_running_loop()
+            deadline = loop.time() + 180
+            while loop.time() < deadline and wer(reference, " ".join(finals())) >= 0.25:
+                await asyncio.sleep(0.1)
+            await stream.aclose()
+            reader.cancel()
+            await stt.aclose()
+
+    before = len(server.logs())
+    asyncio.run(asyncio.wait_for(talk(), 300))
+    kinds = [e.type for e in events]
+    text = " ".join(finals())
+    assert wer(" ".join(c.text for c in spoken), text) < 0.25, text
+    assert agents_stt.SpeechEventType.START_OF_SPEECH in kinds
+    assert agents_stt.SpeechEventType.INTERIM_TRANSCRIPT in kinds
+    assert agents_stt.SpeechEventType.END_OF_SPEECH in kinds
     logs = server.logs()[before:]
     where = max(logs.find("Traceback"), logs.find(" ERROR "))
     assert where < 0, logs[max(0, where - 1000) : where + 3000]

@@ -18,7 +18,8 @@ The client sends binary PCM and ``ForceEndpoint`` (the turn under way ends now),
 ``UpdateConfiguration`` (``keyterms_prompt``, ``prompt``, ``format_turns``), ``KeepAlive``
 and ``Terminate`` (the rest is transcribed, then ``Termination``, then a close). The server
 sends ``Begin``, ``SpeechStarted``, ``Turn`` messages (partials while a turn is spoken: the
-words two decodes agree on, lower case, ``end_of_turn: false``; then the turn's end, its
+words two decodes agree on, lower case and timed, ``end_of_turn: false``; then the turn's
+end, its
 ``words`` timed on the stream's clock in ms, unformatted; then with ``format_turns`` the
 same turn formatted, ``turn_is_formatted: true``), ``Termination`` and ``Error``.
 """
@@ -186,6 +187,8 @@ class AssemblyAISession(Session):
         self.interims: dict[str, str] = {}
         self.results: dict[str, dict[str, Any]] = {}
         """A turn's last decode (its timed words), by item id, until its end is sent."""
+        self.partial_from: dict[str, int] = {}
+        """Where a turn's last interim decode began (ms of the stream), for its words."""
         self.orders: dict[str, int] = {}
         """Each turn's ``turn_order``, given when its first message is sent."""
         self.next_order = 0
@@ -291,6 +294,19 @@ class AssemblyAISession(Session):
         self.results[item_id] = result
         return result
 
+    async def _maybe_interim(self, start_ms: int) -> None:
+        turn = self._item()
+        if turn.interim is None or turn.interim.done():
+            self.partial_from[turn.item_id] = start_ms  # the decode about to start, if any
+        await super()._maybe_interim(start_ms)
+
+    def _partial_words(self, item: str, count: int) -> list[dict[str, Any]]:
+        """The first ``count`` words of the turn's last interim decode, timed on the
+        stream's clock (what LiveKit's AssemblyAI plugin builds its interim text from)."""
+        timed = whole_words((self.results.get(item) or {}).get("words", []))[:count]
+        offset = self.partial_from.get(item, 0)
+        return [self._word(w, offset, self.audio.received_ms, False) for w in timed]
+
     async def send(self, event: dict[str, Any]) -> None:
         """OpenAI's events of the session, as AssemblyAI's messages (most have none)."""
         kind, item = event["type"], event.get("item_id", "")
@@ -298,8 +314,10 @@ class AssemblyAISession(Session):
             await self.send_json({"type": "SpeechStarted", "timestamp": event["audio_start_ms"]})
         elif kind == "conversation.item.input_audio_transcription.delta":
             self.interims[item] = self.interims.get(item, "") + event["delta"]
-            text = unformatted(self.interims[item].split())
-            await self.send_json(self._turn(item, text, [], end=False, formatted=False))
+            said = self.interims[item].split()
+            words = self._partial_words(item, len(said))
+            text = unformatted(said)
+            await self.send_json(self._turn(item, text, words, end=False, formatted=False))
         elif kind == "conversation.item.input_audio_transcription.failed":
             self._forget(item)
             await self.send_json(error_message(event["error"]["message"], 3005))
@@ -353,5 +371,5 @@ class AssemblyAISession(Session):
         }
 
     def _forget(self, item: str) -> None:
-        for table in (self.interims, self.results):
+        for table in (self.interims, self.results, self.partial_from):
             table.pop(item, None)
