@@ -128,7 +128,11 @@ def _uvicorn(app: Any, host: str, port: int, state: ServerState) -> Any:
 
     from handler.faces.receive_guard import guarded_protocol
     from handler.faces.send_guard import guarded_ws_protocol
+    from handler.faces.tokens import RedactQuery
 
+    uvicorn_log = logging.getLogger("uvicorn.error")
+    if not any(isinstance(f, RedactQuery) for f in uvicorn_log.filters):
+        uvicorn_log.addFilter(RedactQuery())  # no short-lived token in a log line
     settings = state.settings
     cut = state.metrics.connections_cut
     protocol = guarded_protocol(

@@ -8,7 +8,10 @@ constant time; a WebSocket may instead offer the key as the subprotocol
 ``openai-insecure-api-key.<key>``, which is how OpenAI's browser clients send it (a browser
 cannot set headers on a WebSocket). A refusal is OpenAI's 401 body; on a WebSocket, that
 401 when the server can send an HTTP answer to the handshake, else a close with 1008
-(policy violation). The key itself is never logged.
+(policy violation). The key itself is never logged. A live WebSocket also opens with a
+short-lived token minted with the key (handler.faces.tokens): offered as a key is, as
+Deepgram's browsers offer theirs (the subprotocols ``bearer, <token>``) or as AssemblyAI's
+do (``?token=``).
 
 Also here, the other guards every HTTP request passes: the body cap (``BodyLimit``) and
 the number of bodies received at once (``ReceiveLimit``).
@@ -20,8 +23,11 @@ import hmac
 import json
 import logging
 from collections.abc import Callable
+from urllib.parse import parse_qsl
 
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+from handler.faces import tokens
 
 log = logging.getLogger(__name__)
 
@@ -53,8 +59,11 @@ def presented_keys(scope: Scope) -> list[bytes]:
         for i, proto in enumerate(offered):
             if proto.startswith(SUBPROTOCOL_PREFIX):
                 keys.append(proto[len(SUBPROTOCOL_PREFIX) :].encode())
-            elif proto == "token" and i + 1 < len(offered):
+            elif proto in ("token", "bearer") and i + 1 < len(offered):
                 keys.append(offered[i + 1].encode())
+        for name, value in parse_qsl(scope.get("query_string", b"").decode("latin-1")):
+            if name == "token":  # AssemblyAI's browsers: a short-lived token (tokens.py)
+                keys.append(value.encode())
     return keys
 
 
@@ -67,10 +76,13 @@ class ApiKey:
         self.open_paths = open_paths
 
     def allowed(self, scope: Scope) -> bool:
-        # Every offered key is compared (constant time each), so timing says nothing.
+        # Every offered key is compared (constant time each), so timing says nothing. A
+        # short-lived token (handler.faces.tokens) opens a live WebSocket, nothing else.
         ok = False
         for offered in presented_keys(scope):
             ok |= hmac.compare_digest(offered, self.key)
+            if scope["type"] == "websocket":
+                ok |= tokens.valid(self.key.decode(), offered)
         return ok
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:

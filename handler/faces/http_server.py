@@ -43,7 +43,7 @@ from starlette.types import ASGIApp
 
 from handler.contract import Segment
 from handler.errors import Code, WorkerError
-from handler.faces import assemblyai, deepgram, openai_api, realtime
+from handler.faces import assemblyai, deepgram, openai_api, realtime, tokens
 from handler.faces.admission import run_admitted, settle
 from handler.faces.auth import ApiKey, BodyLimit, BodyTooLarge, ReceiveLimit
 from handler.faces.broker.gateway import BROKER_GONE, BrokerDown
@@ -141,6 +141,8 @@ def create_app(state: ServerState, *, health_path: str = "/ping") -> FastAPI:
     add_job_routes(app, state)
     state.jobs = add_runpod_routes(app, state, settle)
     assemblyai.add_routes(app, state)  # after RunPod's: /v2/{id}/health stays RunPod's
+    key = state.settings.api_key
+    tokens.add_routes(app, key.get_secret_value() if key is not None else None)
     return app
 
 

@@ -153,7 +153,8 @@ class DeepgramSession(Session):
 
     @staticmethod
     def subprotocol(offered: list[str]) -> str | None:
-        return "token" if "token" in offered else None  # a browser's "token, <key>"
+        # A browser's "token, <key>", or "bearer, <token>" with a short-lived token.
+        return next((p for p in offered if p in ("token", "bearer")), None)
 
     @staticmethod
     def query_refusal(params: Any) -> str | None:
