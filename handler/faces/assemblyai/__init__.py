@@ -31,6 +31,7 @@ from fastapi import FastAPI, Request, Response, WebSocket
 from fastapi.responses import JSONResponse, PlainTextResponse
 
 from handler.faces.assemblyai import records, shape
+from handler.faces.assemblyai import request as aai_request
 from handler.faces.assemblyai.live import AssemblyAISession
 from handler.faces.assemblyai.request import Refused, job_for, webhook_of
 from handler.faces.broker.gateway import BROKER_GONE, BrokerDown
@@ -232,7 +233,9 @@ class AssemblyAI:
         done = await self.completed(transcript_id)
         if isinstance(done, Response):
             return done
-        text = shape.subtitles(done[0], kind, None if chars is None else int(chars))
+        result, echo = done
+        spelling = aai_request.spelling(echo.get("custom_spelling"))
+        text = shape.subtitles(result, kind, None if chars is None else int(chars), spelling)
         return PlainTextResponse(text, media_type="text/vtt" if kind == "vtt" else "text/plain")
 
 

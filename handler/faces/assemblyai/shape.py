@@ -197,9 +197,27 @@ def completed(result: dict[str, Any], echo: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
-def subtitles(result: dict[str, Any], kind: str, chars_per_caption: int | None) -> str:
-    """SRT or WebVTT of a completed job, each caption at most ``chars_per_caption`` wide."""
+def subtitles(
+    result: dict[str, Any],
+    kind: str,
+    chars_per_caption: int | None,
+    spelling: dict[str, str] | None = None,
+) -> str:
+    """SRT or WebVTT of a completed job, each caption at most ``chars_per_caption`` wide,
+    ``custom_spelling`` applied."""
     layout = Layout() if chars_per_caption is None else Layout(chars_per_caption, 1)
-    # AssemblyAI's captions name no speaker.
-    segments: list[Any] = [{**seg, "speaker": None} for seg in result.get("segments") or []]
+    segments: list[Any] = []
+    for seg in result.get("segments") or []:
+        words = [
+            {
+                **w,
+                "word": w["word"].replace(
+                    w["word"].strip(), respell(w["word"].strip(), spelling or {}), 1
+                ),
+            }
+            for w in seg.get("words") or []
+        ]
+        text = "".join(w["word"] for w in words) if words and spelling else seg["text"]
+        # AssemblyAI's captions name no speaker.
+        segments.append({**seg, "words": words, "text": text, "speaker": None})
     return to_srt(segments, layout=layout) if kind == "srt" else to_vtt(segments, layout=layout)
