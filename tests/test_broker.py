@@ -795,6 +795,12 @@ def _assemblyai_through(gateway: Server, broker_url: str) -> None:
         assert aai.Transcript.delete_by_id(again.id).text == "Deleted by user."
         with pytest.raises(aai.types.TranscriptError, match="not found"):
             aai.Transcript.get_by_id(again.id)
+        import websockets.sync.client
+
+        url = replica.url.replace("http", "ws") + "/v3/ws?sample_rate=16000"
+        with websockets.sync.client.connect(url) as ws:  # live audio: not on a gateway
+            message = json.loads(ws.recv(timeout=30))
+        assert message["type"] == "Error" and "gateway" in message["error"]
     finally:
         replica.stop()
         for name in ("base_url", "polling_interval", "api_key"):
