@@ -21,6 +21,7 @@ from handler.faces.assemblyai import request as aai_request
 from handler.faces.assemblyai import shape
 from tests.helpers import DATA, JFK_TEXT, wer
 from tests.test_http import Server
+from tests.voice import livekit_events, no_error_logged, pcm16, pipecat_turns
 
 KEY = "assemblyai-test-key-0123456789abcdef"
 
@@ -338,12 +339,6 @@ CHUNK = RATE * 2 // 10  # 100 ms of pcm_s16le
 PACE_S = 0.025  # 4x real time
 
 
-def _pcm16(samples: Any) -> bytes:
-    import numpy as np
-
-    return (np.clip(samples, -1, 1) * 32767).astype("<i2").tobytes()
-
-
 def _readings(n: int, gap_s: float = 1.5) -> tuple[Any, list[Any]]:
     import numpy as np
 
@@ -385,7 +380,7 @@ def test_the_assemblyai_sdks_streaming_client_gets_each_turn_formatted(server: S
             keyterms_prompt=["Americans"],
         )
     )
-    pcm = _pcm16(audio)
+    pcm = pcm16(audio)
     for i in range(0, len(pcm), CHUNK):
         client.stream(pcm[i : i + CHUNK])
         time.sleep(PACE_S)
@@ -449,7 +444,7 @@ def test_force_endpoint_ends_a_turn_and_refusals_close_with_a_reason(server: Ser
 
     audio, _ = _readings(1)
     audio = audio[: -int(1.5 * RATE)]  # JFK's words and nothing after them
-    eight = audioop.ratecv(_pcm16(audio), 2, 1, RATE, 8000, None)[0]
+    eight = audioop.ratecv(pcm16(audio), 2, 1, RATE, 8000, None)[0]
     query = "sample_rate=8000&encoding=pcm_mulaw&format_turns=false&min_turn_silence=5000"
     with _ws(server, query) as ws:
         assert json.loads(ws.recv(timeout=30))["type"] == "Begin"
@@ -492,78 +487,24 @@ def test_pipecats_assemblyai_service_with_its_defaults(server: Server) -> None:
     turns, 100-ms turn silences, a ForceEndpoint at each of its own VAD's stops). Pipecat
     takes a turn's formatted end as its transcript: every turn is heard, no error."""
     pytest.importorskip("pipecat", reason="pip install '.[dev]' (pipecat-ai)")
-    import asyncio
-
-    import numpy as np
-    from pipecat.frames.frames import (
-        EndFrame,
-        ErrorFrame,
-        InputAudioRawFrame,
-        TranscriptionFrame,
-        VADUserStartedSpeakingFrame,
-        VADUserStoppedSpeakingFrame,
-    )
-    from pipecat.pipeline.pipeline import Pipeline
-    from pipecat.pipeline.worker import PipelineParams, PipelineWorker
-    from pipecat.processors.frame_processor import FrameDirection, FrameProcessor
     from pipecat.services.assemblyai.stt import AssemblyAISTTService
-    from pipecat.workers.runner import WorkerRunner
 
     from speech_assets.clips import clips
 
-    finals: list[str] = []
-    errors: list[str] = []
-
-    class Collect(FrameProcessor):
-        async def process_frame(self, frame: Any, direction: FrameDirection) -> None:
-            await super().process_frame(frame, direction)
-            if isinstance(frame, TranscriptionFrame):
-                finals.append(frame.text)
-            elif isinstance(frame, ErrorFrame):
-                errors.append(frame.error)
-            await self.push_frame(frame, direction)
-
-    async def talk() -> None:
-        stt = AssemblyAISTTService(
-            api_key=KEY, api_endpoint_base_url=server.url.replace("http", "ws") + "/v3/ws"
-        )
-        worker = PipelineWorker(
-            Pipeline([Collect(), stt, Collect()]), params=PipelineParams(audio_in_sample_rate=RATE)
-        )
-        runner = WorkerRunner(handle_sigint=False)
-        await runner.add_workers(worker)
-        running = asyncio.create_task(runner.run())
-        loop = asyncio.get_running_loop()
-        deadline = loop.time() + 60
-        while stt._websocket is None and loop.time() < deadline:
-            await asyncio.sleep(0.05)
-        assert stt._websocket is not None, "Pipecat never connected"
-        for n, clip in enumerate(spoken, 1):
-            await worker.queue_frame(VADUserStartedSpeakingFrame())
-            audio = _pcm16(np.concatenate([clip.samples, np.zeros(RATE // 5, np.float32)]))
-            for i in range(0, len(audio), 6400):  # 200 ms a frame, 4x real time
-                await worker.queue_frame(InputAudioRawFrame(audio[i : i + 6400], RATE, 1))
-                await asyncio.sleep(0.05)
-            await worker.queue_frame(VADUserStoppedSpeakingFrame())
-            heard_by = len(" ".join(c.text for c in spoken[:n]).split())
-            deadline = loop.time() + 120
-            while loop.time() < deadline and not errors:
-                if len(" ".join(finals).split()) >= 0.8 * heard_by:
-                    break
-                await asyncio.sleep(0.1)
-        await worker.queue_frame(EndFrame())
-        await asyncio.wait_for(running, 60)
-
     spoken = clips()[:2]
     before = len(server.logs())
-    asyncio.run(asyncio.wait_for(talk(), 400))
+    url = server.url.replace("http", "ws") + "/v3/ws"
+    finals, errors = pipecat_turns(
+        lambda: AssemblyAISTTService(api_key=KEY, api_endpoint_base_url=url),
+        lambda stt: stt._websocket is not None,
+        spoken,
+        tail_s=0.2,
+    )
     assert errors == [], errors
     text = " ".join(finals)
     assert wer(" ".join(c.text for c in spoken), text) < 0.25, text
     assert any(t[:1].isupper() for t in finals), finals  # the formatted turns, not the raw
-    logs = server.logs()[before:]
-    where = max(logs.find("Traceback"), logs.find(" ERROR "))
-    assert where < 0, logs[max(0, where - 1000) : where + 3000]
+    no_error_logged(server.logs()[before:])
 
 
 @pytest.mark.e2e
@@ -573,52 +514,19 @@ def test_livekits_assemblyai_plugin_streams_every_turn(server: Server) -> None:
     frames as LiveKit's rooms deliver them. Its interim transcripts are built from the
     partials' words, its finals from each turn's end."""
     pytest.importorskip("livekit.plugins.assemblyai", reason="pip install '.[dev]'")
-    import asyncio
-
-    from livekit import rtc
     from livekit.agents import stt as agents_stt
-    from livekit.agents.utils import http_context
     from livekit.plugins import assemblyai as lk_assemblyai
 
     audio, spoken = _readings(3)
-    events: list[Any] = []
-
-    def finals() -> list[str]:
-        kind = agents_stt.SpeechEventType.FINAL_TRANSCRIPT
-        return [e.alternatives[0].text for e in events if e.type == kind]
-
-    async def talk() -> None:
-        async with http_context.open():  # LiveKit's way for scripts outside an agent's job
-            stt = lk_assemblyai.STT(api_key=KEY, base_url=server.url.replace("http", "ws"))
-            stream = stt.stream()
-
-            async def read() -> None:
-                async for ev in stream:
-                    events.append(ev)
-
-            reader = asyncio.create_task(read())
-            pcm = _pcm16(audio)
-            frame = RATE * 2 // 50  # 20 ms
-            for i in range(0, len(pcm) - frame + 1, frame):
-                stream.push_frame(rtc.AudioFrame(pcm[i : i + frame], RATE, 1, frame // 2))
-                await asyncio.sleep(0.005)  # 4x real time
-            reference = " ".join(c.text for c in spoken)
-            loop = asyncio.get_running_loop()
-            deadline = loop.time() + 180
-            while loop.time() < deadline and wer(reference, " ".join(finals())) >= 0.25:
-                await asyncio.sleep(0.1)
-            await stream.aclose()
-            reader.cancel()
-            await stt.aclose()
-
+    reference = " ".join(c.text for c in spoken)
     before = len(server.logs())
-    asyncio.run(asyncio.wait_for(talk(), 300))
+    url = server.url.replace("http", "ws")
+    events = livekit_events(lambda: lk_assemblyai.STT(api_key=KEY, base_url=url), audio, reference)
     kinds = [e.type for e in events]
-    text = " ".join(finals())
-    assert wer(" ".join(c.text for c in spoken), text) < 0.25, text
+    final = agents_stt.SpeechEventType.FINAL_TRANSCRIPT
+    text = " ".join(e.alternatives[0].text for e in events if e.type == final)
+    assert wer(reference, text) < 0.25, text
     assert agents_stt.SpeechEventType.START_OF_SPEECH in kinds
     assert agents_stt.SpeechEventType.INTERIM_TRANSCRIPT in kinds
     assert agents_stt.SpeechEventType.END_OF_SPEECH in kinds
-    logs = server.logs()[before:]
-    where = max(logs.find("Traceback"), logs.find(" ERROR "))
-    assert where < 0, logs[max(0, where - 1000) : where + 3000]
+    no_error_logged(server.logs()[before:])

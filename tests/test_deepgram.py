@@ -23,6 +23,7 @@ from handler.faces.deepgram import shape
 from speech_assets.clips import JFK_TEXT, clips, wer
 from tests.helpers import DATA
 from tests.test_http import Server
+from tests.voice import livekit_events, no_error_logged, pipecat_turns
 
 KEY = "dg-test-key-0123456789abcdef"
 RATE = 16000
@@ -271,73 +272,19 @@ def test_pipecats_deepgram_service_with_its_defaults(server: Server) -> None:
     profanity_filter, no endpointing: Deepgram's 10 ms) and a Finalize at each of its own
     VAD's stops. Pipecat ends the stream on an error: none may come, every turn is heard."""
     pytest.importorskip("pipecat", reason="pip install '.[dev]' (pipecat-ai)")
-    import asyncio
-
-    from pipecat.frames.frames import (
-        EndFrame,
-        ErrorFrame,
-        InputAudioRawFrame,
-        TranscriptionFrame,
-        VADUserStartedSpeakingFrame,
-        VADUserStoppedSpeakingFrame,
-    )
-    from pipecat.pipeline.pipeline import Pipeline
-    from pipecat.pipeline.worker import PipelineParams, PipelineWorker
-    from pipecat.processors.frame_processor import FrameDirection, FrameProcessor
     from pipecat.services.deepgram.stt import DeepgramSTTService
-    from pipecat.workers.runner import WorkerRunner
-
-    finals: list[str] = []
-    errors: list[str] = []
-
-    class Collect(FrameProcessor):
-        async def process_frame(self, frame: Any, direction: FrameDirection) -> None:
-            await super().process_frame(frame, direction)
-            if isinstance(frame, TranscriptionFrame):
-                finals.append(frame.text)
-            elif isinstance(frame, ErrorFrame):
-                errors.append(frame.error)
-            await self.push_frame(frame, direction)
-
-    async def talk() -> None:
-        stt = DeepgramSTTService(api_key=KEY, base_url=_ws_url(server))
-        worker = PipelineWorker(
-            Pipeline([Collect(), stt, Collect()]), params=PipelineParams(audio_in_sample_rate=RATE)
-        )
-        runner = WorkerRunner(handle_sigint=False)
-        await runner.add_workers(worker)
-        running = asyncio.create_task(runner.run())
-        loop = asyncio.get_running_loop()
-        deadline = loop.time() + 60
-        # The service has no on_connected event; its socket is set once it connected.
-        while stt._connection is None and loop.time() < deadline:
-            await asyncio.sleep(0.05)
-        assert stt._connection is not None, "Pipecat never connected"
-        for clip in spoken:
-            await worker.queue_frame(VADUserStartedSpeakingFrame())
-            audio = pcm16(np.concatenate([clip.samples, silence(0.5)]))
-            for i in range(0, len(audio), 6400):  # 200 ms a frame, 4x real time
-                await worker.queue_frame(InputAudioRawFrame(audio[i : i + 6400], RATE, 1))
-                await asyncio.sleep(0.05)
-            await worker.queue_frame(VADUserStoppedSpeakingFrame())
-            heard_by = len(" ".join(c.text for c in spoken[: spoken.index(clip) + 1]).split())
-            deadline = asyncio.get_running_loop().time() + 120
-            while asyncio.get_running_loop().time() < deadline and not errors:
-                if len(" ".join(finals).split()) >= 0.8 * heard_by:
-                    break
-                await asyncio.sleep(0.1)
-        await worker.queue_frame(EndFrame())
-        await asyncio.wait_for(running, 60)
 
     spoken = clips()[:2]
     before = len(server.logs())
-    asyncio.run(asyncio.wait_for(talk(), 400))
+    finals, errors = pipecat_turns(
+        lambda: DeepgramSTTService(api_key=KEY, base_url=_ws_url(server)),
+        lambda stt: stt._connection is not None,  # it has no on_connected event
+        spoken,
+    )
     assert errors == [], errors
     text = " ".join(finals)
     assert wer(" ".join(c.text for c in spoken), text) < 0.25, text
-    logs = server.logs()[before:]
-    where = max(logs.find("Traceback"), logs.find(" ERROR "))
-    assert where < 0, logs[max(0, where - 1000) : where + 3000]
+    no_error_logged(server.logs()[before:])
 
 
 @pytest.mark.e2e
@@ -346,55 +293,25 @@ def test_livekits_deepgram_plugin_streams_every_turn(server: Server) -> None:
     pointed here: its defaults (nova-3, en-US, interim results, 25-ms endpointing,
     filler_words, no_delay), 20-ms frames as LiveKit's rooms deliver them."""
     pytest.importorskip("livekit.plugins.deepgram", reason="pip install '.[dev]'")
-    import asyncio
-
-    from livekit import rtc
     from livekit.agents import stt as agents_stt
-    from livekit.agents.utils import http_context
     from livekit.plugins import deepgram as lk_deepgram
 
     spoken = clips()[:3]
-    events: list[Any] = []
-
-    def finals() -> list[str]:
-        kind = agents_stt.SpeechEventType.FINAL_TRANSCRIPT
-        return [e.alternatives[0].text for e in events if e.type == kind]
-
-    async def talk() -> None:
-        async with http_context.open():  # LiveKit's way for scripts outside an agent's job
-            stt = lk_deepgram.STT(api_key=KEY, base_url=_ws_url(server) + "/v1/listen")
-            stream = stt.stream()
-
-            async def read() -> None:
-                async for ev in stream:
-                    events.append(ev)
-
-            reader = asyncio.create_task(read())
-            gap = silence(1.5)
-            audio = pcm16(np.concatenate([x for c in spoken for x in (c.samples, gap)]))
-            frame = RATE * 2 // 50  # 20 ms
-            for i in range(0, len(audio) - frame + 1, frame):
-                stream.push_frame(rtc.AudioFrame(audio[i : i + frame], RATE, 1, frame // 2))
-                await asyncio.sleep(0.005)  # 4x real time
-            reference = " ".join(c.text for c in spoken)
-            loop = asyncio.get_running_loop()
-            deadline = loop.time() + 180
-            while loop.time() < deadline and wer(reference, " ".join(finals())) >= 0.25:
-                await asyncio.sleep(0.1)
-            await stream.aclose()
-            reader.cancel()
-            await stt.aclose()
-
+    audio = np.concatenate([x for c in spoken for x in (c.samples, silence(1.5))])
+    reference = " ".join(c.text for c in spoken)
     before = len(server.logs())
-    asyncio.run(asyncio.wait_for(talk(), 300))
+    events = livekit_events(
+        lambda: lk_deepgram.STT(api_key=KEY, base_url=_ws_url(server) + "/v1/listen"),
+        audio,
+        reference,
+    )
     kinds = [e.type for e in events]
-    text = " ".join(finals())
-    assert wer(" ".join(c.text for c in spoken), text) < 0.25, text
+    final = agents_stt.SpeechEventType.FINAL_TRANSCRIPT
+    text = " ".join(e.alternatives[0].text for e in events if e.type == final)
+    assert wer(reference, text) < 0.25, text
     assert agents_stt.SpeechEventType.START_OF_SPEECH in kinds
     assert agents_stt.SpeechEventType.END_OF_SPEECH in kinds  # from speech_final
-    logs = server.logs()[before:]
-    where = max(logs.find("Traceback"), logs.find(" ERROR "))
-    assert where < 0, logs[max(0, where - 1000) : where + 3000]
+    no_error_logged(server.logs()[before:])
 
 
 @pytest.fixture

@@ -34,12 +34,11 @@ from typing import Any
 from starlette.websockets import WebSocketDisconnect
 
 from handler.contract import SAMPLE_RATE
-from handler.errors import WorkerError
 from handler.faces.assemblyai.request import language_of
 from handler.faces.deepgram.shape import plain, whole_words
+from handler.faces.realtime.binary import QueryAudioSession
 from handler.faces.realtime.item import LiveItem
 from handler.faces.realtime.protocol import MIN_COMMIT_S, SessionError
-from handler.faces.realtime.session import Session
 
 TURN_SILENCE_FLOOR_MS = 300
 """The shortest silence that ends a turn (as the Deepgram face's endpointing floor: Whisper
@@ -178,12 +177,13 @@ def unformatted(words: list[str]) -> str:
     return " ".join(p for p in (plain(w) for w in words) if p)
 
 
-class AssemblyAISession(Session):
+class AssemblyAISession(QueryAudioSession):
     """One ``/v3/ws`` WebSocket: a live session answered in AssemblyAI's messages."""
+
+    refused_close = INPUT_ERROR
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
-        self.options: dict[str, Any] = {}
         self.interims: dict[str, str] = {}
         self.results: dict[str, dict[str, Any]] = {}
         """A turn's last decode (its timed words), by item id, until its end is sent."""
@@ -192,7 +192,6 @@ class AssemblyAISession(Session):
         self.orders: dict[str, int] = {}
         """Each turn's ``turn_order``, given when its first message is sent."""
         self.next_order = 0
-        self.closing = False
 
     @staticmethod
     def refusal(message: str, code: str) -> dict[str, Any]:
@@ -202,33 +201,12 @@ class AssemblyAISession(Session):
     def subprotocol(offered: list[str]) -> str | None:
         return None
 
-    @staticmethod
-    def query_refusal(params: Any) -> str | None:
-        return None  # the query is read whole when the session starts (it needs the models)
+    def configure(self, params: Any, loaded: list[str]) -> tuple[dict[str, Any], dict[str, Any]]:
+        return configure(params, loaded)
 
-    async def run(self) -> None:
-        try:
-            session, self.options = configure(self.ws.query_params, self.worker.pool.names)
-            self._reconfigure(self.config.update, session)
-        except SessionError as exc:
-            await self.send_json(error_message(str(exc)))
-            await self.ws.close(code=INPUT_ERROR, reason=str(exc)[:120])
-            return
+    async def opening(self) -> None:
         expires = int(time.time() + self.settings.realtime_max_session_s)
         await self.send_json({"type": "Begin", "id": self.id, "expires_at": expires})
-        await super().run()
-
-    async def receive(self, message: Any) -> bool:
-        data = message.get("bytes")
-        if data is None:
-            return await super().receive(message) and not self.closing
-        try:
-            await self.append(data)
-        except SessionError as exc:
-            await self.send_json(error_message(str(exc)))
-        except WorkerError as exc:  # the audio cannot be read as the query names it
-            await self.send_json(error_message(exc.message))
-        return True
 
     async def dispatch(self, event: dict[str, Any]) -> None:
         kind = event["type"]

@@ -29,12 +29,11 @@ from typing import Any
 from starlette.websockets import WebSocketDisconnect
 
 from handler.contract import SAMPLE_RATE
-from handler.errors import WorkerError
 from handler.faces.deepgram import shape
 from handler.faces.deepgram.query import QueryError, flag, keywords, number, served_model
+from handler.faces.realtime.binary import QueryAudioSession
 from handler.faces.realtime.item import LiveItem
 from handler.faces.realtime.protocol import MIN_COMMIT_S, SessionError
-from handler.faces.realtime.session import Session
 
 ENDPOINTING_FLOOR_MS = 300
 """The shortest silence that ends a turn. Deepgram's default endpointing is 10 ms; Whisper
@@ -127,12 +126,11 @@ def error_message(message: str, code: str) -> dict[str, Any]:
     return {"type": "Error", "variant": code, "code": code, "description": message}
 
 
-class DeepgramSession(Session):
+class DeepgramSession(QueryAudioSession):
     """One ``/v1/listen`` WebSocket: a live session answered in Deepgram's messages."""
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
-        self.options: dict[str, Any] = {}
         self.starts: dict[str, int] = {}
         """A turn's first audio (ms of the session's audio), by item id, for its interims."""
         self.interims: dict[str, str] = {}
@@ -140,12 +138,11 @@ class DeepgramSession(Session):
         """A turn's last decode (its timed words), by item id, until its final is sent."""
         self.endpointed: set[str] = set()
         self.finalized: set[str] = set()
-        self.closing = False
         self.empty_final: asyncio.Task | None = None
         self.last_word_end: float | None = None
+        """The end (s) of the last word sent in a final whose utterance end is not yet said."""
         self.speech_starts: list[int] = []
         """Where speech began (ms of the stream) since the last word sent, the last 16."""
-        """The end (s) of the last word sent in a final whose utterance end is not yet said."""
 
     @staticmethod
     def refusal(message: str, code: str) -> dict[str, Any]:
@@ -156,35 +153,16 @@ class DeepgramSession(Session):
         # A browser's "token, <key>", or "bearer, <token>" with a short-lived token.
         return next((p for p in offered if p in ("token", "bearer")), None)
 
-    @staticmethod
-    def query_refusal(params: Any) -> str | None:
-        return None  # the query is read whole when the session starts (it needs the models)
+    def configure(self, params: Any, loaded: list[str]) -> tuple[dict[str, Any], dict[str, Any]]:
+        return configure(params, loaded)
 
-    async def run(self) -> None:
-        try:
-            session, self.options = configure(self.ws.query_params, self.worker.pool.names)
-            self._reconfigure(self.config.update, session)
-        except SessionError as exc:
-            await self.send_json(error_message(str(exc), exc.code))
-            await self.ws.close(code=1008)
-            return
-        await super().run()
+    async def empty_message(self) -> bool:
+        # An empty binary message: Deepgram's older way to say CloseStream.
+        await self.dispatch({"type": "CloseStream"})
+        return False
 
-    async def receive(self, message: Any) -> bool:
-        data = message.get("bytes")
-        if data is None:
-            return await super().receive(message) and not self.closing
-        if not data:  # an empty binary message: Deepgram's older way to say CloseStream
-            await self.dispatch({"type": "CloseStream"})
-            return False
-        try:
-            await self.append(data)
-            await self._utterance_end()
-        except SessionError as exc:
-            await self.send_json(error_message(str(exc), exc.code))
-        except WorkerError as exc:  # the audio cannot be read as the query names it
-            await self.send_json(error_message(exc.message, exc.code.value.lower()))
-        return True
+    async def after_audio(self) -> None:
+        await self._utterance_end()
 
     async def dispatch(self, event: dict[str, Any]) -> None:
         kind = event["type"]

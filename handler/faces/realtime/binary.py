@@ -1,0 +1,76 @@
+"""A live face configured by its connection's query and fed raw audio in binary messages, as
+Deepgram's and AssemblyAI's live protocols are (OpenAI's sends base64 in JSON events and a
+``session.update``): the query read whole before the session starts, a refusal closing the
+connection, each binary message appended with its errors answered in the face's shape."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from handler.errors import WorkerError
+from handler.faces.realtime.protocol import SessionError
+from handler.faces.realtime.session import Session
+
+
+class QueryAudioSession(Session):
+    """A live session whose query configures it and whose audio is binary (subclassed by
+    each face: ``configure``, ``error``, and ``opening`` for a first message)."""
+
+    refused_close = 1008
+    """The close code of a connection whose query is refused."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.options: dict[str, Any] = {}
+        """The face's own options, read from the query beside the session's config."""
+        self.closing = False
+        """Set once the face has closed the connection itself (its end of stream)."""
+
+    def configure(self, params: Any, loaded: list[str]) -> tuple[dict[str, Any], dict[str, Any]]:
+        """(OpenAI's session object, the face's own options) from the query; SessionError
+        when it can never be served."""
+        raise NotImplementedError
+
+    def error(self, message: str, code: str) -> dict[str, Any]:
+        """The face's error message."""
+        return self.refusal(message, code)
+
+    @staticmethod
+    def query_refusal(params: Any) -> str | None:
+        return None  # the query is read whole when the session starts (it needs the models)
+
+    async def opening(self) -> None:
+        """After the query is taken, before the first message is read."""
+
+    async def empty_message(self) -> bool:
+        """An empty binary message; False ends the session (some faces' end of stream)."""
+        return True
+
+    async def after_audio(self) -> None:
+        """After each binary message's audio is appended."""
+
+    async def run(self) -> None:
+        try:
+            session, self.options = self.configure(self.ws.query_params, self.worker.pool.names)
+            self._reconfigure(self.config.update, session)
+        except SessionError as exc:
+            await self.send_json(self.error(str(exc), exc.code))
+            await self.ws.close(code=self.refused_close, reason=str(exc)[:120])
+            return
+        await self.opening()
+        await super().run()
+
+    async def receive(self, message: Any) -> bool:
+        data = message.get("bytes")
+        if data is None:
+            return await super().receive(message) and not self.closing
+        if not data:
+            return await self.empty_message()
+        try:
+            await self.append(data)
+            await self.after_audio()
+        except SessionError as exc:
+            await self.send_json(self.error(str(exc), exc.code))
+        except WorkerError as exc:  # the audio cannot be read as the query names it
+            await self.send_json(self.error(exc.message, exc.code.value.lower()))
+        return True
