@@ -290,14 +290,7 @@ def add_service_routes(app: FastAPI, state: ServerState) -> None:
 
     @app.websocket("/v1/realtime")
     async def live(ws: WebSocket) -> None:
-        await realtime.serve(
-            ws,
-            state.worker,
-            state.settings,
-            state.live,
-            state.metrics.job_done,
-            gateway=state.gateway is not None,
-        )
+        await realtime.serve_on(ws, state)
 
 
 def add_health_route(app: FastAPI, state: ServerState, path: str) -> None:

@@ -242,21 +242,13 @@ class AssemblyAI:
 def add_routes(app: FastAPI, state: Any) -> None:
     """AssemblyAI's ``/v2/upload`` and ``/v2/transcript`` routes, and its streaming
     ``/v3/ws``, on ``app``."""
-    from handler.faces.realtime import serve
+    from handler.faces.realtime import serve_on
 
     api = AssemblyAI(state)
 
     @app.websocket("/v3/ws")
     async def stream(ws: WebSocket) -> None:
-        await serve(
-            ws,
-            state.worker,
-            state.settings,
-            state.live,
-            state.metrics.job_done,
-            gateway=state.gateway is not None,
-            face=AssemblyAISession,
-        )
+        await serve_on(ws, state, AssemblyAISession)
 
     app.add_api_route("/v2/upload", api.upload, methods=["POST"])
     app.add_api_route("/v2/transcript", api.create, methods=["POST"])

@@ -24,7 +24,7 @@ from handler.faces.deepgram.prerecorded import listen as listen_to_a_file
 
 def add_routes(app: FastAPI, state: Any) -> None:
     """Deepgram's ``/v1/listen`` on ``app`` (a handler.faces.http_server.ServerState)."""
-    from handler.faces.realtime import serve
+    from handler.faces.realtime import serve_on
 
     @app.post("/v1/listen")
     async def transcribe(request: Request) -> Response:
@@ -32,12 +32,4 @@ def add_routes(app: FastAPI, state: Any) -> None:
 
     @app.websocket("/v1/listen")
     async def listen(ws: WebSocket) -> None:
-        await serve(
-            ws,
-            state.worker,
-            state.settings,
-            state.live,
-            state.metrics.job_done,
-            gateway=state.gateway is not None,
-            face=DeepgramSession,
-        )
+        await serve_on(ws, state, DeepgramSession)

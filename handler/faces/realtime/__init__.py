@@ -33,6 +33,6 @@ that vanishes cancels its turns at their next cancel check.
 - ``session``: one WebSocket's loop, its turns, interim and final decodes; ``serve``.
 """
 
-from handler.faces.realtime.session import LiveState, serve
+from handler.faces.realtime.session import LiveState, serve, serve_on
 
-__all__ = ["LiveState", "serve"]
+__all__ = ["LiveState", "serve", "serve_on"]

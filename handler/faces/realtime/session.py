@@ -482,3 +482,16 @@ async def serve(
         await face(ws, worker, settings, live, on_result).run()
     finally:
         live.sessions -= 1
+
+
+async def serve_on(ws: WebSocket, state: Any, face: type[Session] = Session) -> None:
+    """``serve`` for a route of the HTTP server (``state``: its ServerState)."""
+    await serve(
+        ws,
+        state.worker,
+        state.settings,
+        state.live,
+        state.metrics.job_done,
+        gateway=state.gateway is not None,
+        face=face,
+    )
