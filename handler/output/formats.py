@@ -393,3 +393,32 @@ def render(
                 include_words=has_words,
             )
     return result
+
+
+EDGE_PUNCTUATION = ".,!?;:\"'“”‘’«»()[]{}…¿¡-—"
+
+
+def plain(word: str) -> str:
+    """A word as Deepgram's ``word`` and AssemblyAI's unformatted turns give it: lower case
+    without the punctuation around it ("Ask," -> "ask"; "don't" stays "don't")."""
+    return word.strip().strip(EDGE_PUNCTUATION).lower()
+
+
+def whole_words(words: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """A job's words as the transcript spells them: a piece Whisper split off a word without a
+    space before it and starting with punctuation (" old" "-sposed") joins the word before
+    it, so that the punctuated words, joined by spaces, are the transcript."""
+    out: list[dict[str, Any]] = []
+    for w in words:
+        text = w["word"]
+        if out and text[:1] and not text[:1].isspace() and not text[:1].isalnum():
+            prev = out[-1]
+            out[-1] = {
+                **prev,
+                "word": prev["word"] + text,
+                "end": w["end"],
+                "probability": min(prev.get("probability", 0.0), w.get("probability", 0.0)),
+            }
+        else:
+            out.append(dict(w))
+    return out

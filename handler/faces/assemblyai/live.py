@@ -35,10 +35,10 @@ from starlette.websockets import WebSocketDisconnect
 
 from handler.contract import SAMPLE_RATE
 from handler.faces.assemblyai.request import language_of
-from handler.faces.deepgram.shape import plain, whole_words
 from handler.faces.realtime.binary import QueryAudioSession
 from handler.faces.realtime.item import LiveItem
 from handler.faces.realtime.protocol import MIN_COMMIT_S, SessionError
+from handler.output.formats import plain, whole_words
 
 TURN_SILENCE_FLOOR_MS = 300
 """The shortest silence that ends a turn (as the Deepgram face's endpointing floor: Whisper
@@ -185,10 +185,6 @@ class AssemblyAISession(QueryAudioSession):
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self.interims: dict[str, str] = {}
-        self.results: dict[str, dict[str, Any]] = {}
-        """A turn's last decode (its timed words), by item id, until its end is sent."""
-        self.partial_from: dict[str, int] = {}
-        """Where a turn's last interim decode began (ms of the stream), for its words."""
         self.orders: dict[str, int] = {}
         """Each turn's ``turn_order``, given when its first message is sent."""
         self.next_order = 0
@@ -267,22 +263,10 @@ class AssemblyAISession(QueryAudioSession):
         except (WebSocketDisconnect, RuntimeError):
             pass  # the client closed first
 
-    async def _transcribe(self, samples: Any, item_id: str) -> dict[str, Any]:
-        result = await super()._transcribe(samples, item_id)
-        self.results[item_id] = result
-        return result
-
-    async def _maybe_interim(self, start_ms: int) -> None:
-        turn = self._item()
-        if turn.interim is None or turn.interim.done():
-            self.partial_from[turn.item_id] = start_ms  # the decode about to start, if any
-        await super()._maybe_interim(start_ms)
-
     def _partial_words(self, item: str, count: int) -> list[dict[str, Any]]:
-        """The first ``count`` words of the turn's last interim decode, timed on the
-        stream's clock (what LiveKit's AssemblyAI plugin builds its interim text from)."""
-        timed = whole_words((self.results.get(item) or {}).get("words", []))[:count]
-        offset = self.partial_from.get(item, 0)
+        """The turn's agreed words so far, timed on the stream's clock (what LiveKit's
+        AssemblyAI plugin builds its interim text from)."""
+        timed, offset = self.partial(item, count)
         return [self._word(w, offset, self.audio.received_ms, False) for w in timed]
 
     async def send(self, event: dict[str, Any]) -> None:
@@ -349,5 +333,5 @@ class AssemblyAISession(QueryAudioSession):
         }
 
     def _forget(self, item: str) -> None:
-        for table in (self.interims, self.results, self.partial_from):
-            table.pop(item, None)
+        self.interims.pop(item, None)
+        self.forget(item)

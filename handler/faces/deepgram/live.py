@@ -134,8 +134,6 @@ class DeepgramSession(QueryAudioSession):
         self.starts: dict[str, int] = {}
         """A turn's first audio (ms of the session's audio), by item id, for its interims."""
         self.interims: dict[str, str] = {}
-        self.results: dict[str, dict[str, Any]] = {}
-        """A turn's last decode (its timed words), by item id, until its final is sent."""
         self.endpointed: set[str] = set()
         self.finalized: set[str] = set()
         self.empty_final: asyncio.Task | None = None
@@ -252,11 +250,6 @@ class DeepgramSession(QueryAudioSession):
         message["from_finalize"] = True
         await self.send_json(message)
 
-    async def _transcribe(self, samples: Any, item_id: str) -> dict[str, Any]:
-        result = await super()._transcribe(samples, item_id)
-        self.results[item_id] = result
-        return result
-
     async def send(self, event: dict[str, Any]) -> None:
         """OpenAI's events of the session, as Deepgram's messages (most have none)."""
         kind, item = event["type"], event.get("item_id", "")
@@ -277,7 +270,9 @@ class DeepgramSession(QueryAudioSession):
             if self.options.get("interim_results"):
                 start = self.starts.get(item, 0)
                 end = self.audio.received_ms
-                await self.send_json(self._results(self.interims[item], [], start, end, False))
+                timed, offset = self.partial(item, len(self.interims[item].split()))
+                words = [shape.word(w, offset / 1000, limit=end / 1000) for w in timed]
+                await self.send_json(self._results(self.interims[item], words, start, end, False))
         elif kind == "conversation.item.input_audio_transcription.failed":
             self._forget(item)
             error = event["error"]
@@ -329,8 +324,9 @@ class DeepgramSession(QueryAudioSession):
             self.last_word_end = None  # said, or speech came back before the gap
 
     def _forget(self, item: str) -> None:
-        for table in (self.starts, self.interims, self.results):
+        for table in (self.starts, self.interims):
             table.pop(item, None)
+        self.forget(item)
         self.endpointed.discard(item)
         self.finalized.discard(item)
 

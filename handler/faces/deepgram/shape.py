@@ -7,13 +7,9 @@ from __future__ import annotations
 import datetime
 from typing import Any
 
-EDGE_PUNCTUATION = ".,!?;:\"'“”‘’«»()[]{}…¿¡-—"
+from handler.output.formats import plain, whole_words
 
-
-def plain(word: str) -> str:
-    """Deepgram's ``word``: lower case without the punctuation around it ("Ask," -> "ask";
-    "don't" stays "don't"); ``punctuated_word`` keeps the word as written."""
-    return word.strip().strip(EDGE_PUNCTUATION).lower()
+__all__ = ["plain", "whole_words"]  # here too: the faces' words are Deepgram's first
 
 
 def word(
@@ -35,26 +31,6 @@ def word(
     }
     if speaker is not None:
         out["speaker"] = speaker
-    return out
-
-
-def whole_words(words: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """A job's words as the transcript spells them: a piece Whisper split off a word without a
-    space before it and starting with punctuation (" old" "-sposed") joins the word before
-    it, so that the punctuated words, joined by spaces, are the transcript."""
-    out: list[dict[str, Any]] = []
-    for w in words:
-        text = w["word"]
-        if out and text[:1] and not text[:1].isspace() and not text[:1].isalnum():
-            prev = out[-1]
-            out[-1] = {
-                **prev,
-                "word": prev["word"] + text,
-                "end": w["end"],
-                "probability": min(prev.get("probability", 0.0), w.get("probability", 0.0)),
-            }
-        else:
-            out.append(dict(w))
     return out
 
 

@@ -1,7 +1,8 @@
 """A live face configured by its connection's query and fed raw audio in binary messages, as
 Deepgram's and AssemblyAI's live protocols are (OpenAI's sends base64 in JSON events and a
 ``session.update``): the query read whole before the session starts, a refusal closing the
-connection, each binary message appended with its errors answered in the face's shape."""
+connection, each binary message appended with its errors answered in the face's shape; each
+turn's last decode kept for the words of its interim and final messages."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ from typing import Any
 from handler.errors import WorkerError
 from handler.faces.realtime.protocol import SessionError
 from handler.faces.realtime.session import Session
+from handler.output.formats import whole_words
 
 
 class QueryAudioSession(Session):
@@ -25,6 +27,10 @@ class QueryAudioSession(Session):
         """The face's own options, read from the query beside the session's config."""
         self.closing = False
         """Set once the face has closed the connection itself (its end of stream)."""
+        self.results: dict[str, dict[str, Any]] = {}
+        """A turn's last decode (interim or final: its timed words), by item id."""
+        self.partial_from: dict[str, int] = {}
+        """Where a turn's last interim decode began (ms of the stream)."""
 
     def configure(self, params: Any, loaded: list[str]) -> tuple[dict[str, Any], dict[str, Any]]:
         """(OpenAI's session object, the face's own options) from the query; SessionError
@@ -48,6 +54,30 @@ class QueryAudioSession(Session):
 
     async def after_audio(self) -> None:
         """After each binary message's audio is appended."""
+
+    async def _transcribe(self, samples: Any, item_id: str) -> dict[str, Any]:
+        result = await super()._transcribe(samples, item_id)
+        self.results[item_id] = result
+        return result
+
+    async def _maybe_interim(self, start_ms: int) -> None:
+        turn = self._item()
+        if turn.interim is None or turn.interim.done():
+            self.partial_from[turn.item_id] = start_ms  # the decode about to start, if any
+        await super()._maybe_interim(start_ms)
+
+    def partial(self, item: str, count: int) -> tuple[list[dict[str, Any]], int]:
+        """(the first ``count`` whole words of the turn's last interim decode, the ms of the
+        stream its times count from): an interim message's words, which the faces' clients
+        read (LiveKit's plugins take an interim's times, and AssemblyAI's its text, from
+        them)."""
+        words = whole_words((self.results.get(item) or {}).get("words", []))
+        return words[:count], self.partial_from.get(item, 0)
+
+    def forget(self, item: str) -> None:
+        """A turn answered: what was kept of it goes."""
+        self.results.pop(item, None)
+        self.partial_from.pop(item, None)
 
     async def run(self) -> None:
         try:
