@@ -109,6 +109,7 @@ def test_a_request_becomes_a_job_and_what_cannot_be_served_is_refused() -> None:
         {"audio_url": "u", "word_boost": ["x" * 101]},
         {"audio_url": "u", "custom_spelling": [{"from": "a", "to": "b"}]},
         {"audio_url": "u", "temperature": 3},
+        {"audio_url": "u", "custom_spelling": [{"from": ["w" * 99] * 100, "to": "x"}] * 10},
         ["not", "an", "object"],
     ):
         with pytest.raises(aai_request.Refused):

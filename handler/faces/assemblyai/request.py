@@ -18,6 +18,7 @@ PII redaction, ...) and ``multichannel``.
 
 from __future__ import annotations
 
+import json
 import re
 from typing import Any
 
@@ -99,6 +100,8 @@ header value is never repeated)."""
 HEADER_NAME = re.compile(r"^[A-Za-z0-9!#$%&'*+.^_`|~-]{1,100}$")
 RESERVED_HEADERS = {"host", "content-length", "content-type", "transfer-encoding", "connection"}
 
+MAX_ECHO_BYTES = 65_536
+"""The request's options kept for its answers (custom_spelling, word_boost, ...), at most."""
 MAX_SPELLINGS = 100
 """``custom_spelling`` entries at most (each at most 100 ``from`` words of 100 chars)."""
 
@@ -122,6 +125,8 @@ def job_for(body: Any, loaded: list[str]) -> tuple[dict[str, Any], dict[str, Any
     job.update(_span(body))
     spelling(body.get("custom_spelling"))  # checked now: the answers apply it
     echo = {k: body[k] for k in ECHOED if body.get(k) is not None}
+    if len(json.dumps(echo)) > MAX_ECHO_BYTES:  # kept beside the job for its answers
+        raise Refused(f"the request's options come to over {MAX_ECHO_BYTES // 1024} KB")
     return job, echo
 
 
