@@ -130,6 +130,9 @@ def test_a_webhook_is_checked_and_becomes_assemblyais_call() -> None:
         "headers": {"X-Secret": "s3cret"},
     }
     assert aai_request.webhook_of({}) is None
+    with pytest.raises(aai_request.Refused) as named:
+        aai_request.webhook_of({"webhook_url": "http://[::1"})
+    assert str(named.value).startswith("webhook_url") and "audio_url" not in str(named.value)
     for bad, said in (
         ({"webhook_url": "gopher://example.com/"}, "webhook_url"),
         ({"webhook_url": "file:///etc/passwd"}, "webhook_url"),
@@ -266,6 +269,8 @@ def test_a_transcript_that_fails_says_why_and_refusals_say_what_to_send(
         aai.Transcriber().transcribe(
             str(DATA / "jfk.wav"), config=aai.TranscriptionConfig(summarization=True)
         )
+    broken = _create(server.url, {"audio_url": "http://[::1"})  # urlsplit raised: a 500
+    assert broken.status_code == 400 and "audio_url" in broken.json()["error"], broken.text
     refused = _create(server.url, {"audio_url": "https://example.com/a.wav", "fancy": 1})
     assert refused.status_code == 400 and "fancy" in refused.json()["error"]
     gone = _create(server.url, {"audio_url": f"{server.url}/v2/upload/{'0' * 32}"})

@@ -145,17 +145,18 @@ class Target:
     redacted: str
 
 
-def parse_target(url: str) -> Target:
+def parse_target(url: str, field: str = "audio_url") -> Target:
+    """The request target of ``url``; WorkerError naming ``field`` when it is none."""
     red = redact_url(url)
     try:
         parts = urlsplit(url.strip())
         port = parts.port
     except ValueError:
-        raise WorkerError(Code.INVALID_INPUT, f"audio_url is not a valid URL: {red}") from None
+        raise WorkerError(Code.INVALID_INPUT, f"{field} is not a valid URL: {red}") from None
     scheme = parts.scheme.lower()
     if scheme not in ("http", "https"):
         raise WorkerError(
-            Code.URL_NOT_ALLOWED, f"URL scheme {scheme or '(none)'}: is not allowed: {red}"
+            Code.URL_NOT_ALLOWED, f"{field}: URL scheme {scheme or '(none)'}: is not allowed: {red}"
         )
     host = parts.hostname or ""
     if ":" not in host:
@@ -166,7 +167,7 @@ def parse_target(url: str) -> Target:
         if not _HOST_RE.fullmatch(host):
             host = ""
     if not host:
-        raise WorkerError(Code.INVALID_INPUT, f"audio_url has no valid host: {red}")
+        raise WorkerError(Code.INVALID_INPUT, f"{field} has no valid host: {red}")
     default = 443 if scheme == "https" else 80
     authority = f"[{host}]" if ":" in host else host
     host_header = authority if port in (None, default) else f"{authority}:{port}"

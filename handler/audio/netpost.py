@@ -23,10 +23,11 @@ from handler.settings import Settings
 ANSWER_BYTES = 65_536
 
 
-def check_url(url: str) -> None:
-    """Refuse at once what can never be posted to (a scheme, a missing host); addresses
-    are judged when the POST is made (the host may resolve differently by then)."""
-    parse_target(url)
+def check_url(url: str, field: str = "webhook") -> None:
+    """Refuse at once what can never be posted to (a scheme, a missing host), naming
+    ``field``; addresses are judged when the POST is made (the host may resolve
+    differently by then)."""
+    parse_target(url, field)
 
 
 def post_json(
@@ -39,7 +40,7 @@ def post_json(
 ) -> int:
     """POST ``body`` (JSON); the HTTP status. WorkerError when the URL is refused or the
     host cannot be reached in time."""
-    t = parse_target(url)
+    t = parse_target(url, "webhook")
     with Watchdog(time.monotonic() + timeout_s, None) as wd:
         sock = connect(t, resolve(t, settings, wd), settings, wd)
         conn = http.client.HTTPConnection(t.host, t.port)

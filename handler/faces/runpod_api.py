@@ -152,9 +152,9 @@ def _webhook_refused(webhook: Any) -> Response | None:
     if not isinstance(webhook, str):
         return _answer(400, {"error": "webhook: a URL"})
     try:
-        check_url(webhook)
+        check_url(webhook, "webhook")
     except WorkerError as exc:
-        return _answer(400, {"error": f"webhook: {exc.message}"})
+        return _answer(400, {"error": exc.message})
     return None
 
 

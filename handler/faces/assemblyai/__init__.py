@@ -142,7 +142,10 @@ class AssemblyAI:
 
     async def audio(self, url: str, job: dict[str, Any]) -> Response | None:
         """Put the audio in ``job``: an upload's bytes, else the URL to fetch."""
-        parts = urlsplit(url)
+        try:
+            parts = urlsplit(url)
+        except ValueError:  # "http://[::1": not a URL (urlsplit raised, a 500 before)
+            return error(400, "audio_url: not a valid URL")
         if parts.path.startswith(UPLOAD_PATH):
             token = parts.path[len(UPLOAD_PATH) :]
             data = await self.guarded(self.uploads, "get", "upload:" + token)

@@ -285,9 +285,9 @@ def webhook_of(body: dict[str, Any]) -> str | None:
     if not isinstance(url, str) or len(url) > 2048:
         raise Refused("webhook_url: a URL")
     try:
-        check_url(url)
+        check_url(url, "webhook_url")
     except WorkerError as exc:
-        raise Refused(f"webhook_url: {exc.message}") from None
+        raise Refused(exc.message) from None
     name, value = body.get("webhook_auth_header_name"), body.get("webhook_auth_header_value")
     if (name is None) != (value is None):
         raise Refused("webhook_auth_header_name and _value: both, or neither")
