@@ -16,6 +16,8 @@ from typing import Any
 
 import pytest
 import requests
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from handler.faces.assemblyai import request as aai_request
 from handler.faces.assemblyai import shape
@@ -156,6 +158,77 @@ def test_a_webhook_is_checked_and_becomes_assemblyais_call() -> None:
     ):
         with pytest.raises(aai_request.Refused, match=said):
             aai_request.webhook_of(bad)
+
+
+_JSON = st.recursive(
+    st.none() | st.booleans() | st.integers() | st.floats() | st.text(max_size=40),
+    lambda inner: (
+        st.lists(inner, max_size=4) | st.dictionaries(st.text(max_size=8), inner, max_size=4)
+    ),
+    max_leaves=12,
+)
+_OPTIONS = sorted(
+    set(aai_request.ECHOED) | set(aai_request.NOT_SERVED) | aai_request.TAKEN | {"webhook_url"}
+)
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    body=st.dictionaries(st.sampled_from(_OPTIONS), _JSON, max_size=6)
+    | st.dictionaries(st.sampled_from(_OPTIONS), st.text(max_size=30), max_size=6)
+    | _JSON
+)
+def test_any_transcript_request_is_a_job_or_a_refusal(body: Any) -> None:
+    """Whatever JSON a caller sends (AssemblyAI's option names with any values): a job and
+    its echo, or Refused with a sentence; never another exception (a 500 INTERNAL)."""
+    try:
+        job, echo = aai_request.job_for(body, ["tiny.en"])
+        aai_request.webhook_of(body)
+    except aai_request.Refused as exc:
+        assert str(exc)
+        return
+    assert isinstance(job, dict) and isinstance(echo, dict)
+    json.dumps(echo)  # kept as JSON beside the job
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    query=st.dictionaries(
+        st.sampled_from(
+            [
+                "sample_rate",
+                "encoding",
+                "speech_model",
+                "language_code",
+                "language_codes",
+                "language_detection",
+                "keyterms_prompt",
+                "prompt",
+                "format_turns",
+                "min_turn_silence",
+                "max_turn_silence",
+                "end_of_turn_confidence_threshold",
+                "vad_threshold",
+                "speaker_labels",
+                "min_end_of_turn_silence_when_confident",
+            ]
+        ),
+        st.text(max_size=20),
+        max_size=8,
+    )
+)
+def test_any_streaming_query_is_a_session_or_a_refusal(query: dict[str, str]) -> None:
+    """The /v3/ws query, any values: a session object the live config takes, or a
+    SessionError (an Error message and a 3006 close); never another exception."""
+    from handler.faces.assemblyai.live import configure
+    from handler.faces.realtime.protocol import SessionError
+
+    try:
+        session, options = configure(query, ["tiny.en"])
+    except SessionError as exc:
+        assert str(exc)
+        return
+    assert session["type"] == "transcription" and isinstance(options, dict)
 
 
 @pytest.fixture(scope="module")
