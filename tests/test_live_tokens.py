@@ -58,6 +58,11 @@ def test_openais_client_secret_opens_the_realtime_socket_and_nothing_else(server
     offered = ["realtime", f"openai-insecure-api-key.{secret.value}"]  # as a browser offers
     with _ws(server, "/v1/realtime?intent=transcription", subprotocols=offered) as ws:
         assert json.loads(ws.recv(timeout=30))["type"] == "session.created"
+    beta = client.beta.realtime.transcription_sessions.create(input_audio_format="pcm16")
+    assert beta.client_secret.value.startswith("wt_") and beta.input_audio_format == "pcm16"
+    offered = ["realtime", f"openai-insecure-api-key.{beta.client_secret.value}"]
+    with _ws(server, "/v1/realtime?intent=transcription", subprotocols=offered) as ws:
+        assert json.loads(ws.recv(timeout=30))["type"] == "session.created"
     # The token is no key: the file routes, the job API and minting refuse it.
     bearer = {"Authorization": f"Bearer {secret.value}"}
     with open(DATA / "jfk.wav", "rb") as f:

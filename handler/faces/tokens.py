@@ -2,8 +2,11 @@
 worker's ``WHISPER_API_KEY``: the page's server asks for one with the key, as each vendor's
 clients do, and hands it to the page, which opens its live WebSocket with it.
 
-- OpenAI: ``POST /v1/realtime/client_secrets`` -> ``{"value", "expires_at", "session"}``
-  (the browser offers ``openai-insecure-api-key.<value>``, or sends it as a bearer);
+- OpenAI: ``POST /v1/realtime/client_secrets`` -> ``{"value", "expires_at", "session"}``,
+  or the Realtime beta's ``POST /v1/realtime/transcription_sessions`` -> the session with
+  ``client_secret`` (the browser offers ``openai-insecure-api-key.<value>``, or sends it
+  as a bearer). The session given is answered back, not bound to the token: the browser
+  sends its ``session.update`` as it would anyway;
 - Deepgram: ``POST /v1/auth/grant`` (``{"ttl_seconds"}``) -> ``{"access_token",
   "expires_in"}`` (the browser offers the subprotocols ``bearer, <token>``);
 - AssemblyAI: ``GET /v3/token?expires_in_seconds=N`` -> ``{"token"}`` (the browser adds
@@ -125,6 +128,23 @@ def add_routes(app: FastAPI, api_key: str | None) -> None:
             else {"type": "transcription"}
         )
         return JSONResponse({"value": value, "expires_at": expires, "session": session})
+
+    @app.post("/v1/realtime/transcription_sessions")
+    async def openai_beta_session(request: Request) -> JSONResponse:
+        """The Realtime beta's way: the session's config, and a key that lasts a minute."""
+        body = _body(await request.body())
+        if "" in body:
+            error = {
+                "message": "the body is a transcription session's config (a JSON object)",
+                "type": "invalid_request_error",
+                "param": None,
+                "code": None,
+            }
+            return JSONResponse({"error": error}, status_code=400)
+        value, expires = mint(api_key, 60)
+        session = {**body, "object": "realtime.transcription_session"}
+        session["client_secret"] = {"value": value, "expires_at": expires}
+        return JSONResponse(session)
 
     @app.post("/v1/auth/grant")
     async def deepgram_grant(request: Request) -> JSONResponse:
