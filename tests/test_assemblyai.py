@@ -13,6 +13,7 @@ from collections.abc import Iterator
 from functools import partial
 from http.server import SimpleHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
+from urllib.parse import quote
 
 import pytest
 import requests
@@ -539,6 +540,9 @@ def test_force_endpoint_ends_a_turn_and_refusals_close_with_a_reason(server: Ser
                 assert not message["turn_is_formatted"]  # format_turns=false
                 finals.append(message["transcript"])
         assert wer(JFK, " ".join(finals)) < 0.3, finals
+        ws.send(json.dumps({"type": "UpdateConfiguration", "keyterms_prompt": ["a"] * 101}))
+        error = json.loads(ws.recv(timeout=30))  # named as AssemblyAI names it, not ours
+        assert error["type"] == "Error" and error["error"].startswith("keyterms_prompt"), error
         ws.send(json.dumps({"type": "KeepAlive"}))
         ws.send(json.dumps({"type": "Terminate"}))
         assert _until(ws, "Termination")[-1]["audio_duration_seconds"] >= 11
@@ -547,6 +551,10 @@ def test_force_endpoint_ends_a_turn_and_refusals_close_with_a_reason(server: Ser
         ("encoding=opus", "pcm_s16le"),
         ("encoding=pcm_s16le", "sample_rate"),
         ("sample_rate=16000&keyterms_prompt=notjson", "keyterms_prompt"),
+        (
+            f"sample_rate=16000&keyterms_prompt={quote(json.dumps(['a'] * 101))}",
+            "keyterms_prompt: at",
+        ),
     ):
         with _ws(server, query) as ws:
             message = json.loads(ws.recv(timeout=30))

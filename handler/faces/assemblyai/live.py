@@ -37,7 +37,7 @@ from handler.contract import SAMPLE_RATE
 from handler.faces.assemblyai.request import language_of
 from handler.faces.realtime.binary import QueryAudioSession
 from handler.faces.realtime.item import LiveItem
-from handler.faces.realtime.protocol import MIN_COMMIT_S, SessionError
+from handler.faces.realtime.protocol import MAX_KEYWORDS_CHARS, MIN_COMMIT_S, SessionError
 from handler.output.formats import plain, whole_words
 
 TURN_SILENCE_FLOOR_MS = 300
@@ -53,6 +53,8 @@ REFUSED = {
     "webhook_url": "a streaming webhook is not served here",
     "filter_profanity": "profanity filtering is not served here",
 }
+MAX_TERMS = 100
+MAX_PROMPT_CHARS = 2000
 INPUT_ERROR = 3006
 """AssemblyAI's close code (and ``error_code``) for a request it cannot serve as sent."""
 
@@ -80,6 +82,8 @@ def _number(params: Any, name: str, lo: float, hi: float) -> float | None:
 
 
 def _terms(value: Any, name: str) -> list[str] | None:
+    """A list of hotwords (a JSON list in the query; a list in a message), bounded as the
+    live config bounds them, so the refusal names AssemblyAI's option and not ours."""
     if value is None:
         return None
     try:
@@ -88,7 +92,22 @@ def _terms(value: Any, name: str) -> list[str] | None:
         terms = None
     if not isinstance(terms, list) or not all(isinstance(t, str) for t in terms):
         raise SessionError(f"{name}: a JSON list of words or phrases", "invalid_query")
+    if len(terms) > MAX_TERMS or len(", ".join(terms)) > MAX_KEYWORDS_CHARS:
+        raise SessionError(
+            f"{name}: at most {MAX_TERMS} terms, {MAX_KEYWORDS_CHARS} characters in all",
+            "invalid_query",
+        )
     return terms
+
+
+def _prompt(value: Any) -> str | None:
+    if value is None:
+        return None
+    if not isinstance(value, str) or len(value) > MAX_PROMPT_CHARS:
+        raise SessionError(
+            f"prompt: text of at most {MAX_PROMPT_CHARS} characters", "invalid_query"
+        )
+    return value
 
 
 def _format(params: Any) -> dict[str, Any]:
@@ -151,8 +170,8 @@ def configure(params: Any, loaded: list[str]) -> tuple[dict[str, Any], dict[str,
     terms = _terms(params.get("keyterms_prompt"), "keyterms_prompt")
     if terms:
         transcription["keywords"] = terms
-    if params.get("prompt"):
-        transcription["prompt"] = params["prompt"]
+    if prompt := _prompt(params.get("prompt")):
+        transcription["prompt"] = prompt
     session = {
         "type": "transcription",
         "audio": {
@@ -229,7 +248,7 @@ class AssemblyAISession(QueryAudioSession):
         if event.get("format_turns") is not None:
             self.options["format_turns"] = bool(event["format_turns"])
         terms = _terms(event.get("keyterms_prompt"), "keyterms_prompt")
-        prompt = event.get("prompt")
+        prompt = _prompt(event.get("prompt"))
         if terms is None and prompt is None:
             return
         c = self.config
