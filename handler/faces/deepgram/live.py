@@ -30,10 +30,17 @@ from starlette.websockets import WebSocketDisconnect
 
 from handler.contract import SAMPLE_RATE
 from handler.faces.deepgram import shape
-from handler.faces.deepgram.query import QueryError, flag, keywords, number, served_model
+from handler.faces.deepgram.query import (
+    MAX_KEYWORDS,
+    QueryError,
+    flag,
+    keywords,
+    number,
+    served_model,
+)
 from handler.faces.realtime.binary import QueryAudioSession
 from handler.faces.realtime.item import LiveItem
-from handler.faces.realtime.protocol import MIN_COMMIT_S, SessionError
+from handler.faces.realtime.protocol import MAX_KEYWORDS_CHARS, MIN_COMMIT_S, SessionError
 
 ENDPOINTING_FLOOR_MS = 300
 """The shortest silence that ends a turn. Deepgram's default endpointing is 10 ms; Whisper
@@ -212,13 +219,14 @@ class DeepgramSession(QueryAudioSession):
             }
             try:
                 self.config = c.update(session)
-            except SessionError as exc:
+            except SessionError:
+                limit = f"keyterms: at most {MAX_KEYWORDS} terms, {MAX_KEYWORDS_CHARS} characters"
                 await self.send_json(
                     {
                         "type": "ConfigureFailure",
                         "request_id": self.id,
                         "code": "CONFIGURE_KEYTERM_LIMIT_EXCEEDED",
-                        "description": str(exc),
+                        "description": limit,
                     }
                 )
                 return
