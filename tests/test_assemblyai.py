@@ -551,6 +551,7 @@ def test_force_endpoint_ends_a_turn_and_refusals_close_with_a_reason(server: Ser
         ("encoding=opus", "pcm_s16le"),
         ("encoding=pcm_s16le", "sample_rate"),
         ("sample_rate=16000&keyterms_prompt=notjson", "keyterms_prompt"),
+        ("sample_rate=16000&language_code=zz", "language_code: language 'zz'"),
         (
             f"sample_rate=16000&keyterms_prompt={quote(json.dumps(['a'] * 101))}",
             "keyterms_prompt: at",
@@ -559,6 +560,7 @@ def test_force_endpoint_ends_a_turn_and_refusals_close_with_a_reason(server: Ser
         with _ws(server, query) as ws:
             message = json.loads(ws.recv(timeout=30))
             assert message["type"] == "Error" and said in message["error"], message
+            assert "session." not in message["error"], message  # the client's names, not ours
             with pytest.raises(ConnectionClosed) as closed:
                 ws.recv(timeout=30)
             assert closed.value.rcvd is not None and closed.value.rcvd.code == 3006

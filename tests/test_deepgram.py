@@ -237,6 +237,11 @@ def _mulaw(samples: np.ndarray) -> bytes:
     return audioop.lin2ulaw(pcm16(samples), 2)
 
 
+LONG_KEYWORDS = "encoding=linear16&sample_rate=16000&" + "&".join(
+    f"keywords={'w' * 50}{i}" for i in range(30)
+)
+
+
 @pytest.mark.e2e
 def test_refusals_say_what_to_send(server: Server) -> None:
     with pytest.raises(InvalidStatus) as info:
@@ -249,11 +254,12 @@ def test_refusals_say_what_to_send(server: Server) -> None:
         ("encoding=linear16&sample_rate=16000&channels=2", "unsupported"),
         ("encoding=linear16&sample_rate=16000&interim_results=yes", "invalid_query"),
         ("encoding=linear16&sample_rate=16000&language=zz", "invalid_value"),
+        (LONG_KEYWORDS, "invalid_value"),  # each fine, 1530 characters in all
     ):
         with _raw(server, query) as ws:
             message = json.loads(ws.recv(timeout=30))
             assert message["type"] == "Error" and message["variant"] == variant, (query, message)
-            assert message["description"]
+            assert message["description"] and "session." not in message["description"], message
             with pytest.raises(ConnectionClosed):
                 ws.recv(timeout=30)
         assert ws.close_code == 1008, query

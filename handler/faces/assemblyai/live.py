@@ -200,6 +200,15 @@ class AssemblyAISession(QueryAudioSession):
     """One ``/v3/ws`` WebSocket: a live session answered in AssemblyAI's messages."""
 
     refused_close = INPUT_ERROR
+    names = {
+        "transcription.language": "language_code",
+        "transcription.languages": "language_codes",
+        "transcription.model": "speech_model",
+        "transcription.keywords": "keyterms_prompt",
+        "transcription.prompt": "prompt",
+        "format": "encoding",
+        "turn_detection.threshold": "vad_threshold",
+    }
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)

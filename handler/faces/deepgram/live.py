@@ -136,6 +136,13 @@ def error_message(message: str, code: str) -> dict[str, Any]:
 class DeepgramSession(QueryAudioSession):
     """One ``/v1/listen`` WebSocket: a live session answered in Deepgram's messages."""
 
+    names = {
+        "transcription.language": "language",
+        "transcription.model": "model",
+        "transcription.keywords": "keywords, keyterm",
+        "format": "encoding",
+    }
+
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self.starts: dict[str, int] = {}

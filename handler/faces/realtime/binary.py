@@ -20,6 +20,9 @@ class QueryAudioSession(Session):
 
     refused_close = 1008
     """The close code of a connection whose query is refused."""
+    names: dict[str, str] = {}
+    """The live config's fields (``transcription.language``, ...) by the face's own names
+    for them, so that a refusal names what the client sent."""
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
@@ -79,13 +82,22 @@ class QueryAudioSession(Session):
         self.results.pop(item, None)
         self.partial_from.pop(item, None)
 
+    def renamed(self, message: str) -> str:
+        """A refusal of the live config with the face's names for its fields."""
+        for field, name in self.names.items():
+            for where in ("session.audio.input.", "session.input_audio_"):
+                if message.startswith(where + field + ":"):
+                    return name + message[len(where + field) :]
+        return message
+
     async def run(self) -> None:
         try:
             session, self.options = self.configure(self.ws.query_params, self.worker.pool.names)
             self._reconfigure(self.config.update, session)
         except SessionError as exc:
-            await self.send_json(self.error(str(exc), exc.code))
-            await self.ws.close(code=self.refused_close, reason=str(exc)[:120])
+            said = self.renamed(str(exc))
+            await self.send_json(self.error(said, exc.code))
+            await self.ws.close(code=self.refused_close, reason=said[:120])
             return
         await self.opening()
         await super().run()
