@@ -102,67 +102,70 @@ def _seconds(value: Any, low: int, high: int) -> int | None:
     return int(value)
 
 
+def _openai_error(message: str, param: str | None = None) -> JSONResponse:
+    error = {"message": message, "type": "invalid_request_error", "param": param, "code": None}
+    return JSONResponse({"error": error}, status_code=400)
+
+
+def openai_secret(body: dict[str, Any], api_key: str | None) -> JSONResponse:
+    """``POST /v1/realtime/client_secrets``: ``{"value", "expires_at", "session"}``."""
+    after = body.get("expires_after") or {}
+    seconds = (
+        _seconds(after.get("seconds", 600), 10, MAX_TTL_S) if isinstance(after, dict) else None
+    )
+    if seconds is None or "" in body:
+        return _openai_error(
+            f"expires_after.seconds: a number from 10 to {MAX_TTL_S}", "expires_after"
+        )
+    value, expires = mint(api_key, seconds)
+    given = body.get("session")
+    session = given if isinstance(given, dict) else {"type": "transcription"}
+    return JSONResponse({"value": value, "expires_at": expires, "session": session})
+
+
+def openai_beta_session(body: dict[str, Any], api_key: str | None) -> JSONResponse:
+    """The Realtime beta's ``POST /v1/realtime/transcription_sessions``: the session's
+    config, and a key that lasts a minute."""
+    if "" in body:
+        return _openai_error("the body is a transcription session's config (a JSON object)")
+    value, expires = mint(api_key, 60)
+    session = {**body, "object": "realtime.transcription_session"}
+    session["client_secret"] = {"value": value, "expires_at": expires}
+    return JSONResponse(session)
+
+
+def deepgram_grant(body: dict[str, Any], api_key: str | None) -> JSONResponse:
+    """``POST /v1/auth/grant``: ``{"access_token", "expires_in"}``."""
+    ttl = _seconds(body.get("ttl_seconds", 30), 1, 3600)
+    if ttl is None or "" in body:
+        err = {"err_code": "Bad Request", "err_msg": "ttl_seconds: a number from 1 to 3600"}
+        return JSONResponse(err, status_code=400)
+    token, _ = mint(api_key, ttl)
+    return JSONResponse({"access_token": token, "expires_in": ttl})
+
+
 def add_routes(app: FastAPI, api_key: str | None) -> None:
     """The three vendors' routes that mint a token (each needs the API key)."""
-
-    @app.post("/v1/realtime/client_secrets")
-    async def openai_secret(request: Request) -> JSONResponse:
-        body = _body(await request.body())
-        after = body.get("expires_after") or {}
-        seconds = (
-            _seconds(after.get("seconds", 600), 10, MAX_TTL_S) if isinstance(after, dict) else None
-        )
-        if seconds is None or "" in body:
-            message = f"expires_after.seconds: a number from 10 to {MAX_TTL_S}"
-            error = {
-                "message": message,
-                "type": "invalid_request_error",
-                "param": "expires_after",
-                "code": None,
-            }
-            return JSONResponse({"error": error}, status_code=400)
-        value, expires = mint(api_key, seconds)
-        session = (
-            body.get("session")
-            if isinstance(body.get("session"), dict)
-            else {"type": "transcription"}
-        )
-        return JSONResponse({"value": value, "expires_at": expires, "session": session})
-
-    @app.post("/v1/realtime/transcription_sessions")
-    async def openai_beta_session(request: Request) -> JSONResponse:
-        """The Realtime beta's way: the session's config, and a key that lasts a minute."""
-        body = _body(await request.body())
-        if "" in body:
-            error = {
-                "message": "the body is a transcription session's config (a JSON object)",
-                "type": "invalid_request_error",
-                "param": None,
-                "code": None,
-            }
-            return JSONResponse({"error": error}, status_code=400)
-        value, expires = mint(api_key, 60)
-        session = {**body, "object": "realtime.transcription_session"}
-        session["client_secret"] = {"value": value, "expires_at": expires}
-        return JSONResponse(session)
-
-    @app.post("/v1/auth/grant")
-    async def deepgram_grant(request: Request) -> JSONResponse:
-        body = _body(await request.body())
-        ttl = _seconds(body.get("ttl_seconds", 30), 1, 3600)
-        if ttl is None or "" in body:
-            err = {"err_code": "Bad Request", "err_msg": "ttl_seconds: a number from 1 to 3600"}
-            return JSONResponse(err, status_code=400)
-        token, _ = mint(api_key, ttl)
-        return JSONResponse({"access_token": token, "expires_in": ttl})
+    for path, make in (
+        ("/v1/realtime/client_secrets", openai_secret),
+        ("/v1/realtime/transcription_sessions", openai_beta_session),
+        ("/v1/auth/grant", deepgram_grant),
+    ):
+        app.add_api_route(path, _posted(make, api_key), methods=["POST"])
 
     @app.get("/v3/token")
     async def assemblyai_token(request: Request) -> JSONResponse:
         asked = request.query_params.get("expires_in_seconds", "")
         ttl = int(asked) if asked.isdigit() and 1 <= int(asked) <= 600 else None
         if ttl is None:
-            return JSONResponse(
-                {"error": "expires_in_seconds: a whole number from 1 to 600"}, status_code=400
-            )
+            message = "expires_in_seconds: a whole number from 1 to 600"
+            return JSONResponse({"error": message}, status_code=400)
         token, _ = mint(api_key, ttl)
         return JSONResponse({"token": token})
+
+
+def _posted(make: Any, api_key: str | None) -> Any:
+    async def route(request: Request) -> JSONResponse:
+        return make(_body(await request.body()), api_key)
+
+    return route
