@@ -264,8 +264,9 @@ class Settings(BaseModel):
     queued jobs fail NOT_READY (retryable) at once. Keep it under the platform's grace
     period (Kubernetes: 30 s unless terminationGracePeriodSeconds says more)."""
     realtime_max_sessions: int = Field(8, ge=0, le=1000)
-    """HTTP mode: live sessions on `/v1/realtime` at once; the next gets an `error` event and
-    a close (1013, try again later). 0 turns the route off."""
+    """HTTP mode: live sessions at once, on all three live routes together (`/v1/realtime`,
+    Deepgram's `/v1/listen`, AssemblyAI's `/v3/ws`); the next gets the route's error message
+    and a close (1013, try again later). 0 turns the live routes off."""
     realtime_max_session_s: float = Field(3600.0, gt=0, le=86_400)
     """HTTP mode: longest live session (seconds of wall time); then it is closed."""
     realtime_max_turn_s: float = Field(30.0, ge=1, le=600)
