@@ -29,7 +29,7 @@ import requests
 from handler.faces.broker.store import LEASE_S, UNENDED_TTL_S, JobStore
 from runpod_emulator.broker_stack import ConsumerProc, RedisServer, free_port, redis_server
 from speech_assets.clips import long_clip, short_jobs, wav_bytes
-from tests.helpers import DATA, JFK_TEXT, b64, wait_for, wer
+from tests.helpers import DATA, JFK_TEXT, b64, make_settings, wait_for, wer
 from tests.test_http import Server
 
 pytestmark = [pytest.mark.e2e, pytest.mark.model]
@@ -241,6 +241,29 @@ def test_a_redis_near_its_maxmemory_refuses_new_jobs_and_runs_the_ones_it_took(
     finally:
         gateway.stop()
         consumer.stop()
+
+
+def test_an_upload_is_refused_when_redis_is_near_its_maxmemory(rds: RedisServer) -> None:
+    """AssemblyAI's uploads on a gateway are kept in Redis: one is refused (429: Full) by the
+    same rule that admits a job, while Redis would pass REDIS_MEMORY_HEADROOM of its
+    maxmemory with it; kept, it is read back whole and expires with the results."""
+    from handler.faces.assemblyai.records import Full, InRedis
+    from handler.faces.broker.queue import redis_client
+
+    settings = make_settings(broker_url=rds.url, result_ttl_s="60")
+    kept = InRedis(redis_client(settings), settings)
+    kept.put("upload:small", "a" * 1000)
+    assert kept.get("upload:small") == "a" * 1000
+    assert 0 < kept.r.ttl("whisper:assemblyai:upload:small") <= 60
+    client = redis.Redis.from_url(rds.url)
+    used = int(client.info("memory")["used_memory"])
+    client.config_set("maxmemory", used + 2_000_000)
+    client.config_set("maxmemory-policy", "noeviction")
+    with pytest.raises(Full):
+        kept.put("upload:big", "b" * 1_000_000)  # 2 MB of room, 80 % of it for jobs
+    assert kept.get("upload:big") is None
+    kept.forget("upload:small")
+    assert kept.get("upload:small") is None
 
 
 def test_a_redis_that_evicts_keeps_every_job_it_took(rds: RedisServer) -> None:
