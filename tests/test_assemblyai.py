@@ -295,6 +295,15 @@ def test_the_assemblyai_sdk_transcribes_a_file_and_reads_every_view_of_it(aai: A
     assert vtt.startswith("WEBVTT") and "Nation" in vtt and "country" not in vtt
     again = aai.Transcript.get_by_id(t.id)
     assert again.status == aai.TranscriptStatus.completed and again.text == t.text
+    listed = aai.Transcriber().list_transcripts(aai.types.ListTranscriptParameters(limit=200))
+    mine = [x for x in listed.transcripts if x.id == t.id]
+    assert len(mine) == 1 and mine[0].status == aai.TranscriptStatus.completed
+    assert mine[0].audio_url == t.audio_url and mine[0].created <= mine[0].completed
+    created = [x.created for x in listed.transcripts]
+    assert created == sorted(created, reverse=True)  # newest first
+    errors = aai.Transcriber().list_transcripts(aai.types.ListTranscriptParameters(status="error"))
+    assert t.id not in {x.id for x in errors.transcripts}
+    assert all(x.status == aai.TranscriptStatus.error for x in errors.transcripts)
     assert aai.Transcript.delete_by_id(t.id).text == "Deleted by user."
     with pytest.raises(aai.types.TranscriptError, match="not found"):
         aai.Transcript.get_by_id(t.id)

@@ -815,6 +815,8 @@ def _assemblyai_through(gateway: Server, broker_url: str) -> None:
         # An upload kept by one replica is transcribed through the other.
         again = aai.Transcriber().transcribe(transcript.audio_url)
         assert again.text == transcript.text
+        listed = [x.id for x in aai.Transcriber().list_transcripts().transcripts]
+        assert listed[:2] == [again.id, transcript.id], listed  # from Redis, newest first
         assert aai.Transcript.delete_by_id(again.id).text == "Deleted by user."
         with pytest.raises(aai.types.TranscriptError, match="not found"):
             aai.Transcript.get_by_id(again.id)

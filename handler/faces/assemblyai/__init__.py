@@ -8,6 +8,8 @@
   consumers on a gateway) and answered with the transcript, ``queued``;
 - ``GET /v2/transcript/{id}``: ``queued``, ``processing``, ``completed`` (text, words,
   utterances with ``speaker_labels``, language, duration) or ``error`` with the reason;
+- ``GET /v2/transcript``: the transcripts still held, newest first (``limit``,
+  ``status``, ``created_on``; one page: no ``before_id``/``after_id``);
 - ``GET /v2/transcript/{id}/sentences``, ``/paragraphs``, ``/srt``, ``/vtt``
   (``chars_per_caption``); ``DELETE /v2/transcript/{id}`` cancels a job not ended and
   forgets the transcript;
@@ -22,6 +24,7 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import datetime
 import json
 import uuid
 from typing import Any
@@ -39,6 +42,8 @@ from handler.faces.jobs import StoreFull
 
 UPLOAD_PATH = "/v2/upload/"
 NOT_FOUND = "Transcript lookup error, transcript id not found"
+LIST_SCAN = 1000
+"""Transcripts looked at, newest first, for one page of ``GET /v2/transcript``."""
 
 
 def error(status: int, message: str) -> JSONResponse:
@@ -134,6 +139,7 @@ class AssemblyAI:
             return rec
         model = job.get("model") or (loaded[0] if loaded else "whisper")
         echo["speech_model_used"] = model
+        echo["created"] = datetime.datetime.now(datetime.timezone.utc).isoformat()
         kept = await self.guarded(self.transcripts, "put", "transcript:" + rec.id, json.dumps(echo))
         if isinstance(kept, Response):
             await self.call(self.state.jobs, "cancel", rec)
@@ -159,6 +165,39 @@ class AssemblyAI:
             return None
         job["audio_url"] = url
         return None
+
+    async def listing(self, request: Request) -> Response:
+        """``GET /v2/transcript``: the transcripts still held, newest first, ``limit`` of
+        them (1-200, default 10), of one ``status`` and ``created_on`` (YYYY-MM-DD) if asked."""
+        q = request.query_params
+        limit = int(q["limit"]) if q.get("limit", "").isdigit() else 10
+        status, day = q.get("status"), q.get("created_on")
+        if not 1 <= limit <= 200 or status not in (None, *set(shape.STATUS.values())):
+            return error(400, "limit: 1 to 200; status: queued, processing, completed or error")
+        kept = await self.guarded(self.transcripts, "many", "transcript:")
+        if isinstance(kept, Response):
+            return kept
+        echoes = {i: json.loads(v) for i, v in kept.items()}
+        newest = sorted(echoes, key=lambda i: echoes[i].get("created", ""), reverse=True)
+        base = str(request.base_url).rstrip("/")
+        items: list[dict[str, Any]] = []
+        for transcript_id in newest[:LIST_SCAN]:
+            if day and not echoes[transcript_id].get("created", "").startswith(day):
+                continue
+            rec = await self.guarded(self.state.jobs, "get", transcript_id)
+            if isinstance(rec, Response):
+                return rec
+            if rec is None:
+                continue
+            item = shape.list_item(rec.id, rec.status_object(), echoes[transcript_id], base)
+            if status is None or item["status"] == status:
+                items.append(item)
+            if len(items) == limit:
+                break
+        page = {"limit": limit, "result_count": len(items), "current_url": str(request.url)}
+        return JSONResponse(
+            {"page_details": {**page, "prev_url": None, "next_url": None}, "transcripts": items}
+        )
 
     async def lookup(self, transcript_id: str) -> tuple[Any, dict[str, Any]] | Response:
         """The job's record and the request's echo (``{}`` once the echo has expired: a job
@@ -255,6 +294,7 @@ def add_routes(app: FastAPI, state: Any) -> None:
 
     app.add_api_route("/v2/upload", api.upload, methods=["POST"])
     app.add_api_route("/v2/transcript", api.create, methods=["POST"])
+    app.add_api_route("/v2/transcript", api.listing, methods=["GET"])
     app.add_api_route("/v2/transcript/{transcript_id}", api.get, methods=["GET"])
     app.add_api_route("/v2/transcript/{transcript_id}", api.delete, methods=["DELETE"])
     for kind in ("sentences", "paragraphs"):

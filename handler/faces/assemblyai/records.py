@@ -19,6 +19,8 @@ from handler.faces.broker.store import REDIS_MEMORY_HEADROOM
 from handler.settings import Settings
 
 PREFIX = "whisper:assemblyai:"
+MANY = 10_000
+"""Records read at most for a list (a gateway's Redis holds one a transcript)."""
 
 
 class Full(Exception):
@@ -56,6 +58,11 @@ class Memory:
 
     def forget(self, key: str) -> None:
         self._drop(key)
+
+    def many(self, prefix: str) -> dict[str, str]:
+        """Every record whose key starts with ``prefix``, by the rest of its key."""
+        self._expire()
+        return {k[len(prefix) :]: v for k, (_, v) in self.items.items() if k.startswith(prefix)}
 
     def _drop(self, key: str) -> None:
         held = self.items.pop(key, None)
@@ -99,3 +106,10 @@ class InRedis:
 
     def forget(self, key: str) -> None:
         self.r.delete(PREFIX + key)
+
+    def many(self, prefix: str) -> dict[str, str]:
+        keys = [str(k) for k in self.r.scan_iter(match=PREFIX + prefix + "*", count=1000)]
+        keys = keys[:MANY]
+        values = self.r.mget(keys) if keys else []
+        start = len(PREFIX + prefix)
+        return {k[start:]: str(v) for k, v in zip(keys, values, strict=True) if v is not None}

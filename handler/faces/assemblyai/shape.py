@@ -4,6 +4,7 @@ sentences, its paragraphs and its subtitles. Times are milliseconds, speakers ``
 
 from __future__ import annotations
 
+import datetime
 import re
 from typing import Any
 
@@ -159,6 +160,7 @@ def transcript(
         "audio_duration": None,
         "error": None,
     }
+    echo = {k: v for k, v in echo.items() if k != "created"}  # the list's, not the object's
     obj.update({k: v for k, v in echo.items() if k not in obj or obj[k] is None})
     if echo.get("webhook_url"):
         obj["webhook_auth"] = bool(echo.get("webhook_auth_header_name"))
@@ -172,6 +174,28 @@ def transcript(
     elif state == "completed" and isinstance(output, dict):
         obj.update(completed(output, echo))
     return obj
+
+
+def list_item(
+    job_id: str, status: dict[str, Any], echo: dict[str, Any], base: str
+) -> dict[str, Any]:
+    """A transcript as ``GET /v2/transcript`` lists it."""
+    state = STATUS.get(status.get("status", ""), "queued")
+    created = echo.get("created", "")
+    done = None
+    if state == "completed" and created and "executionTime" in status:
+        spent_ms = status.get("delayTime", 0) + status["executionTime"]
+        at = datetime.datetime.fromisoformat(created) + datetime.timedelta(milliseconds=spent_ms)
+        done = at.isoformat()
+    return {
+        "id": job_id,
+        "resource_url": f"{base}/v2/transcript/{job_id}",
+        "status": state,
+        "created": created,
+        "completed": done,
+        "audio_url": echo.get("audio_url", ""),
+        "error": status.get("error") if state == "error" else None,
+    }
 
 
 def completed(result: dict[str, Any], echo: dict[str, Any]) -> dict[str, Any]:
