@@ -465,6 +465,7 @@ def test_the_assemblyai_sdks_streaming_client_gets_each_turn_formatted(server: S
         StreamingParameters(
             sample_rate=RATE,
             format_turns=True,
+            language_detection=True,
             speech_model="universal-streaming-english",
             keyterms_prompt=["Americans"],
         )
@@ -489,6 +490,7 @@ def test_the_assemblyai_sdks_streaming_client_gets_each_turn_formatted(server: S
     last = 0
     for r, f in zip(raw, formatted, strict=True):
         assert r.turn_order == f.turn_order and r.transcript == r.transcript.lower()
+        assert f.language_code == "en" and f.language_confidence > 0.5  # language_detection
         assert [w.text for w in f.words] == f.transcript.split()
         for w in f.words:  # in order, on the stream's clock, inside the audio
             assert last - 50 <= w.start <= w.end <= len(audio) * 1000 // RATE and w.word_is_final

@@ -21,7 +21,8 @@ sends ``Begin``, ``SpeechStarted``, ``Turn`` messages (partials while a turn is 
 words two decodes agree on, lower case and timed, ``end_of_turn: false``; then the turn's
 end, its
 ``words`` timed on the stream's clock in ms, unformatted; then with ``format_turns`` the
-same turn formatted, ``turn_is_formatted: true``), ``Termination`` and ``Error``.
+same turn formatted, ``turn_is_formatted: true``; with ``language_detection`` a turn's end
+carries its ``language_code`` and ``language_confidence``), ``Termination`` and ``Error``.
 """
 
 from __future__ import annotations
@@ -182,7 +183,10 @@ def configure(params: Any, loaded: list[str]) -> tuple[dict[str, Any], dict[str,
             }
         },
     }
-    options = {"format_turns": bool(_flag(params, "format_turns"))}
+    options = {
+        "format_turns": bool(_flag(params, "format_turns")),
+        "language_detection": bool(_flag(params, "language_detection")),
+    }
     return session, options
 
 
@@ -327,10 +331,20 @@ class AssemblyAISession(QueryAudioSession):
         def words(formatted: bool) -> list[dict[str, Any]]:
             return [self._word(w, turn.audio_from_ms, end_ms, formatted) for w in timed]
 
+        detected: dict[str, Any] = {}
+        if self.options.get("language_detection") and result.get("language"):
+            # The turn's language, as AssemblyAI adds it to a turn's end (Pipecat takes it
+            # at a confidence of 0.7 or more; LiveKit reads language_code).
+            detected = {
+                "language_code": result["language"],
+                "language_confidence": round(float(result.get("language_probability") or 0), 4),
+            }
         raw = unformatted(text.split())
-        await self.send_json(self._turn(item, raw, words(False), end=True, formatted=False))
+        ended = self._turn(item, raw, words(False), end=True, formatted=False)
+        await self.send_json({**ended, **detected})
         if self.options.get("format_turns"):
-            await self.send_json(self._turn(item, text, words(True), end=True, formatted=True))
+            ended = self._turn(item, text, words(True), end=True, formatted=True)
+            await self.send_json({**ended, **detected})
         self.orders.pop(item, None)
 
     @staticmethod
