@@ -18,6 +18,14 @@ log = logging.getLogger(__name__)
 POLL_DISCONNECT_S = 0.25
 
 
+async def loaded_models(state: Any) -> list[str]:
+    """The models a job may name: this worker's, or (a gateway) those its consumers loaded
+    (BrokerDown when the broker cannot be reached); [] while the model loads."""
+    if state.gateway is not None:
+        return list(await asyncio.to_thread(state.gateway.models))
+    return list(state.worker.pool.names) if state.worker is not None else []
+
+
 async def run_admitted(
     state: Any,
     request: Request,

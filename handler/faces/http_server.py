@@ -44,7 +44,7 @@ from starlette.types import ASGIApp
 from handler.contract import Segment
 from handler.errors import Code, WorkerError
 from handler.faces import assemblyai, deepgram, openai_api, realtime, tokens
-from handler.faces.admission import run_admitted, settle
+from handler.faces.admission import loaded_models, run_admitted, settle
 from handler.faces.auth import ApiKey, BodyLimit, BodyTooLarge, ReceiveLimit
 from handler.faces.broker.gateway import BROKER_GONE, BrokerDown
 from handler.faces.metrics import Metrics, RequestMetrics
@@ -175,7 +175,7 @@ async def _loaded_models(state: ServerState) -> list[str] | Response:
     """This server's models, or (a gateway) those its consumers loaded."""
     if state.gateway is not None:
         try:
-            return list(await asyncio.to_thread(state.gateway.models))
+            return await loaded_models(state)
         except BrokerDown:
             return _error(Code.NOT_READY, BROKER_GONE)
     worker = _ready_worker(state)

@@ -85,6 +85,16 @@ class Record:
         return obj
 
 
+async def call_store(store: Any, method: str, *args: Any) -> Any:
+    """``store.<method>(*args)`` from the event loop: in a thread when the store is on the
+    network (``store.blocking``: the gateway's Redis, the AssemblyAI face's records there),
+    else at once (this process's stores)."""
+    fn = getattr(store, method)
+    if getattr(store, "blocking", False):
+        return await asyncio.to_thread(fn, *args)
+    return fn(*args)
+
+
 class StoreFull(Exception):
     """No room for another job (count or bytes) even after the ended ones expired."""
 

@@ -30,7 +30,7 @@ from fastapi.responses import JSONResponse, Response
 from handler.audio.netpost import check_url
 from handler.errors import WorkerError
 from handler.faces.broker.gateway import BrokerDown
-from handler.faces.jobs import Jobs, StoreFull
+from handler.faces.jobs import Jobs, StoreFull, call_store
 
 RUNSYNC_WAIT_MS = 90_000
 BROKER_DOWN = "the job broker (Redis) cannot be reached; nothing was queued; retry later"
@@ -52,10 +52,7 @@ class RunPodApi:
 
     async def call(self, method: str, *args: Any) -> Any:
         """``self.jobs.<method>(*args)``: in a thread when the store is on the network."""
-        fn = getattr(self.jobs, method)
-        if getattr(self.jobs, "blocking", False):
-            return await asyncio.to_thread(fn, *args)
-        return fn(*args)
+        return await call_store(self.jobs, method, *args)
 
     async def run_in_slot(
         self, job: Callable[[threading.Event], Any], cancel: threading.Event

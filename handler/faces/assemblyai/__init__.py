@@ -22,7 +22,6 @@ The key (``WHISPER_API_KEY``) is taken as AssemblyAI's clients send it,
 
 from __future__ import annotations
 
-import asyncio
 import base64
 import datetime
 import json
@@ -33,12 +32,13 @@ from urllib.parse import urlsplit
 from fastapi import FastAPI, Request, Response, WebSocket
 from fastapi.responses import JSONResponse, PlainTextResponse
 
+from handler.faces.admission import loaded_models
 from handler.faces.assemblyai import records, shape
 from handler.faces.assemblyai import request as aai_request
 from handler.faces.assemblyai.live import AssemblyAISession
 from handler.faces.assemblyai.request import Refused, job_for, webhook_of
 from handler.faces.broker.gateway import BROKER_GONE, BrokerDown
-from handler.faces.jobs import StoreFull
+from handler.faces.jobs import StoreFull, call_store
 
 UPLOAD_PATH = "/v2/upload/"
 NOT_FOUND = "Transcript lookup error, transcript id not found"
@@ -57,41 +57,19 @@ class AssemblyAI:
 
     def __init__(self, state: Any) -> None:
         self.state = state
-        self._uploads: Any = None
-        self._transcripts: Any = None
-
-    @property
-    def uploads(self) -> Any:
-        """The uploads' store (apart from the transcripts': an upload never pushes out a
-        transcript's request)."""
-        if self._uploads is None:
-            self._uploads, self._transcripts = self._stores()
-        return self._uploads
-
-    @property
-    def transcripts(self) -> Any:
-        if self._transcripts is None:
-            self._uploads, self._transcripts = self._stores()
-        return self._transcripts
-
-    def _stores(self) -> tuple[Any, Any]:
-        settings, gateway = self.state.settings, self.state.gateway
+        settings, gateway = state.settings, state.gateway  # set before the routes are made
+        self.uploads: records.Memory | records.InRedis
+        self.transcripts: records.Memory | records.InRedis
         if gateway is not None:
-            shared = records.InRedis(gateway.store.r, settings)
-            return shared, shared
-        return records.Memory(settings), records.Memory(settings)
-
-    async def call(self, owner: Any, method: str, *args: Any) -> Any:
-        """``owner.<method>(*args)``: in a thread when it is on the network."""
-        fn = getattr(owner, method)
-        if getattr(owner, "blocking", False):
-            return await asyncio.to_thread(fn, *args)
-        return fn(*args)
+            self.uploads = self.transcripts = records.InRedis(gateway.store.r, settings)
+        else:
+            # Two stores here: an upload never pushes out a transcript's request.
+            self.uploads, self.transcripts = records.Memory(settings), records.Memory(settings)
 
     async def guarded(self, owner: Any, method: str, *args: Any) -> Any:
         """As ``call``, the store's refusals as AssemblyAI's errors."""
         try:
-            return await self.call(owner, method, *args)
+            return await call_store(owner, method, *args)
         except (StoreFull, records.Full):
             return error(429, "too many jobs or uploads held here; retry later")
         except BrokerDown as exc:
@@ -110,11 +88,6 @@ class AssemblyAI:
             {"upload_url": f"{str(request.base_url).rstrip('/')}{UPLOAD_PATH}{token}"}
         )
 
-    async def models(self) -> list[str]:
-        if self.state.gateway is not None:
-            return list(await asyncio.to_thread(self.state.gateway.models))
-        return list(self.state.worker.pool.names) if self.state.worker is not None else []
-
     async def create(self, request: Request) -> Response:
         if self.state.gateway is None and self.state.worker is None:
             return error(503, "the model is still loading; retry shortly")
@@ -123,7 +96,7 @@ class AssemblyAI:
         except (ValueError, RecursionError):
             return error(400, "the body is not JSON (or nests too deeply)")
         try:
-            loaded = await self.models()
+            loaded = await loaded_models(self.state)
             job, echo = job_for(body, loaded)
             webhook = webhook_of(body)
         except Refused as exc:
@@ -137,14 +110,13 @@ class AssemblyAI:
         rec = await self.guarded(self.state.jobs, "submit", job, size, webhook)
         if isinstance(rec, Response):
             return rec
-        model = job.get("model") or (loaded[0] if loaded else "whisper")
-        echo["speech_model_used"] = model
+        echo["speech_model_used"] = job.get("model") or (loaded[0] if loaded else "whisper")
         echo["created"] = datetime.datetime.now(datetime.timezone.utc).isoformat()
         kept = await self.guarded(self.transcripts, "put", "transcript:" + rec.id, json.dumps(echo))
         if isinstance(kept, Response):
-            await self.call(self.state.jobs, "cancel", rec)
+            await call_store(self.state.jobs, "cancel", rec)
             return kept
-        return JSONResponse(shape.transcript(rec.id, rec.status_object(), echo, model))
+        return JSONResponse(shape.transcript(rec.id, rec.status_object(), echo))
 
     async def audio(self, url: str, job: dict[str, Any]) -> Response | None:
         """Put the audio in ``job``: an upload's bytes, else the URL to fetch."""
@@ -219,8 +191,7 @@ class AssemblyAI:
         if isinstance(found, Response):
             return found
         rec, echo = found
-        model = echo.pop("speech_model_used", "whisper")
-        return JSONResponse(shape.transcript(rec.id, rec.status_object(), echo, model))
+        return JSONResponse(shape.transcript(rec.id, rec.status_object(), echo))
 
     async def delete(self, transcript_id: str) -> Response:
         found = await self.lookup(transcript_id)
@@ -235,8 +206,7 @@ class AssemblyAI:
         gone = await self.guarded(self.transcripts, "forget", "transcript:" + transcript_id)
         if isinstance(gone, Response):
             return gone
-        model = echo.pop("speech_model_used", "whisper")
-        obj = shape.transcript(rec.id, {"status": "COMPLETED"}, echo, model)
+        obj = shape.transcript(rec.id, {"status": "COMPLETED"}, echo)
         obj.update(text="Deleted by user.", words=[], audio_url="http://deleted_by_user")
         return JSONResponse(obj)
 
@@ -257,7 +227,7 @@ class AssemblyAI:
         if isinstance(done, Response):
             return done
         result, echo = done
-        obj = shape.transcript(transcript_id, {"status": "COMPLETED", "output": result}, echo, "")
+        obj = shape.transcript(transcript_id, {"status": "COMPLETED", "output": result}, echo)
         cut = shape.sentences if kind == "sentences" else shape.paragraphs
         return JSONResponse(
             {

@@ -138,9 +138,9 @@ def transcript(
     job_id: str,
     status: dict[str, Any],
     echo: dict[str, Any],
-    model: str,
 ) -> dict[str, Any]:
-    """The transcript object for a job's RunPod status object and the request's echo."""
+    """The transcript object for a job's RunPod status object and the request's echo (its
+    options, and ``speech_model_used`` and ``created`` noted when it was made)."""
     state = STATUS.get(status.get("status", ""), "queued")
     obj: dict[str, Any] = {
         "id": job_id,
@@ -151,7 +151,7 @@ def transcript(
         "speaker_labels": bool(echo.get("speaker_labels")),
         "language_detection": bool(echo.get("language_detection")),
         "speech_model": None,
-        "speech_model_used": model,
+        "speech_model_used": echo.get("speech_model_used", "whisper"),
         "webhook_url": None,
         "text": None,
         "words": None,

@@ -14,7 +14,6 @@ options are accepted (Whisper punctuates as it transcribes). ``callback`` and
 
 from __future__ import annotations
 
-import asyncio
 import hashlib
 import json
 import uuid
@@ -24,7 +23,7 @@ from fastapi import Request, Response
 from fastapi.responses import JSONResponse
 
 from handler.faces import openai_api
-from handler.faces.admission import run_admitted
+from handler.faces.admission import loaded_models, run_admitted
 from handler.faces.broker.gateway import BROKER_GONE, BrokerDown
 from handler.faces.deepgram import shape
 from handler.faces.deepgram.query import QueryError, flag, keywords, served_model
@@ -129,19 +128,12 @@ def _utterance(seg: dict[str, Any], speaker: Any) -> dict[str, Any]:
     return out
 
 
-async def _loaded(state: Any) -> list[str]:
-    """The models a job may name: this worker's, or (a gateway) its consumers'."""
-    if state.gateway is not None:
-        return list(await asyncio.to_thread(state.gateway.models))
-    return list(state.worker.pool.names)
-
-
 async def listen(state: Any, request: Request) -> Response:
     """``POST /v1/listen`` (``state``: a handler.faces.http_server.ServerState)."""
     if state.gateway is None and state.worker is None:
         return error(503, "the model is still loading; retry shortly", "NOT_READY")
     try:
-        loaded = await _loaded(state)
+        loaded = await loaded_models(state)
     except BrokerDown as exc:
         return error(503, exc.reason or BROKER_GONE, "NOT_READY")
     try:
