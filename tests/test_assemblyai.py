@@ -24,7 +24,7 @@ from handler.faces.assemblyai import request as aai_request
 from handler.faces.assemblyai import shape
 from tests.helpers import DATA, JFK_TEXT, wer
 from tests.test_http import Server
-from tests.voice import livekit_events, no_error_logged, pcm16, pipecat_turns
+from tests.voice import livekit_events, no_error_logged, pcm16, pipecat_turns, until
 
 KEY = "assemblyai-test-key-0123456789abcdef"
 
@@ -453,8 +453,12 @@ def test_the_assemblyai_sdks_streaming_client_gets_each_turn_formatted(server: S
     )
 
     audio, spoken = _readings(3)
+    # disconnect(terminate=True) waits terminate_timeout (5 s by default) for Termination,
+    # which comes once the last turns are transcribed: a busy machine needs longer.
     client = StreamingClient(
-        StreamingClientOptions(api_key=KEY, api_host=server.url.replace("http", "ws"))
+        StreamingClientOptions(
+            api_key=KEY, api_host=server.url.replace("http", "ws"), terminate_timeout=120
+        )
     )
     events: list[Any] = []
     ended = threading.Event()
@@ -511,17 +515,6 @@ def _ws(srv: Server, query: str, **kwargs: Any) -> Any:
     return connect(url, open_timeout=30, **kwargs)
 
 
-def _until(ws: Any, kind: str, timeout: float = 120) -> list[dict[str, Any]]:
-    got: list[dict[str, Any]] = []
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        message = json.loads(ws.recv(timeout=deadline - time.monotonic()))
-        got.append(message)
-        if message["type"] == kind:
-            return got
-    raise AssertionError(f"no {kind} in {got}")
-
-
 @pytest.mark.e2e
 def test_force_endpoint_ends_a_turn_and_refusals_close_with_a_reason(server: Server) -> None:
     """ForceEndpoint (what Pipecat sends when its own VAD hears the user stop) ends the turn
@@ -556,7 +549,7 @@ def test_force_endpoint_ends_a_turn_and_refusals_close_with_a_reason(server: Ser
         assert error["type"] == "Error" and error["error"].startswith("keyterms_prompt"), error
         ws.send(json.dumps({"type": "KeepAlive"}))
         ws.send(json.dumps({"type": "Terminate"}))
-        assert _until(ws, "Termination")[-1]["audio_duration_seconds"] >= 11
+        assert until(ws, "Termination")[-1]["audio_duration_seconds"] >= 11
     for query, said in (
         ("sample_rate=16000&speaker_labels=true", "speaker labels"),
         ("encoding=opus", "pcm_s16le"),

@@ -23,7 +23,7 @@ from handler.faces.deepgram import shape
 from speech_assets.clips import JFK_TEXT, clips, wer
 from tests.helpers import DATA
 from tests.test_http import Server
-from tests.voice import livekit_events, no_error_logged, pipecat_turns
+from tests.voice import livekit_events, no_error_logged, pipecat_turns, until
 
 KEY = "dg-test-key-0123456789abcdef"
 RATE = 16000
@@ -162,17 +162,6 @@ def _raw(srv: Server, query: str, **kwargs: Any) -> Any:
     return connect(f"{_ws_url(srv)}/v1/listen?{query}", open_timeout=30, **kwargs)
 
 
-def _until(ws: Any, kind: str, timeout: float = 120) -> list[dict[str, Any]]:
-    got: list[dict[str, Any]] = []
-    deadline = time.time() + timeout
-    while time.time() < deadline:
-        message = json.loads(ws.recv(timeout=deadline - time.time()))
-        got.append(message)
-        if message["type"] == kind:
-            return got
-    raise AssertionError(f"no {kind} in {got}")
-
-
 @pytest.mark.e2e
 def test_finalize_keepalive_and_closestream_as_voice_agents_send_them(server: Server) -> None:
     """Pipecat sends Finalize when its own VAD hears the user stop, before any silence
@@ -187,23 +176,23 @@ def test_finalize_keepalive_and_closestream_as_voice_agents_send_them(server: Se
         ws.send(json.dumps({"type": "Finalize"}))
         finals: list[dict[str, Any]] = []
         while not (finals and finals[-1]["from_finalize"]):  # JFK's pauses end turns too
-            finals.append(_until(ws, "Results")[-1])
+            finals.append(until(ws, "Results")[-1])
         assert all(m["is_final"] for m in finals) and not finals[-1]["speech_final"]
         assert finals[-1]["channel"]["alternatives"][0]["words"]
         text = " ".join(m["channel"]["alternatives"][0]["transcript"] for m in finals)
         assert wer(JFK_TEXT, text) < 0.35, text  # its last word or two were cut off
         ws.send(json.dumps({"type": "Unknown"}))
-        assert _until(ws, "Error")[-1]["variant"] == "unknown_message"  # the session goes on
+        assert until(ws, "Error")[-1]["variant"] == "unknown_message"  # the session goes on
         ws.send(json.dumps({"type": "Configure", "keyterms": ["Americans", "country"]}))
-        assert _until(ws, "ConfigureSuccess")[-1]["keyterms"] == ["Americans", "country"]
+        assert until(ws, "ConfigureSuccess")[-1]["keyterms"] == ["Americans", "country"]
         ws.send(json.dumps({"type": "Configure", "keyterms": ["x"] * 101}))
-        refused = _until(ws, "ConfigureFailure")[-1]
+        refused = until(ws, "ConfigureFailure")[-1]
         assert refused["code"] == "CONFIGURE_KEYTERM_LIMIT_EXCEEDED"
         assert refused["description"].startswith("keyterms: at most"), refused  # not our path
         ws.send(json.dumps({"type": "Configure", "features": {"numerals": True}}))
-        assert _until(ws, "ConfigureSuccess")[-1]["keyterms"] == ["Americans", "country"]
+        assert until(ws, "ConfigureSuccess")[-1]["keyterms"] == ["Americans", "country"]
         ws.send(json.dumps({"type": "CloseStream"}))
-        meta = _until(ws, "Metadata")[-1]
+        meta = until(ws, "Metadata")[-1]
         assert meta["request_id"] and meta["channels"] == 1
         with pytest.raises(ConnectionClosedOK):
             ws.recv(timeout=30)
@@ -221,7 +210,7 @@ def test_audio_sent_in_one_big_message_is_cut_at_each_pause(server: Server) -> N
     with _raw(server, "encoding=linear16&sample_rate=16000") as ws:
         ws.send(pcm16(audio))  # 25 s in one message, under the 1-MiB cap
         ws.send(json.dumps({"type": "CloseStream"}))
-        messages = _until(ws, "Metadata")
+        messages = until(ws, "Metadata")
     finals = [m for m in messages if m["type"] == "Results" and m["is_final"]]
     texts = [m["channel"]["alternatives"][0]["transcript"] for m in finals]
     assert len(finals) >= 2 and all(texts), texts
@@ -272,7 +261,7 @@ def test_refusals_say_what_to_send(server: Server) -> None:
     ) as ws:
         assert ws.subprotocol == "token"
         ws.send(b"")  # Deepgram's older CloseStream: an empty binary message
-        assert _until(ws, "Metadata")[-1]["duration"] == 0
+        assert until(ws, "Metadata")[-1]["duration"] == 0
 
 
 @pytest.mark.e2e

@@ -26,6 +26,7 @@ import pytest
 
 from speech_assets.clips import clips, wer
 from tests.test_http import Server
+from tests.voice import pipecat_collector
 
 pytestmark = pytest.mark.e2e
 
@@ -79,16 +80,12 @@ def test_pipecat_realtime_stt_with_its_defaults(live: Server) -> None:
     pytest.importorskip("pipecat", reason="pip install '.[dev]' (pipecat-ai)")
     from pipecat.frames.frames import (
         EndFrame,
-        ErrorFrame,
         InputAudioRawFrame,
-        InterimTranscriptionFrame,
-        TranscriptionFrame,
         VADUserStartedSpeakingFrame,
         VADUserStoppedSpeakingFrame,
     )
     from pipecat.pipeline.pipeline import Pipeline
     from pipecat.pipeline.worker import PipelineParams, PipelineWorker
-    from pipecat.processors.frame_processor import FrameDirection, FrameProcessor
     from pipecat.services.openai.stt import OpenAIRealtimeSTTService
     from pipecat.workers.runner import WorkerRunner
 
@@ -96,16 +93,7 @@ def test_pipecat_realtime_stt_with_its_defaults(live: Server) -> None:
     interim: list[str] = []
     errors: list[str] = []
 
-    class Collect(FrameProcessor):  # before the service (errors go up) and after it
-        async def process_frame(self, frame: Any, direction: FrameDirection) -> None:
-            await super().process_frame(frame, direction)
-            if isinstance(frame, TranscriptionFrame):
-                finals.append(frame.text)
-            elif isinstance(frame, InterimTranscriptionFrame):
-                interim.append(frame.text)
-            elif isinstance(frame, ErrorFrame):
-                errors.append(frame.error)
-            await self.push_frame(frame, direction)
+    Collect = pipecat_collector(finals, errors, interim)
 
     async def talk(srv: Server) -> None:
         stt = OpenAIRealtimeSTTService(

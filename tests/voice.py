@@ -6,6 +6,8 @@ deadlines, so that a loaded machine only makes them slower."""
 from __future__ import annotations
 
 import asyncio
+import json
+import time
 from collections.abc import Callable
 from typing import Any
 
@@ -20,6 +22,40 @@ def pcm16(samples: np.ndarray) -> bytes:
     return (np.clip(samples, -1, 1) * 32767).astype("<i2").tobytes()
 
 
+def until(ws: Any, kind: str, timeout: float = 120) -> list[dict[str, Any]]:
+    """The JSON messages a live socket sends, up to the first of ``type`` ``kind``."""
+    got: list[dict[str, Any]] = []
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        message = json.loads(ws.recv(timeout=deadline - time.monotonic()))
+        got.append(message)
+        if message["type"] == kind:
+            return got
+    raise AssertionError(f"no {kind} in {got}")
+
+
+def pipecat_collector(
+    finals: list[str], errors: list[str], interim: list[str] | None = None
+) -> type:
+    """A Pipecat processor that notes the final transcripts, errors (and interim text) it
+    sees and passes every frame on: put before the service (errors go up) and after it."""
+    from pipecat.frames.frames import ErrorFrame, InterimTranscriptionFrame, TranscriptionFrame
+    from pipecat.processors.frame_processor import FrameDirection, FrameProcessor
+
+    class Collect(FrameProcessor):
+        async def process_frame(self, frame: Any, direction: FrameDirection) -> None:
+            await super().process_frame(frame, direction)
+            if isinstance(frame, TranscriptionFrame):
+                finals.append(frame.text)
+            elif isinstance(frame, InterimTranscriptionFrame) and interim is not None:
+                interim.append(frame.text)
+            elif isinstance(frame, ErrorFrame):
+                errors.append(frame.error)
+            await self.push_frame(frame, direction)
+
+    return Collect
+
+
 def pipecat_turns(
     make_stt: Callable[[], Any],
     connected: Callable[[Any], bool],
@@ -32,28 +68,17 @@ def pipecat_turns(
     says when the service's socket is open (the services name it differently)."""
     from pipecat.frames.frames import (
         EndFrame,
-        ErrorFrame,
         InputAudioRawFrame,
-        TranscriptionFrame,
         VADUserStartedSpeakingFrame,
         VADUserStoppedSpeakingFrame,
     )
     from pipecat.pipeline.pipeline import Pipeline
     from pipecat.pipeline.worker import PipelineParams, PipelineWorker
-    from pipecat.processors.frame_processor import FrameDirection, FrameProcessor
     from pipecat.workers.runner import WorkerRunner
 
     finals: list[str] = []
     errors: list[str] = []
-
-    class Collect(FrameProcessor):  # before the service (errors go up) and after it
-        async def process_frame(self, frame: Any, direction: FrameDirection) -> None:
-            await super().process_frame(frame, direction)
-            if isinstance(frame, TranscriptionFrame):
-                finals.append(frame.text)
-            elif isinstance(frame, ErrorFrame):
-                errors.append(frame.error)
-            await self.push_frame(frame, direction)
+    Collect = pipecat_collector(finals, errors)
 
     async def talk() -> None:
         stt = make_stt()
