@@ -16,6 +16,9 @@ from typing_extensions import NotRequired
 SAMPLE_RATE: Final = 16000
 """Samples per second of the audio every model here reads (Whisper, the VADs, CAM++)."""
 
+MAX_CHANNELS: Final = 16
+"""The most channels a ``multichannel`` job transcribes one by one (Deepgram allows 20)."""
+
 TERMINAL_JOB_STATES: Final = frozenset({"COMPLETED", "FAILED", "CANCELLED", "TIMED_OUT"})
 """RunPod job states after which a job never changes again (``/status``)."""
 
@@ -77,6 +80,8 @@ class Word(TypedDict):
     probability: float
     speaker: NotRequired[str]
     """Only in a diarized job."""
+    channel: NotRequired[int]
+    """Only in a ``multichannel`` job: the channel it was heard on (0 is the first)."""
 
 
 class Segment(TypedDict):
@@ -101,9 +106,11 @@ class Segment(TypedDict):
     """Only in a diarized job (handler.output.speakers)."""
     language: NotRequired[str]
     """Only with ``"language": "multi"``: the language its part was decoded in."""
+    channel: NotRequired[int]
+    """Only in a ``multichannel`` job: the channel it was heard on (0 is the first)."""
 
 
 SEGMENT_FIELDS: Final[tuple[str, ...]] = tuple(
-    k for k in Segment.__annotations__ if k not in ("words", "speaker", "language")
+    k for k in Segment.__annotations__ if k not in ("words", "speaker", "language", "channel")
 )
 """The fields of a returned segment, in order."""

@@ -141,6 +141,13 @@ class JobInput(BaseModel):
     """A split job's piece: return the speech windows and their voice embeddings under
     ``speaker_windows`` instead of speakers, for the whole recording to cluster."""
 
+    multichannel: bool | None = None
+    """Transcribe each channel of the recording on its own (a call's agent and customer):
+    segments and words get ``channel`` (0 is the first), ``channels`` gives each channel's
+    text and language, and subtitles label each cue with its channel. Unset: the channels
+    are mixed down to one. Each channel costs its own transcription; a channel that
+    repeats an earlier one is transcribed once."""
+
     loop_guard: bool | None = None
     """Repetition loops in the transcript (a phrase said back to back 4 times or more, a
     word 6 times) kept when its occurrences heard alone say it, else decoded again without
@@ -305,6 +312,11 @@ class JobInput(BaseModel):
             raise ValueError("speaker_embeddings need diarize: true")
         if self.speaker_windows and not self.diarize:
             raise ValueError("speaker_windows need diarize: true")
+        if self.multichannel and (self.diarize or self.split not in (None, 1)):
+            raise ValueError(
+                "multichannel labels each segment with its channel; it does not combine with "
+                "diarize or split (send one job per channel for those)"
+            )
 
     @property
     def legacy(self) -> bool:
@@ -405,6 +417,7 @@ DECODING_OPTIONS: frozenset[str] = frozenset(
         "split",
         "word_alignment",
         "loop_guard",
+        "multichannel",
     }
 )
 

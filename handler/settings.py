@@ -147,7 +147,8 @@ class Settings(BaseModel):
     allow_private_urls: bool = False
     """Allow URLs that resolve to loopback/private addresses (tests only)."""
     max_audio_seconds: float = Field(4 * 3600.0, gt=0)
-    """Longest audio accepted, declared or decoded (seconds): 4 h = 920 MB of float32 PCM."""
+    """Longest audio accepted, declared or decoded (seconds): 4 h = 920 MB of float32 PCM.
+    A ``multichannel`` job's channels count added up."""
     decode_timeout_s: float = Field(300.0, gt=0)
     """Wall-clock budget for decoding one file (seconds)."""
     allowed_formats: list[str] = Field(

@@ -196,3 +196,41 @@ def write_byte_smashed(
     for i in range(skip, len(data), every):
         data[i] ^= 0xFF
     return write_bytes(dst, bytes(data))
+
+
+_LIBRIVOX = pathlib.Path(__file__).parent / "data" / "librivox"
+_CLIP = "sense_and_sensibility_01_austen_64kb-{}.wav"
+CALL_TEXTS = (
+    "he was not an ill disposed young man he might even have been made amiable himself",
+    "unless to be rather cold hearted and rather selfish is to be ill disposed",
+)
+"""What each channel of :func:`write_call_wav` says (LibriVox's own transcripts)."""
+
+
+def write_call_wav(path: pathlib.Path, *, rate: int = 16000, same: bool = False) -> pathlib.Path:
+    """A two-channel call built from real speech: channel 0 speaks at 0 s and 9.3 s,
+    channel 1 at 3.5 s in between (its words then come second); ``same``: channel 1
+    repeats channel 0 (a mono call saved as stereo)."""
+
+    def clip(name: str) -> np.ndarray:
+        with wave.open(str(_LIBRIVOX / _CLIP.format(name))) as w:
+            return np.frombuffer(w.readframes(w.getnframes()), np.int16)
+
+    length = 13 * 16000
+    left, right = np.zeros(length, np.int16), np.zeros(length, np.int16)
+    for channel, name, at in ((left, "0880", 0.0), (right, "0890", 3.5), (left, "0930", 9.3)):
+        pcm = clip(name)
+        start = round(at * 16000)
+        channel[start : start + len(pcm)] = pcm
+    if same:
+        right = left
+    stereo = np.stack([left, right], axis=1)
+    if rate != 16000:
+        index = np.arange(round(length * rate / 16000)) * 16000 // rate
+        stereo = stereo[index]
+    with wave.open(str(path), "wb") as w:
+        w.setnchannels(2)
+        w.setsampwidth(2)
+        w.setframerate(rate)
+        w.writeframes(stereo.tobytes())
+    return path

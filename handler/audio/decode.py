@@ -33,7 +33,7 @@ from typing import Any
 import av
 import numpy as np
 
-from handler.contract import SAMPLE_RATE
+from handler.contract import MAX_CHANNELS, SAMPLE_RATE
 from handler.errors import Code, WorkerError
 from handler.guard import Guard
 from handler.settings import Settings
@@ -76,6 +76,9 @@ class DecodedAudio:
     """FFmpeg demuxer name, e.g. ``wav`` or ``mov,mp4,m4a,3gp,3g2,mj2``."""
     warnings: list[str] = field(default_factory=list)
     """Sentences for the client: skipped corrupt packets, decoded shorter than declared."""
+    channels: list[np.ndarray] | None = None
+    """Decoded with ``split_channels``: each channel's samples (16 kHz float32, as
+    ``samples``, which is then the first of them); else None."""
 
 
 def demuxer_whitelist(allowed_formats: list[str]) -> str:
@@ -110,13 +113,17 @@ def decode_bytes(
 
 
 def decode_audio(
-    path: pathlib.Path, settings: Settings, *, cancel: threading.Event | None = None
+    path: pathlib.Path,
+    settings: Settings,
+    *,
+    cancel: threading.Event | None = None,
+    split_channels: bool = False,
 ) -> DecodedAudio:
-    """Decode the first audio stream of ``path``, enforcing the limits in ``settings``.
-
-    Raises :class:`WorkerError` with UNSUPPORTED_OR_CORRUPT_MEDIA, NO_AUDIO_STREAM,
-    EMPTY_AUDIO, CORRUPT_MEDIA, AUDIO_TOO_LONG, DECODE_TIMEOUT or CANCELLED.
-    """
+    """Decode the first audio stream of ``path``, enforcing the limits in ``settings``;
+    ``split_channels``: each channel apart (``DecodedAudio.channels``, ``MAX_CHANNELS`` at
+    most; the length cap bounds their seconds added up). Raises :class:`WorkerError` with
+    UNSUPPORTED_OR_CORRUPT_MEDIA, NO_AUDIO_STREAM, EMPTY_AUDIO, INVALID_INPUT (channels),
+    CORRUPT_MEDIA, AUDIO_TOO_LONG, DECODE_TIMEOUT or CANCELLED."""
     started = time.monotonic()
     guard = Guard.within(
         settings.decode_timeout_s, cancel, Code.DECODE_TIMEOUT, _timeout_message(settings)
@@ -144,7 +151,7 @@ def decode_audio(
 
     try:
         with container:
-            result = _decode_container(container, settings, guard)
+            result = _decode_container(container, settings, guard, split_channels)
     except WorkerError:
         raise
     except av.error.ExitError:
@@ -221,8 +228,13 @@ def _timeout_message(settings: Settings) -> str:
     return f"Decoding the audio took longer than {settings.decode_timeout_s:g} s."
 
 
-def _too_long_message(settings: Settings, declared: float | None) -> str:
+def _too_long_message(settings: Settings, declared: float | None, width: int = 1) -> str:
     limit = f"{settings.max_audio_seconds:g} s"
+    if width > 1:
+        return (
+            f"The audio's {width} channels add up to more than the limit of {limit} "
+            "(each channel is transcribed on its own)."
+        )
     if declared is not None:
         return f"The audio declares {declared:.1f} s, longer than the limit of {limit}."
     return f"The audio is longer than the limit of {limit}."
@@ -254,15 +266,19 @@ class _Tally:
 
 
 def _decode_container(
-    container: av.container.InputContainer, settings: Settings, guard: Guard
+    container: av.container.InputContainer, settings: Settings, guard: Guard, split: bool
 ) -> DecodedAudio:
     """The stages, in order: stream and declared length, packets, frames, length bound,
-    resampling, collection into one bounded buffer, verdict."""
-    stream, declared = _audio_stream(container, settings)
+    resampling, collection into bounded buffers (one per channel when ``split``), verdict."""
+    stream, declared, width = _audio_stream(container, settings, split)
     tally = _Tally()
     frames = _frames(_packets(container, stream, guard, tally), tally)
-    chunks = _resampled(_bounded(frames, settings, tally))
-    samples = _collect(chunks, settings, declared)
+    layout, rows = _layout(stream, width)
+    chunks = _resampled(_bounded(frames, settings, tally, width), layout, rows)
+    if rows > width:
+        chunks = (chunk.mean(axis=0, keepdims=True) for chunk in chunks)
+    channels = _collect(chunks, settings, declared, width)
+    samples = channels[0]
     warnings = _verdict(samples, tally, declared)
     return DecodedAudio(
         samples=samples,
@@ -270,21 +286,44 @@ def _decode_container(
         declared_duration=declared,
         format_name=container.format.name,
         warnings=warnings,
+        channels=channels if split else None,
     )
 
 
 def _audio_stream(
-    container: av.container.InputContainer, settings: Settings
-) -> tuple[av.AudioStream, float | None]:
+    container: av.container.InputContainer, settings: Settings, split: bool
+) -> tuple[av.AudioStream, float | None, int]:
+    """The first audio stream, its declared length, and how many channels the length cap
+    counts (its channels when ``split``, else 1: they are mixed down)."""
     if not container.streams.audio:
         raise WorkerError(Code.NO_AUDIO_STREAM, "The file has no audio stream.")
     stream = container.streams.audio[0]
+    width = max(1, len(stream.layout.channels)) if split else 1
+    if width > MAX_CHANNELS:
+        raise WorkerError(
+            Code.INVALID_INPUT,
+            f"The audio has {width} channels; multichannel transcribes {MAX_CHANNELS} at most "
+            "(leave multichannel off to mix them down to one).",
+        )
     declared = _declared_duration(container, stream)
     # Refuse on the declared length before decoding a single packet: a few KB of FLAC can
     # declare (and really contain) hours of silence.
-    if declared is not None and declared > settings.max_audio_seconds:
-        raise WorkerError(Code.AUDIO_TOO_LONG, _too_long_message(settings, declared))
-    return stream, declared
+    if declared is not None and declared * width > settings.max_audio_seconds:
+        raise WorkerError(Code.AUDIO_TOO_LONG, _too_long_message(settings, declared, width))
+    return stream, declared, width
+
+
+def _layout(stream: av.AudioStream, width: int) -> tuple[str, int]:
+    """The layout to resample to, and its channels: ``mono`` (FFmpeg's own downmix, as
+    faster-whisper's), or the stream's own (``width`` channels kept apart). Channels that
+    have no names beyond two are kept apart too and averaged here: FFmpeg guesses a
+    surround layout for 3 to 8 of them (dropping the one it takes for LFE, weighting the
+    rest) and has none beyond 8 (12 or 16 microphones came out silent, 9 or 17 refused)."""
+    channels = stream.layout.channels
+    unnamed = len(channels) > 2 and all(c.name == "NONE" for c in channels)
+    if width > 1 or unnamed:
+        return stream.layout.name, len(channels)
+    return "mono", 1
 
 
 def _packets(
@@ -331,19 +370,22 @@ def _frames(packets: Iterator[av.Packet], tally: _Tally) -> Iterator[av.AudioFra
 
 
 def _bounded(
-    frames: Iterator[av.AudioFrame], settings: Settings, tally: _Tally
+    frames: Iterator[av.AudioFrame], settings: Settings, tally: _Tally, width: int
 ) -> Iterator[av.AudioFrame]:
     """Frames until the input passes the length cap, counted before resampling: one frame
-    at a tiny declared sample rate would otherwise expand to a huge buffer in the resampler."""
+    at a tiny declared sample rate would otherwise expand to a huge buffer in the resampler.
+    ``width`` channels kept apart count ``width`` times."""
     for frame in frames:
-        tally.seconds_in += frame.samples / frame.sample_rate
+        tally.seconds_in += width * frame.samples / frame.sample_rate
         if tally.seconds_in > settings.max_audio_seconds + 0.01:
-            raise WorkerError(Code.AUDIO_TOO_LONG, _too_long_message(settings, None))
+            raise WorkerError(Code.AUDIO_TOO_LONG, _too_long_message(settings, None, width))
         yield frame
 
 
-def _resampled(frames: Iterator[av.AudioFrame]) -> Iterator[np.ndarray]:
-    """16 kHz mono float32 chunks, resampled exactly as ``faster_whisper.decode_audio`` does.
+def _resampled(frames: Iterator[av.AudioFrame], layout: str, width: int) -> Iterator[np.ndarray]:
+    """16 kHz float32 chunks, shaped (channels, samples): ``mono``, resampled exactly as
+    ``faster_whisper.decode_audio`` does, or each channel of the stream's ``layout`` on its
+    own row (``width`` of them; a frame in another layout is mixed into it).
 
     Through signed 16-bit, as faster-whisper does, so that a user comparing the two gets the
     same samples: FFmpeg normalises the downmix matrix for integer output (stereo becomes
@@ -357,30 +399,36 @@ def _resampled(frames: Iterator[av.AudioFrame]) -> Iterator[np.ndarray]:
             # A mid-stream change of rate or layout (concatenated MP3s, damaged headers)
             # needs a new resampler; flush the old one first.
             if resampler is not None:
-                yield from _pcm(resampler.resample(None))
-            resampler = av.AudioResampler(format="s16", layout="mono", rate=SAMPLE_RATE)
+                yield from _pcm(resampler.resample(None), width)
+            # Packed, then split here: PyAV 18 crashes (SIGSEGV) reading 8 or more planes.
+            resampler = av.AudioResampler(format="s16", layout=layout, rate=SAMPLE_RATE)
             key = frame_key
         frame.pts = None  # timestamps of damaged streams jump; the samples are all we need
-        yield from _pcm(resampler.resample(frame))
+        yield from _pcm(resampler.resample(frame), width)
     if resampler is not None:
-        yield from _pcm(resampler.resample(None))
+        yield from _pcm(resampler.resample(None), width)
 
 
-def _pcm(frames: list[av.AudioFrame]) -> Iterator[np.ndarray]:
+def _pcm(frames: list[av.AudioFrame], width: int) -> Iterator[np.ndarray]:
     for out in frames:
-        yield out.to_ndarray().reshape(-1).astype(np.float32) / 32768.0
+        yield out.to_ndarray().reshape(-1, width).T.astype(np.float32) / 32768.0
 
 
 def _collect(
-    chunks: Iterator[np.ndarray], settings: Settings, declared: float | None
-) -> np.ndarray:
-    max_samples = math.ceil(settings.max_audio_seconds * SAMPLE_RATE)
+    chunks: Iterator[np.ndarray], settings: Settings, declared: float | None, width: int
+) -> list[np.ndarray]:
+    """Each row of the chunks into its channel's buffer; together at most the length cap."""
+    max_samples = math.ceil(settings.max_audio_seconds * SAMPLE_RATE / width)
     expected = declared if declared is not None else _INITIAL_SECONDS
-    buffer = _SampleBuffer(math.ceil(expected * SAMPLE_RATE) + SAMPLE_RATE, max_samples)
+    initial = math.ceil(expected * SAMPLE_RATE) + SAMPLE_RATE
+    buffers = [_SampleBuffer(initial, max_samples) for _ in range(width)]
     for chunk in chunks:
-        if not buffer.append(chunk):
-            raise WorkerError(Code.AUDIO_TOO_LONG, _too_long_message(settings, None))
-    return buffer.finish()
+        if len(chunk) != width:
+            # A frame in a layout the resampler could not keep: never guess which is which.
+            raise WorkerError(Code.UNSUPPORTED_OR_CORRUPT_MEDIA, _GENERIC)
+        if not all(b.append(row) for b, row in zip(buffers, chunk, strict=True)):
+            raise WorkerError(Code.AUDIO_TOO_LONG, _too_long_message(settings, None, width))
+    return [b.finish() for b in buffers]
 
 
 def _verdict(samples: np.ndarray, tally: _Tally, declared: float | None) -> list[str]:

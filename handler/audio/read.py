@@ -24,10 +24,12 @@ def read_audio(
     cancel: threading.Event | None = None,
     timings: dict[str, float] | None = None,
     sha256: str | None = None,
+    split_channels: bool = False,
 ) -> DecodedAudio:
     """The audio of exactly one of ``data``, ``audio_base64`` or ``audio_url`` as 16-kHz
     samples; ``timings`` gets its ``fetch`` and ``decode`` seconds. ``sha256``: the bytes
-    must have this digest (a sealed piece, handler.audio.seal)."""
+    must have this digest (a sealed piece, handler.audio.seal); ``split_channels``: each
+    channel decoded on its own (``DecodedAudio.channels``)."""
     with tempfile.TemporaryDirectory(prefix=JOB_DIR_PREFIX) as tmp:
         src = Path(tmp) / "audio"
         t = time.perf_counter()
@@ -40,7 +42,7 @@ def read_audio(
         if sha256 is not None:
             verify_file(src, sha256)
         fetched = time.perf_counter()
-        audio = decode_audio(src, settings, cancel=cancel)
+        audio = decode_audio(src, settings, cancel=cancel, split_channels=split_channels)
         if timings is not None:
             timings["fetch"] = fetched - t
             timings["decode"] = time.perf_counter() - fetched

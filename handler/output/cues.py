@@ -52,6 +52,16 @@ class Layout:
     max_cue_seconds: float = 7.0
 
 
+def label(item: Any) -> str | None:
+    """Whom a cue is said by: a segment's or word's speaker, else its channel (a
+    ``multichannel`` job: ``channel 0``), else None."""
+    if item.get("speaker") is not None:
+        return str(item["speaker"])
+    if item.get("channel") is not None:
+        return f"channel {item['channel']}"
+    return None
+
+
 def _words(segments: Iterable[Any]) -> list[dict[str, Any]]:
     out: list[dict[str, Any]] = []
     for seg in segments:
@@ -59,7 +69,7 @@ def _words(segments: Iterable[Any]) -> list[dict[str, Any]]:
             raw = str(w["word"])
             if not raw.strip():
                 continue
-            speaker = w.get("speaker")
+            speaker = label(w)
             if (
                 out
                 and out[-1]["speaker"] == speaker

@@ -14,7 +14,7 @@ from typing import Any
 
 from handler.contract import OUTPUT_FORMATS, SEGMENT_FIELDS, Segment
 from handler.output import speakers
-from handler.output.cues import Layout, word_cues
+from handler.output.cues import Layout, label, word_cues
 
 FORMATS = OUTPUT_FORMATS
 
@@ -203,7 +203,7 @@ def _cues(
     cues: list[tuple[float, float, str, str | None]] = []
     for seg in segments:
         seg_words = seg.get("words") or []
-        speaker = seg.get("speaker")
+        speaker = label(seg)
         if words_per_cue is not None and seg_words:
             for i in range(0, len(seg_words), words_per_cue):
                 chunk = seg_words[i : i + words_per_cue]
@@ -272,6 +272,8 @@ def _word(w: Mapping[str, Any]) -> dict[str, Any]:
     }
     if "speaker" in w:
         out["speaker"] = str(w["speaker"])
+    if "channel" in w:
+        out["channel"] = int(w["channel"])
     return out
 
 
@@ -301,6 +303,8 @@ def _segment_fields(seg: Segment) -> dict[str, Any]:
         out["speaker"] = str(seg["speaker"])
     if "language" in seg:
         out["language"] = str(seg["language"])
+    if "channel" in seg:
+        out["channel"] = int(seg["channel"])
     return out
 
 

@@ -89,6 +89,8 @@ def _shape(
             out["verbose_json"]["word_alignment"] = timed
         if tr.parts is not None:
             out["word_alignment_languages"] = dict(call.word_alignment or {})
+    if call.channels is not None:
+        out["channels"] = call.channels
     if call.pieces is not None:
         out["pieces"] = call.pieces
     if warnings:

@@ -25,7 +25,7 @@ from handler.inference import checks, code_switch, language, pieces, transcribe
 from handler.inference.memory import job_bytes
 from handler.inference.models import LoadedModel
 from handler.output import coverage
-from handler.pipeline import answer, repeats, speakers, split, words
+from handler.pipeline import answer, channels, repeats, speakers, split, words
 from handler.pipeline.runtime import (
     MIN_AUDIO_SECONDS,
     Call,
@@ -88,11 +88,10 @@ def _run(raw_input: Any, worker: Runtime, call: Call) -> dict[str, Any]:
     elif (n := _pieces_wanted(plan, duration)) > 1:
         tr = split.run(plan, audio, n, worker, call, run_here=run_job)
         words.after_split(plan, tr, worker, call)
+    elif audio.channels is not None:
+        tr = channels.run(plan, audio, worker, call, _one_channel)
     else:
-        tr = _transcribe(plan, audio, worker, call)
-        repeats.fix(plan, tr, audio.samples, worker, call)
-        budget = compute_budget(worker.settings, duration)
-        words.run(plan, tr, audio.samples, worker, call, budget)
+        tr = _one_channel(plan, audio, worker, call)
     del audio  # its samples may be gigabytes: not kept while the result is shaped
     output = answer.answer(plan, tr, duration, worker, call)
     answer.log_done(call, duration, plan)
@@ -124,6 +123,10 @@ def _plan(job: JobInput, worker: Runtime) -> Plan:
                 "DIARIZATION=true and set WHISPER_DIARIZATION=true",
             )
         kwargs["word_timestamps"] = True  # segments are split at the words' speakers
+    if job.multichannel:
+        # The channels' segments are merged by their start: a segment's times come from its
+        # words (a VAD-gathered window can put Whisper's own segment start in a pause).
+        kwargs["word_timestamps"] = True
     plan = Plan(job, model, kwargs, languages, job.batch_size or settings.batch_size)
     if words.method(plan, worker) != "whisper":
         kwargs["word_timestamps"] = True  # the aligner times the recognised words
@@ -150,7 +153,19 @@ def _fetch_and_decode(plan: Plan, settings: Settings, call: Call) -> DecodedAudi
         cancel=call.cancel,
         timings=call.timings,
         sha256=sealed,
+        split_channels=bool(job.multichannel),
     )
+
+
+def _one_channel(
+    plan: Plan, audio: DecodedAudio, worker: Runtime, call: Call
+) -> transcribe.Transcript:
+    """Transcribed, its loops mended, its words aligned."""
+    tr = _transcribe(plan, audio, worker, call)
+    repeats.fix(plan, tr, audio.samples, worker, call)
+    budget = compute_budget(worker.settings, audio.duration)
+    words.run(plan, tr, audio.samples, worker, call, budget)
+    return tr
 
 
 def _nothing_to_transcribe(plan: Plan, call: Call) -> transcribe.Transcript:

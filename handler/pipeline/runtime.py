@@ -160,6 +160,8 @@ class Call:
     """A split job's pieces: where each is, its job, its tries and seconds."""
     word_alignment: dict[str, str] | None = None
     """How the words were timed, per language (``forced`` or ``whisper``); None: no words."""
+    channels: list[dict[str, Any]] | None = None
+    """A ``multichannel`` job: each channel's text and language (pipeline.channels)."""
 
 
 PieceDone = Callable[[int, dict[str, Any]], None]

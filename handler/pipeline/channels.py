@@ -1,0 +1,143 @@
+"""A ``multichannel`` job: each channel of the recording transcribed on its own, one after
+another in the job's slot, and the segments merged in time order with their ``channel``.
+
+A call recorded in stereo (agent left, customer right) needs no diarizer: the channel says
+who spoke, and each voice is decoded without the other talking over it. Each channel runs
+the single-channel steps (transcription, loop guard, word alignment) through ``one`` on a
+child of the job's ``Call``, whose timings and warnings are folded back into the job's. A
+channel that carries the same samples as an earlier one (a mono call saved as stereo) is
+not transcribed again: ``channels`` says which one it repeats.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+
+from handler.audio.decode import DecodedAudio
+from handler.contract import Segment
+from handler.inference import transcribe
+from handler.output import formats
+from handler.pipeline.runtime import Call, Plan, Runtime
+
+OneChannel = Callable[[Plan, DecodedAudio, Runtime, Call], transcribe.Transcript]
+"""The single-channel steps of a job: its samples transcribed, mended and aligned."""
+
+
+def run(
+    plan: Plan, audio: DecodedAudio, worker: Runtime, call: Call, one: OneChannel
+) -> transcribe.Transcript:
+    """Every channel of ``audio`` through ``one``; the merged transcript, and each channel's
+    text and language in ``call.channels``."""
+    assert audio.channels is not None
+    count = len(audio.channels)
+    repeats = _repeats(audio.channels)
+    done: dict[int, transcribe.Transcript] = {}
+    for i in range(count):
+        if (first := repeats[i]) is not None:
+            call.warnings.append(
+                f"channel {i} carries the same audio as channel {first}: transcribed once"
+            )
+            continue
+        samples, audio.channels[i] = audio.channels[i], np.empty(0, np.float32)
+        part = DecodedAudio(samples, audio.duration, audio.declared_duration, audio.format_name)
+        child = _child(call, i, count)
+        del samples
+        done[i] = one(plan, part, worker, child)
+        _fold(call, child, i)
+        _label(done[i].segments, i)
+    call.channels = [
+        _summary(i, done[i if (j := repeats[i]) is None else j], j) for i in range(count)
+    ]
+    return _merged(list(done.values()))
+
+
+def _repeats(channels: list[np.ndarray]) -> list[int | None]:
+    """For each channel, the first earlier channel with the very same samples, else None."""
+    found: list[int | None] = []
+    for i, samples in enumerate(channels):
+        same = (j for j in range(i) if found[j] is None and np.array_equal(channels[j], samples))
+        found.append(next(same, None))
+    return found
+
+
+def _child(call: Call, channel: int, count: int) -> Call:
+    """The job's call for one channel: its own timings and warnings; its segments streamed
+    with their channel, its progress a share of the job's."""
+    on_segment = on_progress = None
+    if (stream := call.on_segment) is not None:
+
+        def on_segment(seg: Segment) -> None:
+            stream({**seg, "channel": channel})
+
+    if (report := call.on_progress) is not None:
+
+        def on_progress(percent: float) -> None:
+            report(round((100.0 * channel + percent) / count, 1))
+
+    return dataclasses.replace(
+        call,
+        on_segment=on_segment,
+        on_progress=on_progress,
+        timings={},
+        warnings=[],
+        word_alignment=None,
+        audio=None,
+        samples=None,
+    )
+
+
+def _fold(call: Call, child: Call, channel: int) -> None:
+    """A channel's timings added to the job's; its warnings said with its channel."""
+    for key, seconds in child.timings.items():
+        call.timings[key] = call.timings.get(key, 0.0) + seconds
+    call.warnings += [f"channel {channel}: {w}" for w in child.warnings]
+    if child.word_alignment is not None:
+        call.word_alignment = {**(call.word_alignment or {}), **child.word_alignment}
+
+
+def _label(segments: list[Segment], channel: int) -> None:
+    for seg in segments:
+        seg["channel"] = channel
+        for w in seg.get("words") or []:
+            w["channel"] = channel
+
+
+def _summary(channel: int, tr: transcribe.Transcript, same_as: int | None) -> dict[str, Any]:
+    out: dict[str, Any] = {
+        "channel": channel,
+        "text": formats.to_text(tr.segments),
+        "language": tr.language or None,
+        "language_probability": round(tr.language_probability, 4),
+    }
+    if same_as is not None:
+        out["same_as"] = same_as
+    return out
+
+
+def _merged(parts: list[transcribe.Transcript]) -> transcribe.Transcript:
+    """One transcript: the segments in time order (ids renumbered), the language of the
+    channel that spoke longest."""
+    segments = sorted((s for tr in parts for s in tr.segments), key=_when)
+    for n, seg in enumerate(segments):
+        seg["id"] = n
+    main = max(parts, key=lambda tr: sum(s["end"] - s["start"] for s in tr.segments))
+    waits = [tr.batch_wait for tr in parts if tr.batch_wait is not None]
+    sizes = [size for tr in parts for size in tr.batch_sizes or []]
+    spans = [part for tr in parts for part in tr.parts or []]
+    return transcribe.Transcript(
+        segments,
+        main.language,
+        main.language_probability,
+        sum(tr.seconds for tr in parts),
+        batch_wait=sum(waits) if waits else None,
+        batch_sizes=sizes if any(tr.batch_sizes is not None for tr in parts) else None,
+        parts=sorted(spans) if any(tr.parts is not None for tr in parts) else None,
+    )
+
+
+def _when(seg: Segment) -> tuple[float, int]:
+    return seg["start"], seg.get("channel", 0)

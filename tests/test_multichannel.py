@@ -1,0 +1,193 @@
+"""``multichannel``: each channel of a recording transcribed on its own, on the real tiny.en
+model and a two-channel call built from real speech (tests/media.py: write_call_wav).
+
+The faces' own shapes of it (OpenAI's, Deepgram's, AssemblyAI's) are tested through their
+clients in test_http, test_deepgram and test_assemblyai."""
+
+from __future__ import annotations
+
+import io
+import pathlib
+import wave
+
+import av
+import faster_whisper
+import numpy as np
+import pytest
+import srt
+
+from handler.audio.decode import decode_audio
+from handler.contract import MAX_CHANNELS
+from handler.errors import Code, WorkerError
+from handler.pipeline.job import run_job
+from handler.settings import Settings
+from tests.helpers import DATA, JFK_TEXT, b64, make_settings, wer
+from tests.media import CALL_TEXTS, write_call_wav
+
+pytestmark = pytest.mark.model
+
+
+@pytest.fixture(scope="module")
+def call_wav(tmp_path_factory) -> pathlib.Path:
+    return write_call_wav(tmp_path_factory.mktemp("call") / "call.wav")
+
+
+def test_each_channel_is_heard_alone_and_the_turns_come_in_time_order(worker, call_wav, no_leaks):
+    streamed: list[dict] = []
+    progress: list[float] = []
+    job = {"audio_base64": b64(call_wav), "multichannel": True, "output": ["text", "segments"]}
+    result = run_job(job, worker, on_segment=streamed.append, on_progress=progress.append)
+    assert "error" not in result, result
+    chans = result["channels"]
+    assert [c["channel"] for c in chans] == [0, 1]
+    for c, expected in zip(chans, CALL_TEXTS, strict=True):
+        assert wer(expected, c["text"]) <= 0.3, c
+        assert c["language"] == "en" and "same_as" not in c
+    # The call's turns: channel 0, then 1 (3.5 s), then 0 again (9.3 s), each segment
+    # timed inside its own speech.
+    segs = result["segments"]
+    assert [s["channel"] for s in segs] == [0, 1, 0], segs
+    assert [s["id"] for s in segs] == [0, 1, 2]
+    assert segs[1]["start"] == pytest.approx(3.5, abs=0.6)
+    assert segs[2]["start"] == pytest.approx(9.3, abs=0.6)
+    assert result["text"].split(".")[1].strip().lower().startswith("unless")
+    assert sorted(s["channel"] for s in streamed) == [0, 0, 1]
+    assert progress == sorted(progress) and all(0 <= p <= 100 for p in progress)
+    # Two transcriptions' seconds, one decode.
+    assert result["timings"]["transcribe"] > 0 and len(result.get("batch_sizes", [])) >= 2
+
+
+def test_words_and_subtitles_carry_their_channel(worker, call_wav, no_leaks):
+    job = {
+        "audio_base64": b64(call_wav),
+        "multichannel": True,
+        "output": ["words", "srt", "vtt"],
+        "word_timestamps": True,
+    }
+    result = run_job(job, worker)
+    assert "error" not in result, result
+    by_channel = {0: [], 1: []}
+    for w in result["words"]:
+        by_channel[w["channel"]].append(w)
+    assert by_channel[0] and by_channel[1]
+    assert all(3.0 <= w["start"] <= 9.5 for w in by_channel[1])
+    cues = list(srt.parse(result["srt"]))
+    labels = [c.content.split("]")[0] + "]" for c in cues]
+    assert set(labels) == {"[channel 0]", "[channel 1]"}, labels
+    assert "<v channel 1>" in result["vtt"]
+
+
+def test_a_channel_that_repeats_another_is_transcribed_once(worker, tmp_path, no_leaks):
+    path = write_call_wav(tmp_path / "same.wav", same=True)
+    result = run_job({"audio_base64": b64(path), "multichannel": True}, worker)
+    assert "error" not in result, result
+    first, second = result["channels"]
+    assert second["same_as"] == 0 and second["text"] == first["text"]
+    assert {s["channel"] for s in result["segments"]} == {0}
+    assert any("channel 1 carries the same audio as channel 0" in w for w in result["warnings"])
+
+
+def test_a_mono_file_is_one_channel(worker, no_leaks):
+    result = run_job({"audio_base64": b64(DATA / "jfk.wav"), "multichannel": True}, worker)
+    assert "error" not in result, result
+    assert [c["channel"] for c in result["channels"]] == [0]
+    assert {s["channel"] for s in result["segments"]} == {0}
+
+
+def test_unset_the_channels_are_mixed_down_as_before(worker, call_wav, no_leaks):
+    result = run_job({"audio_base64": b64(call_wav)}, worker)
+    assert "error" not in result, result
+    assert "channels" not in result and all("channel" not in s for s in result["segments"])
+    assert wer(" ".join(CALL_TEXTS), result["text"]) <= 0.6
+
+
+@pytest.mark.parametrize(
+    "extra,needle",
+    [({"diarize": True}, "diarize"), ({"split": 2}, "split"), ({"multichannel": "yes"}, "")],
+)
+def test_what_does_not_combine_is_refused_before_any_work(worker, call_wav, extra, needle):
+    job = {"audio_base64": b64(call_wav), "multichannel": True, **extra}
+    result = run_job(job, worker)
+    assert result["error_code"] == "INVALID_INPUT" and result["retryable"] is False
+    assert needle in result["error"]
+
+
+def test_too_many_channels_or_channel_seconds_are_refused(worker, tmp_path, no_leaks):
+    many = tmp_path / "many.wav"
+    with wave.open(str(many), "wb") as w:
+        w.setnchannels(MAX_CHANNELS + 1)
+        w.setsampwidth(2)
+        w.setframerate(16000)
+        w.writeframes(np.zeros((16000, MAX_CHANNELS + 1), np.int16).tobytes())
+    result = run_job({"audio_base64": b64(many), "multichannel": True}, worker)
+    assert result["error_code"] == "INVALID_INPUT", result
+    assert f"{MAX_CHANNELS} at most" in result["error"]
+    assert "error" not in run_job({"audio_base64": b64(many)}, worker)  # mixed down: served
+    # The length cap counts every channel: 2 x 13 s is over 20 s, one 13-s mix is not.
+    from handler.pipeline.runtime import Runtime
+
+    capped = Runtime(settings=make_settings(device="cpu", max_audio_seconds=20), pool=worker.pool)
+    call = write_call_wav(tmp_path / "call.wav")
+    result = run_job({"audio_base64": b64(call), "multichannel": True}, capped)
+    assert result["error_code"] == "AUDIO_TOO_LONG" and "2 channels" in result["error"]
+    assert "error" not in run_job({"audio_base64": b64(call)}, capped)
+
+
+@pytest.mark.parametrize("count", [6, 12])
+def test_unnamed_microphones_are_mixed_down_without_losing_one(worker, tmp_path, count, no_leaks):
+    # A WAV of N microphones has no channel names. FFmpeg guessed 5.1 for six (the fourth,
+    # taken for LFE, dropped) and nothing for twelve: JFK on that one came out silent, an
+    # empty transcript with no error. Each channel now counts the same.
+    with wave.open(str(DATA / "jfk.wav")) as w:
+        speech = np.frombuffer(w.readframes(w.getnframes()), np.int16)
+    pcm = np.zeros((len(speech), count), np.int16)
+    pcm[:, 3] = speech
+    path = tmp_path / "mics.wav"
+    with wave.open(str(path), "wb") as w:
+        w.setnchannels(count)
+        w.setsampwidth(2)
+        w.setframerate(16000)
+        w.writeframes(pcm.tobytes())
+    result = run_job({"audio_base64": b64(path)}, worker)
+    assert "error" not in result, result
+    assert wer(JFK_TEXT, result["text"]) <= 0.1, result["text"]
+
+
+def test_split_channels_are_faster_whispers_split_stereo_exactly(tmp_path):
+    path = write_call_wav(tmp_path / "call44.wav", rate=44100)
+    left, right = faster_whisper.decode_audio(str(path), split_stereo=True)
+    got = decode_audio(path, Settings(), split_channels=True)
+    assert got.channels is not None and len(got.channels) == 2
+    np.testing.assert_array_equal(got.channels[0], left)
+    np.testing.assert_array_equal(got.channels[1], right)
+    assert got.samples is got.channels[0] and got.duration == pytest.approx(13.0, abs=0.01)
+
+
+def test_a_stream_whose_layout_changes_keeps_the_first_layout(tmp_path):
+    # Two MP3s back to back, stereo then mono (a concatenated upload): the mono half is
+    # spread over both channels, never read as a different number of channels.
+    def mp3(layout: str, seconds: float) -> bytes:
+        buf = io.BytesIO()
+        with av.open(buf, "w", format="mp3") as out:
+            stream = out.add_stream("libmp3lame", rate=16000, layout=layout)
+            n = round(seconds * 16000)
+            channels = 2 if layout == "stereo" else 1
+            tone = (0.3 * np.sin(np.arange(n) * 0.1) * 32767).astype(np.int16)
+            frame = av.AudioFrame.from_ndarray(
+                np.tile(tone, (1, channels)).reshape(1, -1), format="s16", layout=layout
+            )
+            frame.sample_rate = 16000
+            for packet in stream.encode(frame):
+                out.mux(packet)
+            for packet in stream.encode(None):
+                out.mux(packet)
+        return buf.getvalue()
+
+    path = tmp_path / "joined.mp3"
+    path.write_bytes(mp3("stereo", 2.0) + mp3("mono", 2.0))
+    got = decode_audio(path, Settings(), split_channels=True)
+    assert got.channels is not None and len(got.channels) == 2
+    assert len(got.channels[0]) == len(got.channels[1])
+    with pytest.raises(WorkerError) as info:
+        decode_audio(path, Settings(max_audio_seconds=3.0), split_channels=True)
+    assert info.value.code is Code.AUDIO_TOO_LONG
