@@ -369,3 +369,33 @@ def test_the_deepgram_sdk_transcribes_a_file_and_a_url(server: Server, audio_sit
         media.transcribe_file(request=b"not audio", model="nova-3")
     assert info.value.status_code in (400, 415, 422) and info.value.body["err_msg"]
     assert "Traceback" not in server.logs()
+
+
+@pytest.mark.e2e
+def test_the_deepgram_sdk_gets_a_channel_per_channel_of_a_call(server: Server, tmp_path) -> None:
+    """``multichannel=true``: results.channels has each side of a two-channel call, its
+    words inside its own speech; utterances say their channel, in the order said."""
+    from deepgram import DeepgramClient
+    from deepgram.environment import DeepgramClientEnvironment
+
+    from tests.media import CALL_TEXTS, write_call_wav
+
+    env = DeepgramClientEnvironment(
+        base=server.url, production=_ws_url(server), agent="", agent_rest=""
+    )
+    media = DeepgramClient(api_key=KEY, environment=env).listen.v1.media
+    call = write_call_wav(tmp_path / "call.wav").read_bytes()
+    got = media.transcribe_file(
+        request=call, model="nova-3", multichannel=True, utterances=True, detect_language=True
+    )
+    assert got.metadata.channels == 2 and len(got.results.channels) == 2
+    for channel, expected in zip(got.results.channels, CALL_TEXTS, strict=True):
+        alt = channel.alternatives[0]
+        assert wer(expected, alt.transcript) <= 0.3, alt.transcript
+        assert " ".join(w.punctuated_word for w in alt.words) == alt.transcript
+        assert channel.detected_language == "en"
+    right = got.results.channels[1].alternatives[0].words
+    assert 3.0 <= right[0].start and right[-1].end <= 9.5
+    assert [u.channel for u in got.results.utterances] == [0, 1, 0]
+    mixed = media.transcribe_file(request=call, model="nova-3")
+    assert mixed.metadata.channels == 1 and len(mixed.results.channels) == 1

@@ -7,9 +7,10 @@ Options: ``model`` (a model loaded here by name; any other name is the default m
 ``language`` (``en``, ``en-US``, ``multi``), ``detect_language`` (the channel then says
 ``detected_language`` and ``language_confidence``), ``diarize`` (a worker with
 ``WHISPER_DIARIZATION``: each word's ``speaker``; otherwise refused as a file job is),
-``utterances`` (one per segment), ``keywords`` and ``keyterm`` (hotwords); formatting
-options are accepted (Whisper punctuates as it transcribes). ``callback`` and
-``multichannel`` are refused with a sentence saying what to use.
+``utterances`` (one per segment), ``keywords`` and ``keyterm`` (hotwords),
+``multichannel`` (each channel transcribed on its own: one entry of ``results.channels``
+per channel, utterances with their ``channel``); formatting options are accepted (Whisper
+punctuates as it transcribes). ``callback`` is refused with a sentence saying what to use.
 """
 
 from __future__ import annotations
@@ -52,8 +53,8 @@ def job_input(params: Any, loaded: list[str]) -> tuple[dict[str, Any], str]:
 def _job_input(params: Any, loaded: list[str]) -> tuple[dict[str, Any], str]:
     if params.get("callback"):
         raise Refused("callback is not served here; use /v2/{id}/run with a webhook")
-    if flag(params, "multichannel") or params.get("channels") not in (None, "1"):
-        raise Refused("multichannel: one channel is served; the channels are mixed down")
+    if params.get("channels") not in (None, "1"):
+        raise Refused("channels describes raw audio; send a file with a header (WAV, FLAC, ...)")
     model = params.get("model") or ""
     job: dict[str, Any] = {"output": ["text", "segments", "words"], "word_timestamps": True}
     if model in loaded:
@@ -63,6 +64,8 @@ def _job_input(params: Any, loaded: list[str]) -> tuple[dict[str, Any], str]:
         job["language"] = language
     if flag(params, "diarize"):
         job["diarize"] = True
+    if flag(params, "multichannel"):
+        job["multichannel"] = True
     flag(params, "utterances")  # checked now: answer() reads it after the job
     terms = keywords(params)
     if terms:
@@ -88,27 +91,44 @@ async def audio_of(request: Request, job: dict[str, Any]) -> bytes | None:
 
 
 def answer(result: dict[str, Any], model: str, params: Any, audio: bytes | None) -> dict[str, Any]:
-    """Deepgram's response for a job's result."""
+    """Deepgram's response for a job's result: a channel per channel of a ``multichannel``
+    job (one that repeats another has its words), else the one channel."""
     speakers: dict[str, int] = {}
 
     def speaker(w: dict[str, Any]) -> int | None:
         label = w.get("speaker")
         return None if label is None else speakers.setdefault(str(label), len(speakers))
 
-    words = [shape.word(w, 0.0, speaker(w)) for w in shape.whole_words(result.get("words", []))]
-    channel: dict[str, Any] = {"alternatives": [shape.alternative(result["text"], words)]}
-    if "language" not in params or flag(params, "detect_language"):
-        channel["detected_language"] = result.get("language")
-        channel["language_confidence"] = result.get("language_probability")
+    detected = "language" not in params or flag(params, "detect_language")
+    whole = {"channel": None, "text": result["text"], "language": result.get("language")}
+    whole["language_probability"] = result.get("language_probability")
+    heard = result.get("channels") or [whole]
+    channels = [_channel(result, entry, speaker, detected) for entry in heard]
     request_id = str(uuid.uuid4())
     meta = shape.metadata(request_id, model, float(result.get("duration", 0.0)))
     meta["sha256"] = hashlib.sha256(audio).hexdigest() if audio else ""
-    body: dict[str, Any] = {"metadata": meta, "results": {"channels": [channel]}}
+    meta["channels"] = len(channels)
+    body: dict[str, Any] = {"metadata": meta, "results": {"channels": channels}}
     if flag(params, "utterances"):
         body["results"]["utterances"] = [
             _utterance(seg, speaker) for seg in result.get("segments", []) if seg["text"].strip()
         ]
     return body
+
+
+def _channel(
+    result: dict[str, Any], entry: dict[str, Any], speaker: Any, detected: bool
+) -> dict[str, Any]:
+    """One of ``results.channels``: its transcript and words (``entry["channel"]`` None:
+    the whole result's)."""
+    index = entry.get("same_as", entry["channel"])
+    heard = [w for w in result.get("words", []) if index is None or w.get("channel") == index]
+    words = [shape.word(w, 0.0, speaker(w)) for w in shape.whole_words(heard)]
+    channel: dict[str, Any] = {"alternatives": [shape.alternative(entry["text"], words)]}
+    if detected:
+        channel["detected_language"] = entry.get("language")
+        channel["language_confidence"] = entry.get("language_probability")
+    return channel
 
 
 def _utterance(seg: dict[str, Any], speaker: Any) -> dict[str, Any]:
@@ -118,7 +138,7 @@ def _utterance(seg: dict[str, Any], speaker: Any) -> dict[str, Any]:
         "start": round(float(seg["start"]), 3),
         "end": round(float(seg["end"]), 3),
         "confidence": alt["confidence"],
-        "channel": 0,
+        "channel": int(seg.get("channel", 0)),
         "transcript": alt["transcript"],
         "words": words,
         "id": str(uuid.uuid4()),
