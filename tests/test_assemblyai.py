@@ -12,6 +12,7 @@ import time
 from collections.abc import Iterator
 from functools import partial
 from http.server import SimpleHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
 from typing import Any
 from urllib.parse import quote
 
@@ -98,14 +99,19 @@ def test_a_request_becomes_a_job_and_what_cannot_be_served_is_refused() -> None:
     refusals = {
         "summarization": "summaries",
         "redact_pii": "PII",
-        "multichannel": "mixed down",
         "no_such_option": "not an option",
     }
     for name, said in refusals.items():
         with pytest.raises(aai_request.Refused, match=said):
             aai_request.job_for({"audio_url": "u", name: True}, [])
+    for name in ("multichannel", "dual_channel"):
+        channels, echo = aai_request.job_for({"audio_url": "u", name: True}, [])
+        assert channels["multichannel"] is True and echo[name] is True
+        with pytest.raises(aai_request.Refused, match="speaker_labels"):
+            aai_request.job_for({"audio_url": "u", name: True, "speaker_labels": True}, [])
     for bad in (
         {"audio_url": ""},
+        {"audio_url": "u", "multichannel": "yes"},
         {"audio_url": "u", "speakers_expected": 2},
         {"audio_url": "u", "speaker_labels": "yes"},
         {"audio_url": "u", "audio_start_from": 5000, "audio_end_at": 1000},
@@ -322,6 +328,28 @@ def test_a_url_a_span_and_a_detected_language(aai: Any, audio_site: str) -> None
     assert t.json_response["language_confidence"] > 0.5
     assert t.words[0].start >= 4500  # only the span was transcribed, on the file's clock
     assert "fellow" not in t.text.lower() and "country" in t.text.lower()
+
+
+@pytest.mark.e2e
+def test_multichannel_labels_each_word_and_utterance_with_its_channel(
+    aai: Any, tmp_path: Path
+) -> None:
+    """AssemblyAI's multichannel: ``audio_channels``, each word's ``channel`` (from 1), and
+    utterances whose speaker is their channel, in the order the call was said."""
+    from tests.media import CALL_TEXTS, write_call_wav
+
+    call = write_call_wav(tmp_path / "call.wav")
+    t = aai.Transcriber().transcribe(str(call), config=aai.TranscriptionConfig(multichannel=True))
+    assert t.status == aai.TranscriptStatus.completed, t.error
+    assert t.json_response["audio_channels"] == 2 and t.json_response["multichannel"] is True
+    assert [u.speaker for u in t.utterances] == ["1", "2", "1"]
+    assert [u.channel for u in t.utterances] == ["1", "2", "1"]
+    for n, expected in enumerate(CALL_TEXTS, 1):
+        said = " ".join(w.text for w in t.words if w.channel == str(n))
+        assert wer(expected, said) <= 0.3, said
+    assert all(3000 <= w.start <= 9500 for w in t.words if w.channel == "2")
+    assert {s.channel for s in t.get_sentences()} == {"1", "2"}
+    assert "[channel" not in t.export_subtitles_srt()  # AssemblyAI's captions name no one
 
 
 def _auth() -> dict[str, str]:

@@ -9,11 +9,12 @@ prompt), ``temperature``, ``audio_start_from`` and ``audio_end_at`` (only that s
 transcribed), ``custom_spelling`` (applied to the words and text), ``speech_model`` (a
 model loaded here by that name; any other name is the default model), and ``webhook_url``
 with ``webhook_auth_header_name`` and ``_value`` (AssemblyAI's call when the transcript
-ends, through the same guard and tries as every webhook). ``punctuate``,
+ends, through the same guard and tries as every webhook), ``multichannel`` (or the older
+``dual_channel``: each channel transcribed on its own). ``punctuate``,
 ``format_text``, ``disfluencies`` and ``boost_param`` are taken (Whisper punctuates and
 formats as it transcribes). What this worker cannot do is refused with 400 and a
 sentence, never ignored: the audio-intelligence features (summaries, chapters, entities,
-PII redaction, ...) and ``multichannel``.
+PII redaction, ...) and ``multichannel`` with ``speaker_labels``.
 """
 
 from __future__ import annotations
@@ -41,8 +42,6 @@ NOT_SERVED = {
     "redact_pii_audio": "PII redaction",
     "sentiment_analysis": "sentiment analysis",
     "summarization": "summaries",
-    "multichannel": "multichannel audio (the channels are mixed down)",
-    "dual_channel": "multichannel audio (the channels are mixed down)",
 }
 """Options this worker cannot serve: asked for (true), the request is refused."""
 
@@ -94,6 +93,8 @@ ECHOED = (
     "speech_model",
     "webhook_url",
     "webhook_auth_header_name",
+    "multichannel",
+    "dual_channel",
 )
 """The request's options its transcript repeats back, as AssemblyAI's does (the webhook's
 header value is never repeated)."""
@@ -183,10 +184,17 @@ def _language(body: dict[str, Any]) -> dict[str, Any]:
 
 
 def _speakers(body: dict[str, Any]) -> dict[str, Any]:
+    """speaker_labels as diarize; multichannel (dual_channel) as the job's own."""
     if not _bool(body, "speaker_labels"):
         if body.get("speakers_expected") is not None:
             raise Refused("speakers_expected: with speaker_labels")
-        return {}
+        channels = _bool(body, "multichannel") or _bool(body, "dual_channel")
+        return {"multichannel": True} if channels else {}
+    if _bool(body, "multichannel") or _bool(body, "dual_channel"):
+        raise Refused(
+            "multichannel with speaker_labels: speakers within a channel are not served; "
+            "each channel is labelled by its number"
+        )
     out: dict[str, Any] = {"diarize": True}
     expected = _int(body, "speakers_expected", 1, 20)
     if expected is not None:

@@ -53,19 +53,21 @@ def respell(text: str, spelling: dict[str, str]) -> str:
 def words_of(
     raw: list[dict[str, Any]], names: dict[str, str], spelling: dict[str, str]
 ) -> list[dict[str, Any]]:
-    """A job's words as AssemblyAI's (whole words as the text spells them)."""
+    """A job's words as AssemblyAI's (whole words as the text spells them); a
+    ``multichannel`` job's say their ``channel``, from 1, and it is their speaker."""
     out = []
     for w in whole_words(raw):
         label = w.get("speaker")
-        out.append(
-            {
-                "text": respell(w["word"].strip(), spelling),
-                "start": _ms(w["start"]),
-                "end": _ms(w["end"]),
-                "confidence": round(float(w.get("probability", 0.0)), 4),
-                "speaker": None if label is None else names.get(str(label)),
-            }
-        )
+        word = {
+            "text": respell(w["word"].strip(), spelling),
+            "start": _ms(w["start"]),
+            "end": _ms(w["end"]),
+            "confidence": round(float(w.get("probability", 0.0)), 4),
+            "speaker": None if label is None else names.get(str(label)),
+        }
+        if w.get("channel") is not None:
+            word["channel"] = word["speaker"] = str(int(w["channel"]) + 1)
+        out.append(word)
     return out
 
 
@@ -83,6 +85,8 @@ def _span(words: list[dict[str, Any]], speaker: bool = True) -> dict[str, Any]:
     }
     if speaker:
         out["speaker"] = words[0]["speaker"]
+    if "channel" in words[0]:
+        out["channel"] = words[0]["channel"]
     return out
 
 
@@ -214,8 +218,10 @@ def completed(result: dict[str, Any], echo: dict[str, Any]) -> dict[str, Any]:
     }
     if echo.get("language_detection"):
         out["language_confidence"] = result.get("language_probability")
-    if echo.get("speaker_labels"):
+    if echo.get("speaker_labels") or "channels" in result:
         out["utterances"] = utterances(words)
+    if "channels" in result:
+        out["audio_channels"] = len(result["channels"])
     if result.get("warnings"):
         out["metadata"] = {"warnings": [{"message": str(w)} for w in result["warnings"]]}
     return out
@@ -242,6 +248,7 @@ def subtitles(
             for w in seg.get("words") or []
         ]
         text = "".join(w["word"] for w in words) if words and spelling else seg["text"]
-        # AssemblyAI's captions name no speaker.
-        segments.append({**seg, "words": words, "text": text, "speaker": None})
+        # AssemblyAI's captions name no speaker (nor channel).
+        words = [{**w, "speaker": None, "channel": None} for w in words]
+        segments.append({**seg, "words": words, "text": text, "speaker": None, "channel": None})
     return to_srt(segments, layout=layout) if kind == "srt" else to_vtt(segments, layout=layout)
