@@ -43,6 +43,21 @@ def test_stream_handler_yields_segments_then_the_full_result(worker):
     assert final["segments"] and final["timings"]["total"] > 0
 
 
+def test_a_multichannel_jobs_streamed_segments_say_their_channel(worker, tmp_path):
+    from tests.media import write_call_wav
+
+    _, stream = make_handlers(worker)
+    job = {"audio_base64": b64(write_call_wav(tmp_path / "call.wav")), "multichannel": True}
+
+    async def collect():
+        return [item async for item in stream({"id": "local_test", "input": job})]
+
+    items = asyncio.run(collect())
+    partial, final = items[:-1], items[-1]
+    assert sorted(i["segment"]["channel"] for i in partial) == [0, 0, 1], partial
+    assert [s["channel"] for s in final["segments"]] == [0, 1, 0]
+
+
 def test_stream_handler_error_carries_the_code(worker):
     _, stream = make_handlers(worker)
 

@@ -242,6 +242,32 @@ def test_extra_body_options_reach_the_job_schema(server: Server) -> None:
     assert info.value.body["code"] == "INVALID_INPUT" and "beam_size" in info.value.message
 
 
+def test_a_stereo_call_through_the_openai_sdk_with_multichannel(server: Server, tmp_path) -> None:
+    """``multichannel`` as an extra form field: verbose_json's segments carry their
+    channel, in the order said, and its ``channels`` each side's text; SRT cues name it."""
+    from tests.media import CALL_TEXTS, write_call_wav
+
+    client = server.client()
+    call = write_call_wav(tmp_path / "call.wav")
+    with open(call, "rb") as f:
+        res = client.audio.transcriptions.create(
+            model="whisper-1",
+            file=f,
+            response_format="verbose_json",
+            extra_body={"multichannel": True},
+        )
+    assert [(s.model_extra or {})["channel"] for s in res.segments or []] == [0, 1, 0]
+    sides = (res.model_extra or {})["channels"]
+    assert len(sides) == 2
+    for text, side in zip(CALL_TEXTS, sides, strict=True):
+        assert wer(text, side["text"]) <= 0.3, side
+    with open(call, "rb") as f:
+        subtitles = client.audio.transcriptions.create(
+            model="whisper-1", file=f, response_format="srt", extra_body={"multichannel": "true"}
+        )
+    assert "[channel 0]" in subtitles and "[channel 1]" in subtitles
+
+
 def test_translate_is_refused_on_an_english_only_model(server: Server) -> None:
     with open(JFK, "rb") as f, pytest.raises(openai.BadRequestError) as info:
         server.client().audio.translations.create(model="whisper-1", file=f)

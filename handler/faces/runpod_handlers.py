@@ -84,15 +84,17 @@ def make_handlers(worker: Runtime) -> tuple[Callable, Callable]:
 
 
 def stream_item(seg: Segment) -> dict[str, Any]:
-    """One streamed segment: its text and times, far below the platform's item limits."""
-    return {
-        "segment": {
-            "id": seg["id"],
-            "start": round(seg["start"], 3),
-            "end": round(seg["end"], 3),
-            "text": seg["text"][:STREAM_TEXT_LIMIT],
-        }
+    """One streamed segment: its text and times (and its channel in a ``multichannel`` job),
+    far below the platform's item limits."""
+    item: dict[str, Any] = {
+        "id": seg["id"],
+        "start": round(seg["start"], 3),
+        "end": round(seg["end"], 3),
+        "text": seg["text"][:STREAM_TEXT_LIMIT],
     }
+    if "channel" in seg:
+        item["channel"] = int(seg["channel"])
+    return {"segment": item}
 
 
 async def _stream(worker: Runtime, submit: Submit, job: dict[str, Any]) -> AsyncIterator[Any]:

@@ -91,6 +91,8 @@ def _shape(
             out["word_alignment_languages"] = dict(call.word_alignment or {})
     if call.channels is not None:
         out["channels"] = call.channels
+        if isinstance(out.get("verbose_json"), dict):
+            out["verbose_json"]["channels"] = call.channels
     if call.pieces is not None:
         out["pieces"] = call.pieces
     if warnings:
