@@ -65,6 +65,8 @@ COMMANDS: tuple[Command, ...] = (
             "repetition loops per audio hour with and without the guard; WER"),
     Command("said-again", "bench.accuracy.said_again",
             "phrases a speaker really repeats: kept or collapsed by the loop guard"),
+    Command("multichannel", "bench.accuracy.multichannel",
+            "stereo calls: each channel alone against mixed down; WER, crosstalk, cost"),
     Command("corpus", "bench.common.eval_corpus",
             "fetch and check the evaluation corpus (real speech, five languages)"),
     # Speed and memory.

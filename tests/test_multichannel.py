@@ -191,3 +191,30 @@ def test_a_stream_whose_layout_changes_keeps_the_first_layout(tmp_path):
     with pytest.raises(WorkerError) as info:
         decode_audio(path, Settings(max_audio_seconds=3.0), split_channels=True)
     assert info.value.code is Code.AUDIO_TOO_LONG
+
+
+def _seg(channel: int, *words: tuple[float, float, str]) -> dict:
+    ws = [{"start": a, "end": b, "word": f" {t}", "probability": 0.9} for a, b, t in words]
+    return {
+        "id": 0, "seek": 0, "start": ws[0]["start"], "end": ws[-1]["end"],
+        "text": "".join(w["word"] for w in ws), "tokens": [1, 2], "temperature": 0.0,
+        "avg_logprob": -0.2, "compression_ratio": 1.0, "no_speech_prob": 0.0,
+        "words": ws, "channel": channel,
+    }  # fmt: skip
+
+
+def test_a_segment_is_cut_where_the_other_side_speaks_in_its_pause() -> None:
+    from handler.inference.transcribe import Transcript
+    from handler.pipeline.channels import merge
+
+    # Side 0 says "hello there" (0-2 s) and, after a pause, "goodbye" (5-6 s) in one
+    # segment; side 1 answers "hi" at 3 s, in that pause, and "yes" at 1.5 s, over a word.
+    left = Transcript([_seg(0, (0, 1, "hello"), (1, 2, "there"), (5, 6, "goodbye"))], "en", 1, 1)
+    right = Transcript([_seg(1, (1.5, 1.8, "yes")), _seg(1, (3, 4, "hi"))], "en", 1, 1)
+    merged = merge([left, right])
+    said = [(s["channel"], s["text"].strip()) for s in merged.segments]
+    assert said == [(0, "hello there"), (1, "yes"), (1, "hi"), (0, "goodbye")]
+    assert [s["id"] for s in merged.segments] == [0, 1, 2, 3]
+    cut = merged.segments[3]
+    assert cut["start"] == 5 and cut["tokens"] == [] and cut["words"][0]["word"] == " goodbye"
+    assert merged.segments[1]["tokens"] == [1, 2]  # a segment not cut keeps its tokens

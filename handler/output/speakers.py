@@ -61,7 +61,7 @@ def attribute(segments: Sequence[Segment], turns: Sequence[TurnLike]) -> list[Se
             else:
                 runs.append([w])
         for run in runs:
-            out.append(_piece(seg, run, whole=len(runs) == 1))
+            out.append(piece_of(seg, run, whole=len(runs) == 1))
     for i, seg in enumerate(out):
         seg["id"] = i
     return out
@@ -92,10 +92,13 @@ def _labelled(word: Word, speaker: str) -> Word:
     return w  # type: ignore[return-value]
 
 
-def _piece(seg: Segment, run: list[Word], *, whole: bool) -> Segment:
+def piece_of(seg: Segment, run: list[Word], *, whole: bool) -> Segment:
+    """The part of ``seg`` that ``run`` (a run of its words) says, with the run's speaker
+    when its words have one (also a multichannel job's cut at the other side's turns)."""
     piece = dict(seg)
     piece["words"] = run
-    piece["speaker"] = run[0]["speaker"]
+    if "speaker" in run[0]:
+        piece["speaker"] = run[0]["speaker"]
     if not whole:
         # The decoder's tokens and scores belong to the whole segment; a piece keeps its
         # scores (they describe the decoding it came from) and no tokens.

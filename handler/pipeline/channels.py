@@ -11,6 +11,7 @@ not transcribed again: ``channels`` says which one it repeats.
 
 from __future__ import annotations
 
+import bisect
 import dataclasses
 from collections.abc import Callable
 from typing import Any
@@ -21,6 +22,7 @@ from handler.audio.decode import DecodedAudio
 from handler.contract import Segment
 from handler.inference import transcribe
 from handler.output import formats
+from handler.output.speakers import piece_of
 from handler.pipeline.runtime import Call, Plan, Runtime
 
 OneChannel = Callable[[Plan, DecodedAudio, Runtime, Call], transcribe.Transcript]
@@ -52,7 +54,7 @@ def run(
     call.channels = [
         _summary(i, done[i if (j := repeats[i]) is None else j], j) for i in range(count)
     ]
-    return _merged(list(done.values()))
+    return merge(list(done.values()))
 
 
 def _repeats(channels: list[np.ndarray]) -> list[int | None]:
@@ -118,10 +120,49 @@ def _summary(channel: int, tr: transcribe.Transcript, same_as: int | None) -> di
     return out
 
 
-def _merged(parts: list[transcribe.Transcript]) -> transcribe.Transcript:
-    """One transcript: the segments in time order (ids renumbered), the language of the
-    channel that spoke longest."""
-    segments = sorted((s for tr in parts for s in tr.segments), key=_when)
+TURN_REACH_S = 0.1
+"""A word of another channel that starts this close before the end of a segment's word
+(Whisper's word times are approximate) still starts in the pause after it."""
+
+
+def _turns(parts: list[transcribe.Transcript]) -> list[Segment]:
+    """Every channel's segments, each cut in the pauses where another channel starts a
+    word: the sides' turns then interleave in the order they were said (one long segment
+    would otherwise hold the whole exchange it spans)."""
+    out: list[Segment] = []
+    for n, tr in enumerate(parts):
+        others = sorted(
+            w["start"]
+            for m, other in enumerate(parts)
+            if m != n
+            for s in other.segments
+            for w in s.get("words") or []
+        )
+        for seg in tr.segments:
+            runs = _runs(list(seg.get("words") or []), others)
+            if len(runs) == 1:
+                out.append(seg)
+            else:
+                out += [piece_of(seg, run, whole=False) for run in runs]
+    return out
+
+
+def _runs(words: list[Any], others: list[float]) -> list[list[Any]]:
+    """``words`` cut where one of ``others`` (sorted starts) falls in the pause between
+    two of them."""
+    runs: list[list[Any]] = [words[:1]]
+    for before, after in zip(words, words[1:], strict=False):
+        at = bisect.bisect_left(others, before["end"] - TURN_REACH_S)
+        if at < len(others) and others[at] < after["start"]:
+            runs.append([])
+        runs[-1].append(after)
+    return runs
+
+
+def merge(parts: list[transcribe.Transcript]) -> transcribe.Transcript:
+    """One transcript: the segments, cut at the other channels' turns, in time order (ids
+    renumbered); the language of the channel that spoke longest."""
+    segments = sorted(_turns(parts), key=_when)
     for n, seg in enumerate(segments):
         seg["id"] = n
     main = max(parts, key=lambda tr: sum(s["end"] - s["start"] for s in tr.segments))

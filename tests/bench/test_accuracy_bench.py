@@ -108,3 +108,41 @@ def test_languages_without_spaces_are_scored_per_character(tmp_path) -> None:
     assert wer_of([Outcome(en, "it is rainy today", "en", 1.0)]) == pytest.approx(1 / 4)
     out = table([Run("plain", [Outcome(ja, "今日は晴れ", "ja", 1.0)])], audio_s=2.0)
     assert "| ja (all, CER) | 1 | 0.0 % |" in out
+
+
+def test_a_built_call_keeps_each_side_on_its_channel_and_scores_the_order_said() -> None:
+    import random
+    from types import SimpleNamespace
+
+    from bench.accuracy.multichannel import build_call, score
+
+    rng = random.Random(0)
+    tone = np.sin(np.arange(16000) * 0.05).astype(np.float32) * 0.3
+    a = [SimpleNamespace(samples=tone, text="one two three")]
+    b = [SimpleNamespace(samples=tone * 0.5, text="four five")]
+    call = build_call("c", [(a, "en"), (b, "fr")], 10.0, 1.0, rng)
+    assert call.kind == "en+xx" and call.stereo.shape[1] == 2
+    for start, side, _, _ in call.phrases:
+        at = round(start * 16000) + 8000
+        assert abs(call.stereo[at, side]) > 0 or abs(call.stereo[at - 1, side]) > 0
+    # overlap 1.0: a turn starts before the other side's last phrase (1 s long) ends
+    from itertools import pairwise
+
+    assert any(b[0] < a[0] + 1.0 and b[1] != a[1] for a, b in pairwise(sorted(call.phrases)))
+    segments = [
+        {"start": s, "channel": side, "text": text} for s, side, _, text in sorted(call.phrases)
+    ]
+    perfect = {
+        "segments": segments,
+        "channels": [{"channel": 0, "language": "en"}, {"channel": 1, "language": "fr"}],
+        "timings": {"transcribe": 2.0},
+        "language": "en",
+    }
+    for c in perfect["channels"]:
+        c["text"] = " ".join(
+            t for t in (s["text"] for s in segments if s["channel"] == c["channel"])
+        )
+    mixed = {"segments": segments[::-1], "timings": {"transcribe": 1.0}, "language": "en"}
+    row = score(call, mixed, perfect)
+    assert row["wer_multichannel"] == 0.0 and row["wer_side0"] == row["wer_side1"] == 0.0
+    assert row["wer_mixed"] > 0  # the turns out of order
