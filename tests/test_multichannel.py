@@ -209,12 +209,19 @@ def test_a_segment_is_cut_where_the_other_side_speaks_in_its_pause() -> None:
 
     # Side 0 says "hello there" (0-2 s) and, after a pause, "goodbye" (5-6 s) in one
     # segment; side 1 answers "hi" at 3 s, in that pause, and "yes" at 1.5 s, over a word.
-    left = Transcript([_seg(0, (0, 1, "hello"), (1, 2, "there"), (5, 6, "goodbye"))], "en", 1, 1)
-    right = Transcript([_seg(1, (1.5, 1.8, "yes")), _seg(1, (3, 4, "hi"))], "en", 1, 1)
+    # Then side 1 starts "well" at 7.05 s, over the 0.1-s gap in side 0's "see you".
+    left = Transcript(
+        [_seg(0, (0, 1, "hello"), (1, 2, "there"), (5, 6, "goodbye"), (6.5, 7, "see"),
+              (7.1, 7.4, "you"))], "en", 1, 1
+    )  # fmt: skip
+    right = Transcript(
+        [_seg(1, (1.5, 1.8, "yes")), _seg(1, (3, 4, "hi")), _seg(1, (7.05, 7.6, "well"))],
+        "en", 1, 1,
+    )  # fmt: skip
     merged = merge([left, right])
     said = [(s["channel"], s["text"].strip()) for s in merged.segments]
-    assert said == [(0, "hello there"), (1, "yes"), (1, "hi"), (0, "goodbye")]
-    assert [s["id"] for s in merged.segments] == [0, 1, 2, 3]
+    assert said == [(0, "hello there"), (1, "yes"), (1, "hi"), (0, "goodbye see you"), (1, "well")]
+    assert [s["id"] for s in merged.segments] == [0, 1, 2, 3, 4]
     cut = merged.segments[3]
     assert cut["start"] == 5 and cut["tokens"] == [] and cut["words"][0]["word"] == " goodbye"
     assert merged.segments[1]["tokens"] == [1, 2]  # a segment not cut keeps its tokens

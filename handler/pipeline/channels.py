@@ -123,12 +123,16 @@ def _summary(channel: int, tr: transcribe.Transcript, same_as: int | None) -> di
 TURN_REACH_S = 0.1
 """A word of another channel that starts this close before the end of a segment's word
 (Whisper's word times are approximate) still starts in the pause after it."""
+TURN_PAUSE_S = 0.3
+"""The least pause between two words of a segment that another channel's turn can cut:
+over crosstalk (the other side starting while this one is still speaking, between two of
+its words 0.1 s apart) a cut put the end of a sentence after the other side's turn."""
 
 
 def _turns(parts: list[transcribe.Transcript]) -> list[Segment]:
-    """Every channel's segments, each cut in the pauses where another channel starts a
-    word: the sides' turns then interleave in the order they were said (one long segment
-    would otherwise hold the whole exchange it spans)."""
+    """Every channel's segments, each cut in the pauses (TURN_PAUSE_S at least) where
+    another channel starts a word: the sides' turns then interleave in the order they
+    were said (one long segment would otherwise hold the whole exchange it spans)."""
     out: list[Segment] = []
     for n, tr in enumerate(parts):
         others = sorted(
@@ -148,12 +152,13 @@ def _turns(parts: list[transcribe.Transcript]) -> list[Segment]:
 
 
 def _runs(words: list[Any], others: list[float]) -> list[list[Any]]:
-    """``words`` cut where one of ``others`` (sorted starts) falls in the pause between
-    two of them."""
+    """``words`` cut where one of ``others`` (sorted starts) falls in a pause of at least
+    TURN_PAUSE_S between two of them."""
     runs: list[list[Any]] = [words[:1]]
     for before, after in zip(words, words[1:], strict=False):
         at = bisect.bisect_left(others, before["end"] - TURN_REACH_S)
-        if at < len(others) and others[at] < after["start"]:
+        paused = after["start"] - before["end"] >= TURN_PAUSE_S
+        if paused and at < len(others) and others[at] < after["start"]:
             runs.append([])
         runs[-1].append(after)
     return runs
