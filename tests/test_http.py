@@ -249,6 +249,7 @@ def test_a_stereo_call_through_the_openai_sdk_with_multichannel(server: Server, 
 
     client = server.client()
     call = write_call_wav(tmp_path / "call.wav")
+    audio = metric(server, "whisper_audio_seconds_total")
     with open(call, "rb") as f:
         res = client.audio.transcriptions.create(
             model="whisper-1",
@@ -256,6 +257,8 @@ def test_a_stereo_call_through_the_openai_sdk_with_multichannel(server: Server, 
             response_format="verbose_json",
             extra_body={"multichannel": True},
         )
+    # Two channels of 13 s each were transcribed.
+    assert metric(server, "whisper_audio_seconds_total") == pytest.approx(audio + 26.0, abs=0.1)
     assert [(s.model_extra or {})["channel"] for s in res.segments or []] == [0, 1, 0]
     sides = (res.model_extra or {})["channels"]
     assert len(sides) == 2

@@ -106,7 +106,9 @@ class Metrics:
         self.jobs.labels("ok" if "error" not in result else str(code or "INTERNAL")).inc()
         if "error" in result:
             return
-        duration = float(result.get("duration") or 0.0)
+        # A multichannel job transcribed each channel (but those that repeat another).
+        heard = [c for c in result.get("channels") or () if c.get("same_as") is None]
+        duration = float(result.get("duration") or 0.0) * max(1, len(heard))
         self.audio.inc(duration)
         transcribe = (result.get("timings") or {}).get("transcribe")
         if duration > 0 and transcribe is not None:
