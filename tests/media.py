@@ -90,17 +90,24 @@ class _Pipe(io.RawIOBase):
 
 
 def encode_silence(
-    fmt: str, codec: str, seconds: float, *, rate: int = 8000, piped: bool = False
+    fmt: str,
+    codec: str,
+    seconds: float,
+    *,
+    rate: int = 8000,
+    piped: bool = False,
+    layout: str = "mono",
 ) -> bytes:
-    """Encode ``seconds`` of mono silence with PyAV; ``piped`` writes as to a pipe."""
+    """Encode ``seconds`` of silence with PyAV (``layout``: its channels); ``piped`` writes
+    as to a pipe."""
     sink: io.IOBase = _Pipe() if piped else io.BytesIO()
     with av.open(sink, "w", format=fmt) as container:
-        stream = container.add_stream(codec, rate=rate, layout="mono")
+        stream = container.add_stream(codec, rate=rate, layout=layout)
         sample_fmt = stream.codec_context.format.name
         done, total = 0, round(seconds * rate)
         while done < total:
             n = min(4096, total - done)
-            frame = av.AudioFrame(format=sample_fmt, layout="mono", samples=n)
+            frame = av.AudioFrame(format=sample_fmt, layout=layout, samples=n)
             for plane in frame.planes:
                 plane.update(bytes(plane.buffer_size))
             frame.sample_rate = rate

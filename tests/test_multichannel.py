@@ -15,8 +15,10 @@ import faster_whisper
 import numpy as np
 import pytest
 import srt
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
-from handler.audio.decode import decode_audio
+from handler.audio.decode import decode_audio, decode_bytes
 from handler.contract import MAX_CHANNELS
 from handler.errors import Code, WorkerError
 from handler.pipeline.job import run_job
@@ -151,6 +153,57 @@ def test_unnamed_microphones_are_mixed_down_without_losing_one(worker, tmp_path,
     result = run_job({"audio_base64": b64(path)}, worker)
     assert "error" not in result, result
     assert wer(JFK_TEXT, result["text"]) <= 0.1, result["text"]
+
+
+def test_the_channels_waiting_their_turn_count_in_the_memory_budget(worker, tmp_path, no_leaks):
+    from handler.pipeline.runtime import Runtime
+    from tests.media import encode_silence
+
+    # Four channels of 300 s: each channel's transcription is estimated at about 115 MB
+    # and the three others' samples, held meanwhile, at 58 MB: 173 MB, over a 150 MiB
+    # budget (157 MB), which the same file mixed down (115 MB) fits.
+    path = tmp_path / "quad.flac"
+    path.write_bytes(encode_silence("flac", "flac", 300, rate=16000, layout="quad"))
+    small = Runtime(settings=make_settings(device="cpu", memory_budget_mb=150), pool=worker.pool)
+    mixed = run_job({"audio_base64": b64(path)}, small)
+    assert "error" not in mixed, mixed
+    split = run_job({"audio_base64": b64(path), "multichannel": True}, small)
+    assert split["error_code"] == "MEMORY_BUDGET_EXCEEDED", split
+    assert small.memory_budget().used == 0
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    count=st.integers(1, MAX_CHANNELS + 4),
+    rate=st.sampled_from([8000, 11025, 16000, 44100, 48000]),
+    frames=st.integers(0, 4000),
+    split=st.booleans(),
+)
+def test_any_channel_count_decodes_or_is_refused_with_a_code(count, rate, frames, split):
+    """Any WAV of 1-20 channels at any common rate, mixed down or split: the samples (a
+    row per channel when split), or a WorkerError with its code; never a crash (PyAV 18
+    segfaulted reading 8 or more planar channels) or another exception."""
+    noise = np.random.default_rng(count * frames).integers(-3000, 3000, (frames, count))
+    buf = io.BytesIO()
+    with wave.open(buf, "wb") as w:
+        w.setnchannels(count)
+        w.setsampwidth(2)
+        w.setframerate(rate)
+        w.writeframes(noise.astype(np.int16).tobytes())
+    try:
+        got = decode_bytes(buf.getvalue(), Settings(), split_channels=split)
+    except WorkerError as exc:
+        assert exc.code in (Code.EMPTY_AUDIO, Code.INVALID_INPUT), exc
+        # Nothing out of the resampler for a few frames; too many channels to split.
+        assert (exc.code is Code.EMPTY_AUDIO and frames < 100) or (split and count > 16)
+        return
+    assert frames > 0 and not (split and count > MAX_CHANNELS)
+    if split:
+        assert got.channels is not None and len(got.channels) == count
+        assert len({len(c) for c in got.channels}) == 1
+    else:
+        assert got.channels is None
+        assert frames < 100 or np.abs(got.samples).max() > 0
 
 
 def test_split_channels_are_faster_whispers_split_stereo_exactly(tmp_path):

@@ -93,7 +93,11 @@ def demuxer_whitelist(allowed_formats: list[str]) -> str:
 
 
 def decode_bytes(
-    data: bytes, settings: Settings, *, cancel: threading.Event | None = None
+    data: bytes,
+    settings: Settings,
+    *,
+    cancel: threading.Event | None = None,
+    split_channels: bool = False,
 ) -> DecodedAudio:
     """Decode in-memory audio through a temporary file, deleted afterwards.
 
@@ -104,7 +108,9 @@ def decode_bytes(
     try:
         with os.fdopen(fd, "wb") as f:
             f.write(data)
-        return decode_audio(pathlib.Path(name), settings, cancel=cancel)
+        return decode_audio(
+            pathlib.Path(name), settings, cancel=cancel, split_channels=split_channels
+        )
     finally:
         try:
             os.unlink(name)

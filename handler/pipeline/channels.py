@@ -47,6 +47,7 @@ def run(
         samples, audio.channels[i] = audio.channels[i], np.empty(0, np.float32)
         part = DecodedAudio(samples, audio.duration, audio.declared_duration, audio.format_name)
         child = _child(call, i, count)
+        child.held_bytes = sum(c.nbytes for c in audio.channels)  # the channels still to go
         del samples
         done[i] = one(plan, part, worker, child)
         _fold(call, child, i)

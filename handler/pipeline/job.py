@@ -199,7 +199,7 @@ def _transcribe(
     t = time.perf_counter()
     with (
         worker.memory_budget().reserve(
-            job_bytes(duration), call.cancel, what=f"{duration:.0f} s of audio"
+            job_bytes(duration) + call.held_bytes, call.cancel, what=_what(duration, call)
         ),
         speakers.beside(job, worker, call, audio.samples, options["budget_s"]),
     ):
@@ -236,6 +236,11 @@ def _transcribe(
     if worker.pool.device == "cuda" and checks.silently_empty(tr.speech, tr.segments):
         raise checks.empty_transcript(tr.speech)
     return tr
+
+
+def _what(duration: float, call: Call) -> str:
+    held = " (with the other channels it holds)" if call.held_bytes else ""
+    return f"{duration:.0f} s of audio{held}"
 
 
 def _pieces_wanted(plan: Plan, duration: float) -> int:

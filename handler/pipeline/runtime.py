@@ -162,6 +162,9 @@ class Call:
     """How the words were timed, per language (``forced`` or ``whisper``); None: no words."""
     channels: list[dict[str, Any]] | None = None
     """A ``multichannel`` job: each channel's text and language (pipeline.channels)."""
+    held_bytes: int = 0
+    """Memory the job holds beside the audio it transcribes now (a ``multichannel`` job's
+    channels waiting their turn), reserved with it."""
 
 
 PieceDone = Callable[[int, dict[str, Any]], None]
