@@ -72,6 +72,8 @@ def _flags_to_job(args: argparse.Namespace, job: dict[str, Any]) -> None:
         job["diarize"] = True
         if args.num_speakers is not None:
             job["num_speakers"] = args.num_speakers
+    if args.multichannel:
+        job["multichannel"] = True
 
 
 def cmd_transcribe(args: argparse.Namespace) -> int:
@@ -100,7 +102,8 @@ def cmd_transcribe(args: argparse.Namespace) -> int:
     progress = _Progress(sys.stderr.isatty() and not args.stream)
 
     def stream(seg: Any) -> None:
-        print(f"[{seg['start']:7.2f} -> {seg['end']:7.2f}] {seg['text'].strip()}", flush=True)
+        side = f" channel {seg['channel']}" if "channel" in seg else ""
+        print(f"[{seg['start']:7.2f} -> {seg['end']:7.2f}{side}] {seg['text'].strip()}", flush=True)
 
     try:
         result = _run(worker, job, on_progress=progress, on_segment=stream if args.stream else None)
@@ -118,8 +121,10 @@ def cmd_transcribe(args: argparse.Namespace) -> int:
     elif fmt == "text":
         # One line per segment: a long recording is readable, not one 4000-character line.
         for seg in result["segments"]:
-            who = f"{seg['speaker']}: " if seg.get("speaker") else ""
-            print(who + seg["text"].strip())
+            who = seg.get("speaker") or (
+                "channel {}".format(seg["channel"]) if "channel" in seg else ""
+            )
+            print((f"{who}: " if who else "") + seg["text"].strip())
     else:
         out = result[fmt]
         print(out, end="" if out.endswith("\n") else "\n")
@@ -222,6 +227,11 @@ def _transcribe_parser(sub: Any, common: argparse.ArgumentParser) -> None:
     )
     t.add_argument(
         "--num-speakers", type=int, help="the number of speakers, when known (implies --diarize)"
+    )
+    t.add_argument(
+        "--multichannel",
+        action="store_true",
+        help="transcribe each channel on its own (a call's two sides), each line with its channel",
     )
     t.add_argument(
         "--stream", action="store_true", help="print each segment as it is decoded, with its times"

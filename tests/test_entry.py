@@ -164,6 +164,16 @@ def test_cli_transcribe_streams_segments_and_breaks_text_at_segment_ends():
     assert "%" not in proc.stderr  # no progress bar when stderr is not a terminal
 
 
+def test_cli_transcribes_a_stereo_call_a_line_per_turn_with_its_channel(tmp_path):
+    from tests.media import write_call_wav
+
+    call = str(write_call_wav(tmp_path / "call.wav"))
+    proc = run(["-m", "handler.cli", "transcribe", call, "--multichannel"])
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    lines = proc.stdout.strip().splitlines()
+    assert [line.split(":")[0] for line in lines] == ["channel 0", "channel 1", "channel 0"]
+
+
 def test_every_cli_option_has_help():
     from handler.cli import build_parser
 
