@@ -299,6 +299,30 @@ def test_the_assemblyai_sdk_transcribes_a_file_and_reads_every_view_of_it(aai: A
     assert len(cues) >= 3 and all(len(line) <= 32 for cue in cues for line in cue), srt
     vtt = t.export_subtitles_vtt()
     assert vtt.startswith("WEBVTT") and "Nation" in vtt and "country" not in vtt
+    found = t.word_search(["nation", "Fellow Americans,", "country", "nation"])
+    assert [(m.text, m.count) for m in found] == [
+        ("nation", 2),
+        ("fellow americans", 1),
+        ("country", 0),  # custom_spelling wrote it Nation
+    ]
+    for match in found:
+        for index, (start, end) in zip(match.indexes, match.timestamps, strict=True):
+            assert t.words[index].start == start and start < end <= 11_000
+    raw = requests.get(
+        f"{aai.settings.base_url}/v2/transcript/{t.id}/word-search",
+        params={"words": "nation,fellow americans"},
+        headers=_auth(),
+        timeout=30,
+    ).json()
+    assert raw["id"] == t.id and raw["total_count"] == 3
+    for query in ("", ",,", "a b c d e f", ",".join(f"w{i}" for i in range(101))):
+        bad = requests.get(
+            f"{aai.settings.base_url}/v2/transcript/{t.id}/word-search",
+            params={"words": query},
+            headers=_auth(),
+            timeout=30,
+        )
+        assert bad.status_code == 400 and "words" in bad.json()["error"], (query, bad.text)
     again = aai.Transcript.get_by_id(t.id)
     assert again.status == aai.TranscriptStatus.completed and again.text == t.text
     listed = aai.Transcriber().list_transcripts(aai.types.ListTranscriptParameters(limit=200))

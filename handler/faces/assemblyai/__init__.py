@@ -11,8 +11,8 @@
 - ``GET /v2/transcript``: the transcripts still held, newest first (``limit``,
   ``status``, ``created_on``; one page: no ``before_id``/``after_id``);
 - ``GET /v2/transcript/{id}/sentences``, ``/paragraphs``, ``/srt``, ``/vtt``
-  (``chars_per_caption``); ``DELETE /v2/transcript/{id}`` cancels a job not ended and
-  forgets the transcript;
+  (``chars_per_caption``), ``/word-search`` (``words``); ``DELETE /v2/transcript/{id}``
+  cancels a job not ended and forgets the transcript;
 - ``webhook_url``: AssemblyAI's call (``{"transcript_id", "status"}``, with the header the
   request named) when the transcript ends, as every job's webhook is delivered.
 
@@ -238,6 +238,19 @@ class AssemblyAI:
             }
         )
 
+    async def search(self, transcript_id: str, request: Request) -> Response:
+        """``GET /v2/transcript/{id}/word-search?words=a,b c``."""
+        try:
+            terms = shape.search_terms(request.query_params.get("words"))
+        except ValueError as exc:
+            return error(400, str(exc))
+        done = await self.completed(transcript_id)
+        if isinstance(done, Response):
+            return done
+        result, echo = done
+        obj = shape.transcript(transcript_id, {"status": "COMPLETED", "output": result}, echo)
+        return JSONResponse({"id": transcript_id, **shape.word_search(obj["words"], terms)})
+
     async def subtitles(self, transcript_id: str, kind: str, request: Request) -> Response:
         chars = request.query_params.get("chars_per_caption")
         if chars is not None and (not chars.isdigit() or not 10 <= int(chars) <= 200):
@@ -267,6 +280,7 @@ def add_routes(app: FastAPI, state: Any) -> None:
     app.add_api_route("/v2/transcript", api.listing, methods=["GET"])
     app.add_api_route("/v2/transcript/{transcript_id}", api.get, methods=["GET"])
     app.add_api_route("/v2/transcript/{transcript_id}", api.delete, methods=["DELETE"])
+    app.add_api_route("/v2/transcript/{transcript_id}/word-search", api.search, methods=["GET"])
     for kind in ("sentences", "paragraphs"):
         app.add_api_route(
             f"/v2/transcript/{{transcript_id}}/{kind}", _parts_route(api, kind), methods=["GET"]

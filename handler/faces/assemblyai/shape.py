@@ -10,7 +10,7 @@ from typing import Any
 
 from handler.faces.deepgram.shape import whole_words
 from handler.output.cues import Layout
-from handler.output.formats import to_srt, to_vtt
+from handler.output.formats import plain, to_srt, to_vtt
 
 STATUS = {
     "IN_QUEUE": "queued",
@@ -252,3 +252,41 @@ def subtitles(
         words = [{**w, "speaker": None, "channel": None} for w in words]
         segments.append({**seg, "words": words, "text": text, "speaker": None, "channel": None})
     return to_srt(segments, layout=layout) if kind == "srt" else to_vtt(segments, layout=layout)
+
+
+MAX_SEARCH_TERMS = 100
+"""``word-search`` keywords at most (each a word, a number or a phrase of up to 5 words)."""
+MAX_SEARCH_WORDS = 5
+
+
+def search_terms(query: str | None) -> list[list[str]]:
+    """``word-search``'s ``words`` (comma-separated) as each keyword's plain words; raises
+    ValueError with the reason for a query that can never be answered."""
+    split = [[plain(w) for w in k.split() if plain(w)] for k in (query or "").split(",")]
+    terms = [list(t) for t in dict.fromkeys(tuple(t) for t in split if t)]
+    if not terms:
+        raise ValueError("words: the keywords to search for, separated by commas")
+    if len(terms) > MAX_SEARCH_TERMS:
+        raise ValueError(f"words: at most {MAX_SEARCH_TERMS} keywords")
+    if any(len(t) > MAX_SEARCH_WORDS for t in terms):
+        raise ValueError(f"words: a keyword is a phrase of at most {MAX_SEARCH_WORDS} words")
+    return terms
+
+
+def word_search(words: list[dict[str, Any]], terms: list[list[str]]) -> dict[str, Any]:
+    """AssemblyAI's word search over a transcript's words: each keyword's matches (case and
+    punctuation aside), their [start, end] in ms and the index of their first word."""
+    spoken = [plain(w["text"]) for w in words]
+    matches = []
+    for term in terms:
+        n = len(term)
+        at = [i for i in range(len(spoken) - n + 1) if spoken[i : i + n] == term]
+        matches.append(
+            {
+                "text": " ".join(term),
+                "count": len(at),
+                "timestamps": [[words[i]["start"], words[i + n - 1]["end"]] for i in at],
+                "indexes": at,
+            }
+        )
+    return {"total_count": sum(m["count"] for m in matches), "matches": matches}
