@@ -14,7 +14,7 @@ from functools import partial
 from http.server import SimpleHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
-from urllib.parse import quote
+from urllib.parse import parse_qs, quote, urlsplit
 
 import pytest
 import requests
@@ -339,6 +339,34 @@ def test_the_assemblyai_sdk_transcribes_a_file_and_reads_every_view_of_it(aai: A
         aai.Transcript.get_by_id(t.id)
     status = requests.get(f"{aai.settings.base_url}/v2/any/status/{t.id}", headers=_auth())
     assert status.status_code == 404  # its result went with it, from the job API too
+
+
+@pytest.mark.e2e
+def test_the_transcript_list_pages_older_and_newer_as_assemblyais(aai: Any) -> None:
+    """``list_transcripts`` a page of one at a time: ``prev_url`` (``before_id``) walks to
+    older transcripts, ``next_url`` (``after_id``) back to newer, each page newest first."""
+    upload = requests.post(
+        f"{aai.settings.base_url}/v2/upload",
+        data=(DATA / "jfk.wav").read_bytes(),
+        headers=_auth(),
+        timeout=30,
+    ).json()["upload_url"]
+    made = [_create(aai.settings.base_url, {"audio_url": upload}).json()["id"] for _ in range(3)]
+    params = aai.types.ListTranscriptParameters
+    page = aai.Transcriber().list_transcripts(params(limit=1))
+    walked = [page.transcripts[0].id]
+    while page.page_details.prev_url and len(walked) < 50:
+        before = parse_qs(urlsplit(page.page_details.prev_url).query)["before_id"][0]
+        assert before == walked[-1]
+        page = aai.Transcriber().list_transcripts(params(limit=1, before_id=before))
+        walked += [t.id for t in page.transcripts]
+    assert [i for i in walked if i in made] == made[::-1]  # newest first, each once
+    oldest = made[0]
+    newer = aai.Transcriber().list_transcripts(params(limit=2, after_id=oldest))
+    assert [t.id for t in newer.transcripts] == [made[2], made[1]]
+    two = aai.Transcriber().list_transcripts(params(limit=2, before_id=made[2]))
+    assert [t.id for t in two.transcripts][:2] == [made[1], made[0]]
+    assert "after_id=" + made[1] in (two.page_details.next_url or "")
 
 
 @pytest.mark.e2e

@@ -9,7 +9,7 @@
 - ``GET /v2/transcript/{id}``: ``queued``, ``processing``, ``completed`` (text, words,
   utterances with ``speaker_labels``, language, duration) or ``error`` with the reason;
 - ``GET /v2/transcript``: the transcripts still held, newest first (``limit``,
-  ``status``, ``created_on``; one page: no ``before_id``/``after_id``);
+  ``status``, ``created_on``, ``before_id``, ``after_id``; pages linked);
 - ``GET /v2/transcript/{id}/sentences``, ``/paragraphs``, ``/srt``, ``/vtt``
   (``chars_per_caption``), ``/word-search`` (``words``); ``DELETE /v2/transcript/{id}``
   cancels a job not ended and forgets the transcript;
@@ -140,7 +140,9 @@ class AssemblyAI:
 
     async def listing(self, request: Request) -> Response:
         """``GET /v2/transcript``: the transcripts still held, newest first, ``limit`` of
-        them (1-200, default 10), of one ``status`` and ``created_on`` (YYYY-MM-DD) if asked."""
+        them (1-200, default 10), of one ``status`` and ``created_on`` (YYYY-MM-DD) if asked,
+        older than ``before_id`` or newer than ``after_id``; ``page_details`` links the
+        older page (``prev_url``) and the newer (``next_url``), as AssemblyAI's do."""
         q = request.query_params
         limit = int(q["limit"]) if q.get("limit", "").isdigit() else 10
         status, day = q.get("status"), q.get("created_on")
@@ -150,12 +152,12 @@ class AssemblyAI:
         if isinstance(kept, Response):
             return kept
         echoes = {i: json.loads(v) for i, v in kept.items()}
-        newest = sorted(echoes, key=lambda i: echoes[i].get("created", ""), reverse=True)
+        newest = sorted(echoes, key=lambda i: (echoes[i].get("created", ""), i), reverse=True)
+        newest = [i for i in newest if not day or echoes[i].get("created", "").startswith(day)]
+        older, newer = _around(newest, q.get("before_id"), q.get("after_id"))
         base = str(request.base_url).rstrip("/")
         items: list[dict[str, Any]] = []
-        for transcript_id in newest[:LIST_SCAN]:
-            if day and not echoes[transcript_id].get("created", "").startswith(day):
-                continue
+        for transcript_id in (older or newer[::-1])[:LIST_SCAN]:
             rec = await self.guarded(self.state.jobs, "get", transcript_id)
             if isinstance(rec, Response):
                 return rec
@@ -166,10 +168,11 @@ class AssemblyAI:
                 items.append(item)
             if len(items) == limit:
                 break
+        if not older:
+            items.reverse()  # after_id: the newer ones nearest it, shown newest first
         page = {"limit": limit, "result_count": len(items), "current_url": str(request.url)}
-        return JSONResponse(
-            {"page_details": {**page, "prev_url": None, "next_url": None}, "transcripts": items}
-        )
+        links = _page_links(request, items, newest, limit)
+        return JSONResponse({"page_details": {**page, **links}, "transcripts": items})
 
     async def lookup(self, transcript_id: str) -> tuple[Any, dict[str, Any]] | Response:
         """The job's record and the request's echo (``{}`` once the echo has expired: a job
@@ -303,3 +306,37 @@ def _subtitles_route(api: AssemblyAI, kind: str) -> Any:
         return await api.subtitles(transcript_id, kind, request)
 
     return route
+
+
+def _around(
+    newest: list[str], before_id: str | None, after_id: str | None
+) -> tuple[list[str], list[str]]:
+    """(the ids to list from, newest first; or none) and (with ``after_id``: the ids newer
+    than it, newest first): AssemblyAI's ``before_id`` and ``after_id``."""
+    if after_id is not None:
+        at = newest.index(after_id) if after_id in newest else len(newest)
+        return [], newest[:at]
+    if before_id is not None:
+        return (newest[newest.index(before_id) + 1 :] if before_id in newest else []), []
+    return newest, []
+
+
+def _page_links(
+    request: Request, items: list[dict[str, Any]], newest: list[str], limit: int
+) -> dict[str, str | None]:
+    """``prev_url`` (older: before the page's last) and ``next_url`` (newer: after its
+    first), each only when such transcripts are held."""
+    if not items:
+        return {"prev_url": None, "next_url": None}
+    first, last = newest.index(items[0]["id"]), newest.index(items[-1]["id"])
+    keep = {
+        k: v for k, v in request.query_params.items() if k not in ("before_id", "after_id", "limit")
+    }
+
+    def url(**more: str) -> str:
+        return str(request.url.replace_query_params(**keep, limit=str(limit), **more))
+
+    return {
+        "prev_url": url(before_id=items[-1]["id"]) if last + 1 < len(newest) else None,
+        "next_url": url(after_id=items[0]["id"]) if first > 0 else None,
+    }
