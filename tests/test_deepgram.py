@@ -244,6 +244,11 @@ def test_refusals_say_what_to_send(server: Server) -> None:
         ("encoding=linear16&sample_rate=16000&interim_results=yes", "invalid_query"),
         ("encoding=linear16&sample_rate=16000&language=zz", "invalid_value"),
         (LONG_KEYWORDS, "invalid_value"),  # each fine, 1530 characters in all
+        # Taken before and ignored: a stream asked to be redacted came back unredacted.
+        ("encoding=linear16&sample_rate=16000&redact=pci", "invalid_value"),
+        ("encoding=linear16&sample_rate=16000&detect_entities=true", "invalid_value"),
+        ("encoding=linear16&sample_rate=16000&diarize=true", "unsupported"),
+        ("encoding=linear16&sample_rate=16000&search=hello", "unsupported"),
     ):
         with _raw(server, query) as ws:
             message = json.loads(ws.recv(timeout=30))
@@ -369,6 +374,53 @@ def test_the_deepgram_sdk_transcribes_a_file_and_a_url(server: Server, audio_sit
         media.transcribe_file(request=b"not audio", model="nova-3")
     assert info.value.status_code in (400, 415, 422) and info.value.body["err_msg"]
     assert "Traceback" not in server.logs()
+
+
+@pytest.mark.e2e
+def test_search_and_replace_and_what_is_not_served_through_the_sdk(server: Server) -> None:
+    """``replace`` rewrites words and transcript; ``search`` finds words and phrases with
+    their times; redaction, entities, sentiment, topics, intents and summaries are refused
+    (they came back as if done before)."""
+    from deepgram import DeepgramClient
+    from deepgram.core.api_error import ApiError
+    from deepgram.environment import DeepgramClientEnvironment
+
+    env = DeepgramClientEnvironment(
+        base=server.url, production=_ws_url(server), agent="", agent_rest=""
+    )
+    media = DeepgramClient(api_key=KEY, environment=env).listen.v1.media
+    wav = (DATA / "jfk.wav").read_bytes()
+    got = media.transcribe_file(
+        request=wav,
+        model="nova-3",
+        replace=["country:nation", "fellow:"],
+        search=["nation", "ask not", "absent"],
+        utterances=True,
+    )
+    channel = got.results.channels[0]
+    alt = channel.alternatives[0]
+    assert "country" not in alt.transcript.lower() and alt.transcript.lower().count("nation") == 2
+    assert "fellow" not in alt.transcript.lower()
+    assert " ".join(w.punctuated_word for w in alt.words) == alt.transcript
+    assert all("country" not in u.transcript.lower() for u in got.results.utterances)
+    found = {s.query: s.hits for s in channel.search}
+    assert [len(found[q]) for q in ("nation", "ask not", "absent")] == [2, 1, 0]
+    ask = found["ask not"][0]
+    assert ask.snippet.lower().startswith("ask not") and 0 < ask.start < ask.end < 11.1
+    for options, says in (
+        ({"redact": "pci"}, "redaction"),
+        ({"detect_entities": True}, "entity"),
+        ({"sentiment": True}, "sentiment"),
+        ({"summarize": "v2"}, "summar"),
+        ({"topics": True}, "topic"),
+        ({"intents": True}, "intent"),
+        ({"replace": "two words:x"}, "replace"),
+        ({"search": "a b c d e f"}, "search"),
+    ):
+        with pytest.raises(ApiError) as info:
+            media.transcribe_file(request=wav, model="nova-3", **options)
+        assert info.value.status_code == 400, (options, info.value.body)
+        assert says in info.value.body["err_msg"].lower(), (options, info.value.body)
 
 
 @pytest.mark.e2e

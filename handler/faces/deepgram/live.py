@@ -36,6 +36,7 @@ from handler.faces.deepgram.query import (
     flag,
     keywords,
     number,
+    refuse_unserved,
     served_model,
 )
 from handler.faces.realtime.binary import QueryAudioSession
@@ -98,6 +99,14 @@ def configure(params: Any, loaded: list[str]) -> tuple[dict[str, Any], dict[str,
 def _configure(params: Any, loaded: list[str]) -> tuple[dict[str, Any], dict[str, Any]]:
     for name in IGNORED:
         flag(params, name)
+    refuse_unserved(params)  # a stream asked to be redacted must not come back as if it was
+    if flag(params, "diarize"):
+        raise QueryError(
+            "diarize: live speaker labels are not served (files: diarize)", "unsupported"
+        )
+    for name in ("replace", "search"):
+        if params.getlist(name):
+            raise QueryError(f"{name}: served on files (POST /v1/listen), not live", "unsupported")
     model = params.get("model") or ""
     terms = keywords(params)
     turns, speech_final = _turns(params)

@@ -9,8 +9,10 @@ Options: ``model`` (a model loaded here by name; any other name is the default m
 ``WHISPER_DIARIZATION``: each word's ``speaker``; otherwise refused as a file job is),
 ``utterances`` (one per segment), ``keywords`` and ``keyterm`` (hotwords),
 ``multichannel`` (each channel transcribed on its own: one entry of ``results.channels``
-per channel, utterances with their ``channel``); formatting options are accepted (Whisper
-punctuates as it transcribes). ``callback`` is refused with a sentence saying what to use.
+per channel, utterances with their ``channel``), ``replace`` and ``search`` (over the
+words as written); formatting options are accepted (Whisper punctuates as it
+transcribes). ``callback`` is refused with a sentence saying what to use, and the
+analyses this worker does not run (``redact``, ``sentiment``, ``summarize``, ...) too.
 """
 
 from __future__ import annotations
@@ -27,7 +29,16 @@ from handler.faces import openai_api
 from handler.faces.admission import loaded_models, run_admitted
 from handler.faces.broker.gateway import BROKER_GONE, BrokerDown
 from handler.faces.deepgram import shape
-from handler.faces.deepgram.query import QueryError, flag, keywords, served_model
+from handler.faces.deepgram.query import (
+    QueryError,
+    flag,
+    keywords,
+    refuse_unserved,
+    replacements,
+    searches,
+    served_model,
+)
+from handler.faces.deepgram.shape import whole_words
 from handler.pipeline.job import run_job
 
 
@@ -55,6 +66,9 @@ def _job_input(params: Any, loaded: list[str]) -> tuple[dict[str, Any], str]:
         raise Refused("callback is not served here; use /v2/{id}/run with a webhook")
     if params.get("channels") not in (None, "1"):
         raise Refused("channels describes raw audio; send a file with a header (WAV, FLAC, ...)")
+    refuse_unserved(params)
+    replacements(params)  # checked now: answer() applies them after the job
+    searches(params)
     model = params.get("model") or ""
     job: dict[str, Any] = {"output": ["text", "segments", "words"], "word_timestamps": True}
     if model in loaded:
@@ -90,20 +104,36 @@ async def audio_of(request: Request, job: dict[str, Any]) -> bytes | None:
     return body
 
 
+class _Words:
+    """A job's words as Deepgram's: whole words, speakers numbered by first word,
+    ``replace``'s table applied."""
+
+    def __init__(self, table: dict[str, str]) -> None:
+        self.table = table
+        self.speakers: dict[str, int] = {}
+
+    def speaker(self, w: dict[str, Any]) -> int | None:
+        label = w.get("speaker")
+        return None if label is None else self.speakers.setdefault(str(label), len(self.speakers))
+
+    def __call__(self, raw: list[dict[str, Any]]) -> list[dict[str, Any]]:
+        words = [shape.word(w, 0.0, self.speaker(w)) for w in whole_words(raw)]
+        return shape.replaced(words, self.table)
+
+    def said(self, text: str, words: list[dict[str, Any]]) -> str:
+        """The transcript: the job's text, or with ``replace`` its words as it left them."""
+        return " ".join(w["punctuated_word"] for w in words) if self.table else text
+
+
 def answer(result: dict[str, Any], model: str, params: Any, audio: bytes | None) -> dict[str, Any]:
     """Deepgram's response for a job's result: a channel per channel of a ``multichannel``
     job (one that repeats another has its words), else the one channel."""
-    speakers: dict[str, int] = {}
-
-    def speaker(w: dict[str, Any]) -> int | None:
-        label = w.get("speaker")
-        return None if label is None else speakers.setdefault(str(label), len(speakers))
-
     detected = "language" not in params or flag(params, "detect_language")
     whole = {"channel": None, "text": result["text"], "language": result.get("language")}
     whole["language_probability"] = result.get("language_probability")
     heard = result.get("channels") or [whole]
-    channels = [_channel(result, entry, speaker, detected) for entry in heard]
+    words_of, terms = _Words(replacements(params)), searches(params)
+    channels = [_channel(result, entry, words_of, detected, terms) for entry in heard]
     request_id = str(uuid.uuid4())
     meta = shape.metadata(request_id, model, float(result.get("duration", 0.0)))
     meta["sha256"] = hashlib.sha256(audio).hexdigest() if audio else ""
@@ -111,29 +141,37 @@ def answer(result: dict[str, Any], model: str, params: Any, audio: bytes | None)
     body: dict[str, Any] = {"metadata": meta, "results": {"channels": channels}}
     if flag(params, "utterances"):
         body["results"]["utterances"] = [
-            _utterance(seg, speaker) for seg in result.get("segments", []) if seg["text"].strip()
+            _utterance(seg, words_of) for seg in result.get("segments", []) if seg["text"].strip()
         ]
     return body
 
 
 def _channel(
-    result: dict[str, Any], entry: dict[str, Any], speaker: Any, detected: bool
+    result: dict[str, Any],
+    entry: dict[str, Any],
+    words_of: _Words,
+    detected: bool,
+    terms: list[str],
 ) -> dict[str, Any]:
     """One of ``results.channels``: its transcript and words (``entry["channel"]`` None:
-    the whole result's)."""
+    the whole result's), ``replace`` applied, ``search``'s hits when asked."""
     index = entry.get("same_as", entry["channel"])
-    heard = [w for w in result.get("words", []) if index is None or w.get("channel") == index]
-    words = [shape.word(w, 0.0, speaker(w)) for w in shape.whole_words(heard)]
-    channel: dict[str, Any] = {"alternatives": [shape.alternative(entry["text"], words)]}
+    words = words_of(
+        [w for w in result.get("words", []) if index is None or w.get("channel") == index]
+    )
+    said = words_of.said(entry["text"], words)
+    channel: dict[str, Any] = {"alternatives": [shape.alternative(said, words)]}
     if detected:
         channel["detected_language"] = entry.get("language")
         channel["language_confidence"] = entry.get("language_probability")
+    if terms:
+        channel["search"] = shape.search(words, terms)
     return channel
 
 
-def _utterance(seg: dict[str, Any], speaker: Any) -> dict[str, Any]:
-    words = [shape.word(w, 0.0, speaker(w)) for w in shape.whole_words(seg.get("words") or [])]
-    alt = shape.alternative(seg["text"].strip(), words)
+def _utterance(seg: dict[str, Any], words_of: _Words) -> dict[str, Any]:
+    words = words_of(seg.get("words") or [])
+    alt = shape.alternative(words_of.said(seg["text"].strip(), words), words)
     out = {
         "start": round(float(seg["start"]), 3),
         "end": round(float(seg["end"]), 3),

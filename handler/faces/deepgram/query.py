@@ -53,3 +53,54 @@ def served_model(asked: str, loaded: list[str]) -> str:
     """The model a ``model`` name stands for: itself when loaded here, else (``nova-3`` and
     every other Deepgram name) the default model."""
     return asked if asked in loaded else (loaded[0] if loaded else "whisper")
+
+
+NOT_SERVED = {
+    "sentiment": "sentiment analysis",
+    "summarize": "summaries",
+    "topics": "topic detection",
+    "intents": "intent recognition",
+    "detect_entities": "entity detection",
+    "redact": "redaction",
+    "custom_topic": "topic detection",
+    "custom_intent": "intent recognition",
+}
+"""What a file's query may ask that this worker cannot do: refused, never answered empty
+(a transcript that should have been redacted must not come back as if it had been)."""
+MAX_TERMS = 100
+MAX_PHRASE_WORDS = 5
+
+
+def refuse_unserved(params: Any) -> None:
+    for name, what in NOT_SERVED.items():
+        for value in params.getlist(name):
+            if value.lower() not in ("false", ""):
+                raise QueryError(f"{name}: {what} is not served by this worker", "invalid_value")
+
+
+def _bounded(params: Any, name: str) -> list[str]:
+    values = params.getlist(name)
+    if len(values) > MAX_TERMS or any(not v.strip() or len(v) > 100 for v in values):
+        raise QueryError(f"{name}: at most {MAX_TERMS}, each 1 to 100 characters", "invalid_value")
+    return values
+
+
+def replacements(params: Any) -> dict[str, str]:
+    """``replace=find:replacement`` (repeated): one word found, case and punctuation aside,
+    written as the replacement (``find:`` drops it)."""
+    table: dict[str, str] = {}
+    for entry in _bounded(params, "replace"):
+        find, sep, to = entry.partition(":")
+        found = find.strip().lower()
+        if not sep or not found or len(found.split()) != 1:
+            raise QueryError("replace: find:replacement, one word to find", "invalid_value")
+        table[found] = to.strip()
+    return table
+
+
+def searches(params: Any) -> list[str]:
+    """``search`` (repeated): words or phrases of up to five words."""
+    terms = [" ".join(t.split()) for t in _bounded(params, "search")]
+    if any(len(t.split()) > MAX_PHRASE_WORDS for t in terms):
+        raise QueryError(f"search: a phrase of at most {MAX_PHRASE_WORDS} words", "invalid_value")
+    return list(dict.fromkeys(terms))

@@ -7,7 +7,7 @@ from __future__ import annotations
 import datetime
 from typing import Any
 
-from handler.output.formats import plain, whole_words
+from handler.output.formats import EDGE_PUNCTUATION, plain, whole_words
 
 __all__ = ["plain", "whole_words"]  # here too: the faces' words are Deepgram's first
 
@@ -77,3 +77,41 @@ def language_of(value: str | None) -> str | None:
     if not value:
         return None
     return value if value == "multi" else value.split("-")[0].lower()
+
+
+def replaced(words: list[dict[str, Any]], table: dict[str, str]) -> list[dict[str, Any]]:
+    """Deepgram's words with ``replace``'s table applied (a word to nothing is dropped)."""
+    out = []
+    for w in words:
+        to = table.get(w["word"])
+        if to is None:
+            out.append(w)
+        elif to:
+            core = w["punctuated_word"].strip(EDGE_PUNCTUATION)
+            written = w["punctuated_word"].replace(core, to, 1) if core else to
+            out.append({**w, "word": plain(to) or to, "punctuated_word": written})
+    return out
+
+
+def search(words: list[dict[str, Any]], terms: list[str]) -> list[dict[str, Any]]:
+    """Deepgram's ``search`` over the words: each query's hits (its words in a row, case and
+    punctuation aside), timed, with the least confidence of their words and their text."""
+    spoken = [w["word"] for w in words]
+    out = []
+    for term in terms:
+        wanted = [plain(t) for t in term.split()]
+        n = len(wanted)
+        hits = []
+        for i in range(len(spoken) - n + 1):
+            if spoken[i : i + n] == wanted:
+                run = words[i : i + n]
+                hits.append(
+                    {
+                        "confidence": min(w["confidence"] for w in run),
+                        "start": run[0]["start"],
+                        "end": run[-1]["end"],
+                        "snippet": " ".join(w["punctuated_word"] for w in run),
+                    }
+                )
+        out.append({"query": term, "hits": hits})
+    return out
