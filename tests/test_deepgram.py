@@ -438,7 +438,12 @@ def test_the_deepgram_sdk_gets_a_channel_per_channel_of_a_call(server: Server, t
     media = DeepgramClient(api_key=KEY, environment=env).listen.v1.media
     call = write_call_wav(tmp_path / "call.wav").read_bytes()
     got = media.transcribe_file(
-        request=call, model="nova-3", multichannel=True, utterances=True, detect_language=True
+        request=call,
+        model="nova-3",
+        multichannel=True,
+        utterances=True,
+        detect_language=True,
+        paragraphs=True,
     )
     assert got.metadata.channels == 2 and len(got.results.channels) == 2
     for channel, expected in zip(got.results.channels, CALL_TEXTS, strict=True):
@@ -448,6 +453,14 @@ def test_the_deepgram_sdk_gets_a_channel_per_channel_of_a_call(server: Server, t
         assert channel.detected_language == "en"
     right = got.results.channels[1].alternatives[0].words
     assert 3.0 <= right[0].start and right[-1].end <= 9.5
+    # paragraphs: channel 0's two sentences are 6 s apart, channel 1 says one.
+    left, other = (c.alternatives[0].paragraphs for c in got.results.channels)
+    assert [len(p.sentences) for p in left.paragraphs] == [1, 1]
+    assert [p.num_words for p in other.paragraphs] == [len(right)]
+    assert left.paragraphs[1].start > 9.0 and left.transcript.startswith("\n")
+    assert " ".join(s.text for p in left.paragraphs for s in p.sentences) == (
+        got.results.channels[0].alternatives[0].transcript
+    )
     assert [u.channel for u in got.results.utterances] == [0, 1, 0]
     mixed = media.transcribe_file(request=call, model="nova-3")
     assert mixed.metadata.channels == 1 and len(mixed.results.channels) == 1

@@ -5,10 +5,10 @@ sentences, its paragraphs and its subtitles. Times are milliseconds, speakers ``
 from __future__ import annotations
 
 import datetime
-import re
 from typing import Any
 
 from handler.faces.deepgram.shape import whole_words
+from handler.output import sentences as grouping
 from handler.output.cues import Layout
 from handler.output.formats import plain, to_srt, to_vtt
 
@@ -20,9 +20,6 @@ STATUS = {
     "CANCELLED": "error",
     "TIMED_OUT": "error",
 }
-SENTENCE_END = re.compile(r"[.?!。？！]['\"”’)\]]*$")
-PARAGRAPH_PAUSE_S = 1.5
-"""A pause this long between two sentences (or another speaker) starts a paragraph."""
 
 
 def _ms(seconds: Any) -> int:
@@ -103,29 +100,14 @@ def utterances(words: list[dict[str, Any]]) -> list[dict[str, Any]]:
 
 def sentences(words: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """Words cut after each one that ends a sentence, and where the speaker changes."""
-    runs: list[list[dict[str, Any]]] = []
-    ended = True
-    for w in words:
-        if ended or runs[-1][-1]["speaker"] != w["speaker"]:
-            runs.append([])
-        runs[-1].append(w)
-        ended = bool(SENTENCE_END.search(w["text"]))
-    return [_span(run) for run in runs]
+    return [_span(run) for run in grouping.sentences(words, "text")]
 
 
 def paragraphs(words: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """Sentences joined until a pause of PARAGRAPH_PAUSE_S or another speaker."""
-    groups: list[list[dict[str, Any]]] = []
-    for s in sentences(words):
-        last = groups[-1][-1] if groups else None
-        if (
-            last is None
-            or last["speaker"] != s["speaker"]
-            or s["start"] - last["end"] >= PARAGRAPH_PAUSE_S * 1000
-        ):
-            groups.append([])
-        groups[-1].append(s)
-    return [_span([w for s in group for w in s["words"]]) for group in groups]
+    runs = grouping.sentences(words, "text")
+    groups = grouping.paragraphs(runs, grouping.PARAGRAPH_PAUSE_S * 1000)
+    return [_span([w for run in group for w in run]) for group in groups]
 
 
 def _webhook_code(report: Any) -> int | None:

@@ -80,7 +80,8 @@ def _job_input(params: Any, loaded: list[str]) -> tuple[dict[str, Any], str]:
         job["diarize"] = True
     if flag(params, "multichannel"):
         job["multichannel"] = True
-    flag(params, "utterances")  # checked now: answer() reads it after the job
+    flag(params, "utterances")  # checked now: answer() reads them after the job
+    flag(params, "paragraphs")
     terms = keywords(params)
     if terms:
         job["hotwords"] = ", ".join(terms)
@@ -111,6 +112,8 @@ class _Words:
     def __init__(self, table: dict[str, str]) -> None:
         self.table = table
         self.speakers: dict[str, int] = {}
+        self.paragraphs = False
+        """``paragraphs=true``: each alternative gets its paragraphs."""
 
     def speaker(self, w: dict[str, Any]) -> int | None:
         label = w.get("speaker")
@@ -133,6 +136,7 @@ def answer(result: dict[str, Any], model: str, params: Any, audio: bytes | None)
     whole["language_probability"] = result.get("language_probability")
     heard = result.get("channels") or [whole]
     words_of, terms = _Words(replacements(params)), searches(params)
+    words_of.paragraphs = flag(params, "paragraphs")
     channels = [_channel(result, entry, words_of, detected, terms) for entry in heard]
     request_id = str(uuid.uuid4())
     meta = shape.metadata(request_id, model, float(result.get("duration", 0.0)))
@@ -159,8 +163,10 @@ def _channel(
     words = words_of(
         [w for w in result.get("words", []) if index is None or w.get("channel") == index]
     )
-    said = words_of.said(entry["text"], words)
-    channel: dict[str, Any] = {"alternatives": [shape.alternative(said, words)]}
+    alt = shape.alternative(words_of.said(entry["text"], words), words)
+    if words_of.paragraphs:
+        alt["paragraphs"] = shape.paragraphs(words)
+    channel: dict[str, Any] = {"alternatives": [alt]}
     if detected:
         channel["detected_language"] = entry.get("language")
         channel["language_confidence"] = entry.get("language_probability")

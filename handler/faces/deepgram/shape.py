@@ -7,6 +7,7 @@ from __future__ import annotations
 import datetime
 from typing import Any
 
+from handler.output import sentences as grouping
 from handler.output.formats import EDGE_PUNCTUATION, plain, whole_words
 
 __all__ = ["plain", "whole_words"]  # here too: the faces' words are Deepgram's first
@@ -115,3 +116,33 @@ def search(words: list[dict[str, Any]], terms: list[str]) -> list[dict[str, Any]
                 )
         out.append({"query": term, "hits": hits})
     return out
+
+
+def paragraphs(words: list[dict[str, Any]]) -> dict[str, Any]:
+    """Deepgram's ``paragraphs`` of an alternative: its sentences joined until a pause of
+    1.5 s or another speaker, each paragraph with its sentences, words and times, and the
+    transcript as paragraphs (``Speaker N:`` before each when diarized)."""
+    runs = grouping.sentences(words, "punctuated_word")
+    out, texts = [], []
+    for group in grouping.paragraphs(runs, grouping.PARAGRAPH_PAUSE_S):
+        said = [
+            {
+                "text": " ".join(w["punctuated_word"] for w in run),
+                "start": run[0]["start"],
+                "end": run[-1]["end"],
+            }
+            for run in group
+        ]
+        para: dict[str, Any] = {
+            "sentences": said,
+            "num_words": sum(len(run) for run in group),
+            "start": said[0]["start"],
+            "end": said[-1]["end"],
+        }
+        text = " ".join(s["text"] for s in said)
+        if "speaker" in group[0][0]:
+            para["speaker"] = group[0][0]["speaker"]
+            text = f"Speaker {para['speaker']}: {text}"
+        out.append(para)
+        texts.append(text)
+    return {"transcript": "".join("\n" + t + "\n" for t in texts), "paragraphs": out}
