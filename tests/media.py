@@ -48,11 +48,16 @@ def write_wav(
     pcm = (
         np.zeros(0, np.int16) if samples is None else (np.asarray(samples) * 32767).astype(np.int16)
     )
+    return write_pcm(path, pcm.reshape(-1, 1), rate)
+
+
+def write_pcm(path: pathlib.Path, pcm: np.ndarray, rate: int = 16000) -> pathlib.Path:
+    """A 16-bit WAV of ``pcm`` (int16, a column per channel)."""
     with wave.open(str(path), "wb") as w:
-        w.setnchannels(1)
+        w.setnchannels(pcm.shape[1])
         w.setsampwidth(2)
         w.setframerate(rate)
-        w.writeframes(pcm.tobytes())
+        w.writeframes(np.ascontiguousarray(pcm, np.int16).tobytes())
     return path
 
 
@@ -235,9 +240,4 @@ def write_call_wav(path: pathlib.Path, *, rate: int = 16000, same: bool = False)
     if rate != 16000:
         index = np.arange(round(length * rate / 16000)) * 16000 // rate
         stereo = stereo[index]
-    with wave.open(str(path), "wb") as w:
-        w.setnchannels(2)
-        w.setsampwidth(2)
-        w.setframerate(rate)
-        w.writeframes(stereo.tobytes())
-    return path
+    return write_pcm(path, stereo, rate)

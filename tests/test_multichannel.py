@@ -24,7 +24,7 @@ from handler.errors import Code, WorkerError
 from handler.pipeline.job import run_job
 from handler.settings import Settings
 from tests.helpers import DATA, JFK_TEXT, b64, make_settings, wer
-from tests.media import CALL_TEXTS, write_call_wav
+from tests.media import CALL_TEXTS, write_call_wav, write_pcm
 
 pytestmark = pytest.mark.model
 
@@ -115,12 +115,7 @@ def test_what_does_not_combine_is_refused_before_any_work(worker, call_wav, extr
 
 
 def test_too_many_channels_or_channel_seconds_are_refused(worker, tmp_path, no_leaks):
-    many = tmp_path / "many.wav"
-    with wave.open(str(many), "wb") as w:
-        w.setnchannels(MAX_CHANNELS + 1)
-        w.setsampwidth(2)
-        w.setframerate(16000)
-        w.writeframes(np.zeros((16000, MAX_CHANNELS + 1), np.int16).tobytes())
+    many = write_pcm(tmp_path / "many.wav", np.zeros((16000, MAX_CHANNELS + 1), np.int16))
     result = run_job({"audio_base64": b64(many), "multichannel": True}, worker)
     assert result["error_code"] == "INVALID_INPUT", result
     assert f"{MAX_CHANNELS} at most" in result["error"]
@@ -144,12 +139,7 @@ def test_unnamed_microphones_are_mixed_down_without_losing_one(worker, tmp_path,
         speech = np.frombuffer(w.readframes(w.getnframes()), np.int16)
     pcm = np.zeros((len(speech), count), np.int16)
     pcm[:, 3] = speech
-    path = tmp_path / "mics.wav"
-    with wave.open(str(path), "wb") as w:
-        w.setnchannels(count)
-        w.setsampwidth(2)
-        w.setframerate(16000)
-        w.writeframes(pcm.tobytes())
+    path = write_pcm(tmp_path / "mics.wav", pcm)
     result = run_job({"audio_base64": b64(path)}, worker)
     assert "error" not in result, result
     assert wer(JFK_TEXT, result["text"]) <= 0.1, result["text"]
