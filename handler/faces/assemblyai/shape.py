@@ -260,9 +260,8 @@ def word_search(words: list[dict[str, Any]], terms: list[list[str]]) -> dict[str
     punctuation aside), their [start, end] in ms and the index of their first word."""
     spoken = [plain(w["text"]) for w in words]
     matches = []
-    for term in terms:
+    for term, at in zip(terms, grouping.find_phrases(spoken, terms), strict=True):
         n = len(term)
-        at = [i for i in range(len(spoken) - n + 1) if spoken[i : i + n] == term]
         matches.append(
             {
                 "text": " ".join(term),

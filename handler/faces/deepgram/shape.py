@@ -98,22 +98,20 @@ def search(words: list[dict[str, Any]], terms: list[str]) -> list[dict[str, Any]
     """Deepgram's ``search`` over the words: each query's hits (its words in a row, case and
     punctuation aside), timed, with the least confidence of their words and their text."""
     spoken = [w["word"] for w in words]
+    wanted = [[plain(t) for t in term.split()] for term in terms]
     out = []
-    for term in terms:
-        wanted = [plain(t) for t in term.split()]
-        n = len(wanted)
-        hits = []
-        for i in range(len(spoken) - n + 1):
-            if spoken[i : i + n] == wanted:
-                run = words[i : i + n]
-                hits.append(
-                    {
-                        "confidence": min(w["confidence"] for w in run),
-                        "start": run[0]["start"],
-                        "end": run[-1]["end"],
-                        "snippet": " ".join(w["punctuated_word"] for w in run),
-                    }
-                )
+    found = grouping.find_phrases(spoken, wanted)
+    for term, n, at in zip(terms, map(len, wanted), found, strict=True):
+        runs = [words[i : i + n] for i in at]
+        hits = [
+            {
+                "confidence": min(w["confidence"] for w in run),
+                "start": run[0]["start"],
+                "end": run[-1]["end"],
+                "snippet": " ".join(w["punctuated_word"] for w in run),
+            }
+            for run in runs
+        ]
         out.append({"query": term, "hits": hits})
     return out
 
