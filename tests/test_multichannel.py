@@ -268,3 +268,35 @@ def test_a_segment_is_cut_where_the_other_side_speaks_in_its_pause() -> None:
     cut = merged.segments[3]
     assert cut["start"] == 5 and cut["tokens"] == [] and cut["words"][0]["word"] == " goodbye"
     assert merged.segments[1]["tokens"] == [1, 2]  # a segment not cut keeps its tokens
+
+
+def test_each_channel_is_let_go_after_its_turn_and_the_rest_are_reserved(worker) -> None:
+    """At channel i's turn the channels before it are freed (the decoder's buffers held
+    every channel until the job ended: the first one through ``samples``), and its
+    reservation counts exactly the samples still waiting."""
+    import gc
+    import weakref
+
+    from handler.audio.decode import DecodedAudio
+    from handler.inference.transcribe import Transcript
+    from handler.pipeline import channels
+    from handler.pipeline.runtime import Call, Plan
+
+    arrays = [np.full(16000 * (n + 1), n + 1, np.float32) for n in range(3)]
+    alive = [weakref.ref(a) for a in arrays]
+    audio = DecodedAudio(arrays[0], 1.0, None, "wav", channels=arrays)
+    del arrays
+    seen = []
+
+    def one(plan, part, runtime, call):
+        gc.collect()
+        seen.append(([r() is not None for r in alive], call.held_bytes, len(part.samples)))
+        return Transcript([_seg(0, (0, 1, "hi"))], "en", 1.0, 0.1)
+
+    plan = Plan(None, None, {}, None, 1)  # type: ignore[arg-type]
+    channels.run(plan, audio, worker, Call(), one)
+    assert seen == [
+        ([True, True, True], 4 * (32000 + 48000), 16000),
+        ([False, True, True], 4 * 48000, 32000),
+        ([False, False, True], 0, 48000),
+    ]

@@ -37,6 +37,7 @@ def run(
     assert audio.channels is not None
     count = len(audio.channels)
     repeats = _repeats(audio.channels)
+    audio.samples = np.empty(0, np.float32)  # the first channel's: held below, then let go
     done: dict[int, transcribe.Transcript] = {}
     for i in range(count):
         if (first := repeats[i]) is not None:
