@@ -386,8 +386,18 @@ def test_sigterm_during_job_drains_and_exits_zero(tmp_path: Path) -> None:
     with _emulator(tmp_path, on_event=events.append) as em:
         worker_id = em.start_worker()
         em.wait_worker(worker_id, "idle", READY_S)
-        job_id = em.submit({"sleep": 2})
-        wait_status(em, job_id, {"IN_PROGRESS"})
+        job_id = em.submit({"progress": "started", "sleep": 2})
+        # Until the handler runs: the SDK drains the jobs it is running, but one it has
+        # taken and not yet started is dropped at SIGTERM (the platform gives it to
+        # another worker). On a loaded machine the take came first and the test failed.
+        wait_for(
+            lambda: (
+                em.status(job_id).get("output") == "started"
+                or em.status(job_id)["status"] == "COMPLETED"
+            ),
+            JOB_S,
+            "the handler",
+        )
         em.stop_worker(worker_id, graceful=True)
         waiting = em.submit({"n": "not for a stopping worker"})
         em.wait_worker(worker_id, "stopped", 20)
