@@ -42,6 +42,9 @@ NOT_SERVED = {
     "redact_pii_audio": "PII redaction",
     "sentiment_analysis": "sentiment analysis",
     "summarization": "summaries",
+    # A threshold the transcript would be failed by: not applied here, so not taken.
+    "language_confidence_threshold": "failing a transcript on its language confidence",
+    "speech_threshold": "failing a file on its share of speech",
 }
 """Options this worker cannot serve: asked for (true), the request is refused."""
 
@@ -51,8 +54,6 @@ TAKEN = {
     "disfluencies",
     "boost_param",
     "speech_models",
-    "language_confidence_threshold",
-    "speech_threshold",
     "language_detection_options",
     "keyterms_prompt_options",
     "domain",
