@@ -63,6 +63,16 @@ def test_words_languages_and_metadata_are_deepgrams_shapes() -> None:
     assert shape.language_of(None) is None
     meta = shape.metadata("r1", "tiny.en", 1.23456)
     assert meta["duration"] == 1.235 and meta["model_info"]["tiny.en"]["arch"] == "whisper"
+    # replace's find is a word as the words are matched: case and punctuation aside.
+    from starlette.datastructures import QueryParams
+
+    from handler.faces.deepgram.query import replacements
+
+    table = replacements(QueryParams([("replace", "Country,:nation"), ("replace", "so:")]))
+    said = [shape.word(w, 0.0) for w in pieces[:1]] + [
+        shape.word({"word": " country.", "start": 1, "end": 2, "probability": 0.9})
+    ]
+    assert [w["punctuated_word"] for w in shape.replaced(said, table)] == ["an", "nation."]
 
 
 @pytest.fixture(scope="module")

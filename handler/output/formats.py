@@ -408,6 +408,14 @@ def plain(word: str) -> str:
     return word.strip().strip(EDGE_PUNCTUATION).lower()
 
 
+def respell(written: str, table: dict[str, str]) -> str:
+    """One word as written, rewritten when its plain form is in ``table`` (its punctuation
+    kept): AssemblyAI's ``custom_spelling`` and Deepgram's ``replace``."""
+    core = written.strip().strip(EDGE_PUNCTUATION)
+    to = table.get(core.lower()) if table and core else None
+    return written if to is None else written.replace(core, to, 1)
+
+
 def whole_words(words: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """A job's words as the transcript spells them: a piece Whisper split off a word without a
     space before it and starting with punctuation (" old" "-sposed") joins the word before

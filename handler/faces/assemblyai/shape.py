@@ -10,7 +10,7 @@ from typing import Any
 from handler.faces.deepgram.shape import whole_words
 from handler.output import sentences as grouping
 from handler.output.cues import Layout
-from handler.output.formats import plain, to_srt, to_vtt
+from handler.output.formats import plain, respell, to_srt, to_vtt
 
 STATUS = {
     "IN_QUEUE": "queued",
@@ -35,16 +35,6 @@ def letters(result: dict[str, Any]) -> dict[str, str]:
             n = len(names)
             names[str(label)] = chr(ord("A") + n) if n < 26 else f"S{n + 1}"
     return names
-
-
-def respell(text: str, spelling: dict[str, str]) -> str:
-    """``custom_spelling`` applied to one word as written (its punctuation kept)."""
-    if not spelling:
-        return text
-    core = text.strip(".,!?;:\"'“”‘’()")
-    if core.lower() not in spelling:
-        return text
-    return text.replace(core, spelling[core.lower()], 1)
 
 
 def words_of(

@@ -6,6 +6,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from handler.output.formats import plain
+
 MAX_KEYWORDS = 100
 
 
@@ -91,7 +93,7 @@ def replacements(params: Any) -> dict[str, str]:
     table: dict[str, str] = {}
     for entry in _bounded(params, "replace"):
         find, sep, to = entry.partition(":")
-        found = find.strip().lower()
+        found = plain(find)  # as the words are matched: case and punctuation aside
         if not sep or not found or len(found.split()) != 1:
             raise QueryError("replace: find:replacement, one word to find", "invalid_value")
         table[found] = to.strip()

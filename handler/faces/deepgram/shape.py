@@ -8,7 +8,7 @@ import datetime
 from typing import Any
 
 from handler.output import sentences as grouping
-from handler.output.formats import EDGE_PUNCTUATION, plain, whole_words
+from handler.output.formats import plain, respell, whole_words
 
 __all__ = ["plain", "whole_words"]  # here too: the faces' words are Deepgram's first
 
@@ -88,8 +88,7 @@ def replaced(words: list[dict[str, Any]], table: dict[str, str]) -> list[dict[st
         if to is None:
             out.append(w)
         elif to:
-            core = w["punctuated_word"].strip(EDGE_PUNCTUATION)
-            written = w["punctuated_word"].replace(core, to, 1) if core else to
+            written = respell(w["punctuated_word"], table)
             out.append({**w, "word": plain(to) or to, "punctuated_word": written})
     return out
 
