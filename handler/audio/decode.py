@@ -428,10 +428,7 @@ def _collect(
     expected = declared if declared is not None else _INITIAL_SECONDS
     initial = math.ceil(expected * SAMPLE_RATE) + SAMPLE_RATE
     buffers = [_SampleBuffer(initial, max_samples) for _ in range(width)]
-    for chunk in chunks:
-        if len(chunk) != width:
-            # A frame in a layout the resampler could not keep: never guess which is which.
-            raise WorkerError(Code.UNSUPPORTED_OR_CORRUPT_MEDIA, _GENERIC)
+    for chunk in chunks:  # ``width`` rows each: the resampler's layout, or their mean
         if not all(b.append(row) for b, row in zip(buffers, chunk, strict=True)):
             raise WorkerError(Code.AUDIO_TOO_LONG, _too_long_message(settings, None, width))
     return [b.finish() for b in buffers]

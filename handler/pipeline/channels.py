@@ -47,8 +47,7 @@ def run(
             continue
         samples, audio.channels[i] = audio.channels[i], np.empty(0, np.float32)
         part = DecodedAudio(samples, audio.duration, audio.declared_duration, audio.format_name)
-        child = _child(call, i, count)
-        child.held_bytes = sum(c.nbytes for c in audio.channels)  # the channels still to go
+        child = _child(call, i, count, held=sum(c.nbytes for c in audio.channels))
         del samples
         done[i] = one(plan, part, worker, child)
         _fold(call, child, i)
@@ -68,9 +67,10 @@ def _repeats(channels: list[np.ndarray]) -> list[int | None]:
     return found
 
 
-def _child(call: Call, channel: int, count: int) -> Call:
+def _child(call: Call, channel: int, count: int, held: int) -> Call:
     """The job's call for one channel: its own timings and warnings; its segments streamed
-    with their channel, its progress a share of the job's."""
+    with their channel, its progress a share of the job's; ``held``: the bytes of the
+    channels still to go, reserved with it."""
     on_segment = on_progress = None
     if (stream := call.on_segment) is not None:
 
@@ -91,6 +91,7 @@ def _child(call: Call, channel: int, count: int) -> Call:
         word_alignment=None,
         audio=None,
         samples=None,
+        held_bytes=held,
     )
 
 

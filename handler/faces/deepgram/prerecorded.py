@@ -110,10 +110,10 @@ class _Words:
     """A job's words as Deepgram's: whole words, speakers numbered by first word,
     ``replace``'s table applied."""
 
-    def __init__(self, table: dict[str, str]) -> None:
+    def __init__(self, table: dict[str, str], paragraphs: bool) -> None:
         self.table = table
         self.speakers: dict[str, int] = {}
-        self.paragraphs = False
+        self.paragraphs = paragraphs
         """``paragraphs=true``: each alternative gets its paragraphs."""
 
     def speaker(self, w: dict[str, Any]) -> int | None:
@@ -136,8 +136,8 @@ def answer(result: dict[str, Any], model: str, params: Any, audio: bytes | None)
     whole = {"channel": None, "text": result["text"], "language": result.get("language")}
     whole["language_probability"] = result.get("language_probability")
     heard = result.get("channels") or [whole]
-    words_of, terms = _Words(replacements(params)), searches(params)
-    words_of.paragraphs = flag(params, "paragraphs")
+    words_of = _Words(replacements(params), flag(params, "paragraphs"))
+    terms = searches(params)
     channels = [_channel(result, entry, words_of, detected, terms) for entry in heard]
     request_id = str(uuid.uuid4())
     meta = shape.metadata(request_id, model, float(result.get("duration", 0.0)))
