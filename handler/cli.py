@@ -74,6 +74,8 @@ def _flags_to_job(args: argparse.Namespace, job: dict[str, Any]) -> None:
             job["num_speakers"] = args.num_speakers
     if args.multichannel:
         job["multichannel"] = True
+    if args.profanity_filter:
+        job["profanity_filter"] = True
 
 
 def cmd_transcribe(args: argparse.Namespace) -> int:
@@ -232,6 +234,11 @@ def _transcribe_parser(sub: Any, common: argparse.ArgumentParser) -> None:
         "--multichannel",
         action="store_true",
         help="transcribe each channel on its own (a call's two sides), each line with its channel",
+    )
+    t.add_argument(
+        "--profanity-filter",
+        action="store_true",
+        help='mask profane words as their first letter and asterisks ("s***")',
     )
     t.add_argument(
         "--stream", action="store_true", help="print each segment as it is decoded, with its times"

@@ -148,6 +148,11 @@ class JobInput(BaseModel):
     are mixed down to one. Each channel costs its own transcription; a channel that
     repeats an earlier one is transcribed once."""
 
+    profanity_filter: bool | None = None
+    """Mask profane words wherever the transcript is returned (text, segments, words,
+    subtitles, streamed segments): the first letter kept, the rest as asterisks ("s***").
+    Checked in English and in the transcript's language (handler.output.profanity)."""
+
     loop_guard: bool | None = None
     """Repetition loops in the transcript (a phrase said back to back 4 times or more, a
     word 6 times) kept when its occurrences heard alone say it, else decoded again without
@@ -418,6 +423,7 @@ DECODING_OPTIONS: frozenset[str] = frozenset(
         "word_alignment",
         "loop_guard",
         "multichannel",
+        "profanity_filter",
     }
 )
 

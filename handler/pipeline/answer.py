@@ -9,7 +9,7 @@ from typing import Any
 
 from handler.contract import Segment
 from handler.inference import transcribe
-from handler.output import formats, speakers
+from handler.output import formats, profanity, speakers
 from handler.output.cues import Layout
 from handler.output.offload import deliver
 from handler.pipeline import words
@@ -31,6 +31,43 @@ def answer(
     if tr.batch_sizes is not None:
         output["batch_sizes"] = tr.batch_sizes
     return deliver(output, worker.settings, call.job_id)
+
+
+def masked_stream(
+    plan: Plan, stream: transcribe.SegmentCallback | None
+) -> transcribe.SegmentCallback | None:
+    """``profanity_filter``: each streamed segment masked, in the language the job named
+    (its part's with ``"language": "multi"``; English alone when it detects one: the
+    language is known to the answer, not yet to the stream)."""
+    if stream is None:
+        return None
+    asked = "en" if plan.job.effective_task == "translate" else plan.kwargs.get("language")
+
+    def each(seg: Segment) -> None:
+        lang = asked if asked == "en" else seg.get("language") or asked
+        stream(profanity.segment(seg, lang))
+
+    return each
+
+
+def mask_profanity(plan: Plan, tr: transcribe.Transcript, call: Call) -> None:
+    """``profanity_filter``: the transcript masked once it is whole (after stitching and
+    word alignment: an aligner cannot place a masked word), each segment in its language:
+    its part's, its channel's or the transcript's (English for a translation)."""
+    translated = plan.job.effective_task == "translate"
+    by_channel = {c["channel"]: c.get("language") for c in call.channels or []}
+
+    def language(seg: Segment) -> str | None:
+        if translated:
+            return "en"
+        return seg.get("language") or by_channel.get(seg.get("channel", -1)) or tr.language
+
+    langs = [language(s) for s in tr.segments]
+    tr.segments = [profanity.segment(s, lang) for s, lang in zip(tr.segments, langs, strict=True)]
+    if call.channels is not None:
+        call.channels = profanity.channels(call.channels, translated)
+    if note := profanity.unlisted(langs):
+        call.warnings.append(note)
 
 
 def log_done(call: Call, duration: float, plan: Plan) -> None:

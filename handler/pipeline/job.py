@@ -78,6 +78,8 @@ def _run(raw_input: Any, worker: Runtime, call: Call) -> dict[str, Any]:
     """The pipeline, step by step: each step is a function below, in this order."""
     job = parse_job_input(raw_input, audio_given=call.audio is not None or call.samples is not None)
     plan = _plan(job, worker)
+    if job.profanity_filter:
+        call.on_segment = answer.masked_stream(plan, call.on_segment)
     if job.known_speakers and worker.diarizer is not None:
         call.references = speakers.references(job, worker.settings, worker.diarizer, call)
     audio = _fetch_and_decode(plan, worker.settings, call)
@@ -93,6 +95,8 @@ def _run(raw_input: Any, worker: Runtime, call: Call) -> dict[str, Any]:
     else:
         tr = _one_channel(plan, audio, worker, call)
     del audio  # its samples may be gigabytes: not kept while the result is shaped
+    if job.profanity_filter:
+        answer.mask_profanity(plan, tr, call)
     output = answer.answer(plan, tr, duration, worker, call)
     answer.log_done(call, duration, plan)
     return output

@@ -52,7 +52,6 @@ REFUSED = {
     "speaker_labels": "live speaker labels are not served here",
     "redact_pii": "PII redaction is not served here",
     "webhook_url": "a streaming webhook is not served here",
-    "filter_profanity": "profanity filtering is not served here",
 }
 MAX_TERMS = 100
 MAX_PROMPT_CHARS = 2000
@@ -67,6 +66,14 @@ def _flag(params: Any, name: str) -> bool | None:
     if value.lower() not in ("true", "false"):
         raise SessionError(f"{name}: true or false", "invalid_query")
     return value.lower() == "true"
+
+
+def _truthy(params: Any, name: str) -> bool:
+    """A flag as AssemblyAI's streaming reads it: true, 1 or yes (false, 0 or no)."""
+    value = (params.get(name) or "false").lower()
+    if value not in ("true", "1", "yes", "false", "0", "no"):
+        raise SessionError(f"{name}: true or false", "invalid_query")
+    return value in ("true", "1", "yes")
 
 
 def _number(params: Any, name: str, lo: float, hi: float) -> float | None:
@@ -173,6 +180,8 @@ def configure(params: Any, loaded: list[str]) -> tuple[dict[str, Any], dict[str,
         transcription["keywords"] = terms
     if prompt := _prompt(params.get("prompt")):
         transcription["prompt"] = prompt
+    if _truthy(params, "filter_profanity"):
+        transcription["profanity_filter"] = True  # partial and final turns alike
     session = {
         "type": "transcription",
         "audio": {

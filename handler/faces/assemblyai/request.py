@@ -36,7 +36,6 @@ NOT_SERVED = {
     "auto_highlights": "key phrases",
     "content_safety": "content moderation",
     "entity_detection": "entity detection",
-    "filter_profanity": "profanity filtering",
     "iab_categories": "topic detection",
     "redact_pii": "PII redaction",
     "redact_pii_audio": "PII redaction",
@@ -96,6 +95,7 @@ ECHOED = (
     "webhook_auth_header_name",
     "multichannel",
     "dual_channel",
+    "filter_profanity",
 )
 """The request's options its transcript repeats back, as AssemblyAI's does (the webhook's
 header value is never repeated)."""
@@ -125,6 +125,8 @@ def job_for(body: Any, loaded: list[str]) -> tuple[dict[str, Any], dict[str, Any
     job.update(_speakers(body))
     job.update(_decoding(body, loaded))
     job.update(_span(body))
+    if _bool(body, "filter_profanity"):
+        job["profanity_filter"] = True  # masked as AssemblyAI masks: "s***"
     spelling(body.get("custom_spelling"))  # checked now: the answers apply it
     echo = {k: body[k] for k in ECHOED if body.get(k) is not None}
     if len(json.dumps(echo)) > MAX_ECHO_BYTES:  # kept beside the job for its answers

@@ -53,7 +53,7 @@ NO_ENDPOINTING_MS = 1000
 """``endpointing=false``: turns still end at this much silence (as ``is_final`` results
 that are not ``speech_final``), so a session's audio never waits without bound."""
 FORMATS = {"linear16": "audio/pcm", "mulaw": "audio/pcmu", "alaw": "audio/pcma"}
-IGNORED = ("punctuate", "smart_format", "profanity_filter", "numerals", "filler_words")
+IGNORED = ("punctuate", "smart_format", "numerals", "filler_words")
 """Boolean options accepted and checked, with nothing to change: Whisper punctuates and
 formats as it transcribes."""
 
@@ -117,6 +117,8 @@ def _configure(params: Any, loaded: list[str]) -> tuple[dict[str, Any], dict[str
     }
     if terms:
         transcription["keywords"] = terms
+    if flag(params, "profanity_filter"):
+        transcription["profanity_filter"] = True
     session = {
         "type": "transcription",
         "audio": {

@@ -81,6 +81,8 @@ def _job_input(params: Any, loaded: list[str]) -> tuple[dict[str, Any], str]:
         job["diarize"] = True
     if flag(params, "multichannel"):
         job["multichannel"] = True
+    if flag(params, "profanity_filter"):
+        job["profanity_filter"] = True
     flag(params, "utterances")  # checked now: answer() reads them after the job
     flag(params, "paragraphs")
     terms = keywords(params)

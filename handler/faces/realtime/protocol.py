@@ -76,6 +76,8 @@ class Config:
         self.turns: TurnRules | None = TurnRules()
         self.word_alignment: str | None = None
         """Our extension: completed transcripts carry their timed ``words``."""
+        self.profanity_filter = False
+        """Our extension: profane words masked in deltas and transcripts alike."""
 
     def session(self, session_id: str, expires_at: int) -> dict[str, Any]:
         turn = (
@@ -108,6 +110,7 @@ class Config:
                         "keywords": self.keywords,
                         "prompt": self.prompt,
                         **({"word_alignment": self.word_alignment} if self.word_alignment else {}),
+                        **({"profanity_filter": True} if self.profanity_filter else {}),
                     },
                     "turn_detection": turn,
                 }
@@ -186,9 +189,13 @@ class Config:
         timing = t.get("word_alignment", self.word_alignment)
         if timing not in (None, *align.METHODS):
             raise SessionError(f"{where}.word_alignment: one of {', '.join(align.METHODS)}")
+        masked = t.get("profanity_filter", self.profanity_filter)
+        if type(masked) is not bool:
+            raise SessionError(f"{where}.profanity_filter: true or false")
         if lang is None and langs and len(langs) == 1:
             lang = langs[0]  # detection among one language is that language
         self._languages_served(model, lang, langs, where)
+        self.profanity_filter = masked
         self.model, self.language, self.languages = model, lang, langs or None
         self.keywords, self.prompt = keywords or None, prompt
         self.word_alignment = timing
@@ -255,6 +262,8 @@ class Config:
             job["word_alignment"] = self.word_alignment
             job["word_timestamps"] = True
             job["output"] = ["text", "words"]
+        if self.profanity_filter:
+            job["profanity_filter"] = True
         return job
 
 

@@ -1,0 +1,282 @@
+"""``profanity_filter``: profane words masked ("s***") in everything a job returns.
+
+Pure tier: the masking and its generated inputs. Job tier: the real tiny.en on real
+speech (tests/data/en_profanity.flac, espeak-ng saying three profanities and JFK's line),
+through the pipeline, its stream included. Faces: the real ``python -m handler serve`` on
+127.0.0.1, driven by Deepgram's and AssemblyAI's SDKs and OpenAI's, and by raw WebSockets
+for Deepgram's and AssemblyAI's live routes (their interim and partial results too).
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import threading
+import time
+from collections.abc import Iterator
+from typing import Any
+
+import numpy as np
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from handler.output import profanity
+from handler.pipeline.job import run_job
+from tests.helpers import DATA
+from tests.test_http import Server
+from tests.voice import pcm16
+
+KEY = "profanity-test-key-0123456789abcdef"
+CLIP = DATA / "en_profanity.flac"
+SAID = ("bullshit", "fuck", "bastard")
+"""What the clip says that is masked (tiny.en hears all three)."""
+MASKED = ("b*******", "f***", "b******")
+RATE = 16000
+
+
+def _unmasked(text: str) -> list[str]:
+    return [w for w in SAID if w in text.lower()]
+
+
+def test_a_word_keeps_its_first_letter_case_and_punctuation() -> None:
+    m = profanity.masker("en")
+    assert m.text(" What the FUCK is this shit's problem?") == (
+        " What the F*** is this s***'s problem?"
+    )
+    assert m.text("Bastard! You bastard.") == "B******! You b******."
+    # The library's safe phrases are left alone; a word inside another is not a word.
+    for clean in (
+        " Summa cum laude, Moby Dick.",
+        " The class assistant passed the assessment.",
+        " Scunthorpe analysis of the cocktail",
+        " Ask not what your country can do for you",
+    ):
+        assert m.text(clean) == clean
+    # The transcript's own language beside English (German here).
+    assert profanity.masker("de").text("Du Arschloch, fuck!") == "Du A********, f***!"
+    assert profanity.masker("xx").text("Du Arschloch, fuck!") == "Du Arschloch, f***!"
+    assert profanity.unlisted(["en", "uk", None, "uk"]) == (
+        "profanity_filter: no word list for uk; only English words were masked there"
+    )
+    assert profanity.unlisted(["en", "de"]) is None
+
+
+def test_a_span_the_library_cannot_be_traced_to_is_masked_word_by_word() -> None:
+    m = profanity.masker("en")
+    # The text between the masks is the text as it was: the spans are recovered from it.
+    assert profanity._recover("a shit b", ["a ", " b"]) == [(2, 6)]
+    assert profanity._recover("shit, shit", ["", ", ", ""]) == [(0, 4), (6, 10)]
+    assert profanity._recover("abc", ["x", ""]) is None  # does not fit: None, not a guess
+    assert m._word_by_word("oh shit, no") == [(3, 7)]
+
+
+WORDS = st.sampled_from(
+    ["fuck", "Shit's", "bastard!", "class", "ass", "assistant", "cum laude", "Dick", "the",
+     "f***ing", "Arschloch", "日本", "😀", "", "-", "'", "2 girls 1 cup", "hell", "scunthorpe"]
+)  # fmt: skip
+
+
+@given(
+    st.lists(st.one_of(WORDS, st.text(max_size=12)), max_size=12),
+    st.sampled_from(["en", "de", "zz"]),
+)
+def test_any_text_is_masked_in_place_and_once(parts: list[str], language: str) -> None:
+    """Any text: the same length, only letters and digits turned into asterisks, and
+    masking the masked text changes nothing more."""
+    text = " " + " ".join(parts)
+    m = profanity.masker(language)
+    masked = m.text(text)
+    assert len(masked) == len(text)
+    assert all(a == b or (a.isalnum() and b == "*") for a, b in zip(text, masked, strict=True))
+    assert m.text(masked) == masked
+
+
+@given(st.lists(st.one_of(WORDS, st.text(min_size=1, max_size=8)), min_size=1, max_size=10))
+def test_a_segments_words_still_spell_its_text(parts: list[str]) -> None:
+    words = [{"word": " " + p, "start": float(i), "end": i + 0.5, "probability": 0.9}
+             for i, p in enumerate(parts)]  # fmt: skip
+    text = "".join(w["word"] for w in words)
+    seg: Any = {"id": 1, "text": text, "tokens": [1, 2], "words": words}
+    out = profanity.segment(seg, "en")
+    assert "".join(w["word"] for w in out["words"]) == out["text"]
+    assert [w["start"] for w in out["words"]] == [w["start"] for w in words]
+    if out["text"] != text:
+        assert out["tokens"] == []  # they would spell the words unmasked
+    else:
+        assert out is seg
+
+
+def test_words_that_do_not_spell_the_text_are_masked_each_alone() -> None:
+    words = [{"word": w, "start": 0.0, "end": 1.0, "probability": 1.0} for w in (" oh", " shit")]
+    seg: Any = {"id": 1, "text": " Oh, shit!", "tokens": [7], "words": words}
+    out = profanity.segment(seg, "en")
+    assert out["text"] == " Oh, s***!" and [w["word"] for w in out["words"]] == [" oh", " s***"]
+    assert seg["text"] == " Oh, shit!"  # the input is not changed: a copy is returned
+
+
+# --- the job: real speech, tiny.en -----------------------------------------------------
+
+
+@pytest.mark.e2e
+def test_a_job_masks_its_text_segments_words_subtitles_and_stream(worker) -> None:
+    audio = base64.b64encode(CLIP.read_bytes()).decode()
+    job = {"audio_base64": audio, "output": ["text", "segments", "words", "srt", "vtt"]}
+    plain = run_job({**job, "word_timestamps": True}, worker)
+    assert set(_unmasked(plain["text"])) == set(SAID), plain["text"]  # the clip says them
+    streamed: list[Any] = []
+    got = run_job(
+        {**job, "word_timestamps": True, "profanity_filter": True, "transcription": "srt"},
+        worker,
+        on_segment=streamed.append,
+    )
+    assert "error" not in got, got
+    for where in (
+        got["text"],
+        got["srt"],
+        got["vtt"],
+        got["transcription"],  # the official worker's keys too
+        " ".join(s["text"] for s in got["segments"]),
+        " ".join(w["word"] for w in got["words"]),
+        " ".join(s["text"] for s in streamed),
+    ):
+        assert _unmasked(where) == [] and all(m in where for m in MASKED), where
+    # Only the profanities changed: the rest of the transcript is the same.
+    for said, masked in zip(SAID, MASKED, strict=True):
+        plain["text"] = plain["text"].replace(said, masked)
+    assert got["text"] == plain["text"]
+    masked_segments = [s for s in got["segments"] if "*" in s["text"]]
+    assert masked_segments and all(s["tokens"] == [] for s in masked_segments)
+    assert "warnings" not in got
+
+
+# --- the faces: Deepgram, AssemblyAI, OpenAI over HTTP and live ---------------------
+
+
+@pytest.fixture(scope="module")
+def server() -> Iterator[Server]:
+    srv = Server(
+        {
+            "WHISPER_API_KEY": KEY,
+            "WHISPER_MAX_CONCURRENCY": "2",
+            "WHISPER_REALTIME_MAX_SESSIONS": "2",
+            "WHISPER_REALTIME_IDLE_S": "10",
+        }
+    )
+    yield srv
+    srv.stop()
+
+
+@pytest.mark.e2e
+def test_the_deepgram_assemblyai_and_openai_sdks_get_files_masked(server: Server) -> None:
+    from deepgram import DeepgramClient
+    from deepgram.environment import DeepgramClientEnvironment
+    from openai import OpenAI
+
+    data = CLIP.read_bytes()
+    ws = server.url.replace("http://", "ws://")
+    env = DeepgramClientEnvironment(base=server.url, production=ws, agent="", agent_rest="")
+    media = DeepgramClient(api_key=KEY, environment=env).listen.v1.media
+    got = media.transcribe_file(request=data, model="nova-3", profanity_filter=True)
+    alt = got.results.channels[0].alternatives[0]
+    words = " ".join(f"{w.word} {w.punctuated_word}" for w in alt.words)
+    assert _unmasked(alt.transcript + words) == [] and "f***" in alt.transcript, alt.transcript
+    clear = media.transcribe_file(request=data, model="nova-3")  # asked for nothing: as said
+    assert _unmasked(clear.results.channels[0].alternatives[0].transcript)
+
+    client = OpenAI(base_url=server.url + "/v1", api_key=KEY)
+    with CLIP.open("rb") as f:
+        verbose = client.audio.transcriptions.create(
+            model="whisper-1",
+            file=f,
+            response_format="verbose_json",
+            timestamp_granularities=["word", "segment"],
+            extra_body={"profanity_filter": True},
+        )
+    assert _unmasked(verbose.text + " ".join(w.word for w in verbose.words or [])) == []
+    assert "b*******" in verbose.text, verbose.text
+
+    import assemblyai as aai
+
+    saved = aai.settings.model_copy()
+    try:
+        aai.settings.base_url, aai.settings.api_key = server.url, KEY
+        aai.settings.polling_interval = 0.2
+        config = aai.TranscriptionConfig(filter_profanity=True)
+        transcript = aai.Transcriber(config=config).transcribe(str(CLIP))
+        assert transcript.status == "completed", transcript.error
+        said = transcript.text + " ".join(w.text for w in transcript.words)
+        said += transcript.export_subtitles_srt() + " ".join(
+            s.text for s in transcript.get_sentences()
+        )
+        assert _unmasked(said) == [] and "b******" in transcript.text, transcript.text
+        assert transcript.json_response["filter_profanity"] is True  # echoed, as AssemblyAI's
+    finally:
+        for name in ("base_url", "api_key", "polling_interval"):
+            setattr(aai.settings, name, getattr(saved, name))
+
+
+def _clip_pcm() -> bytes:
+    from faster_whisper import decode_audio
+
+    samples = decode_audio(str(CLIP))
+    return pcm16(np.concatenate([samples, np.zeros(2 * RATE, np.float32)]))
+
+
+def _stream(ws: Any, pcm: bytes, done: dict[str, Any]) -> threading.Thread:
+    def feed() -> None:
+        chunk = RATE * 2 // 10
+        for i in range(0, len(pcm), chunk):
+            ws.send(pcm[i : i + chunk])
+            time.sleep(0.025)  # 4x real time
+        ws.send(json.dumps(done))
+
+    thread = threading.Thread(target=feed)
+    thread.start()
+    return thread
+
+
+def _messages(ws: Any, last: str) -> list[dict[str, Any]]:
+    got: list[dict[str, Any]] = []
+    deadline = time.monotonic() + 120
+    while not got or got[-1].get("type") != last:
+        got.append(json.loads(ws.recv(timeout=deadline - time.monotonic())))
+    return got
+
+
+@pytest.mark.e2e
+def test_live_deepgram_and_assemblyai_mask_interim_and_final_text(server: Server) -> None:
+    """Every result a live client sees is masked: Deepgram's interim and final Results,
+    AssemblyAI's partial and final Turns (the profanity never flashes in a partial)."""
+    from websockets.sync.client import connect
+
+    pcm, ws_url = _clip_pcm(), server.url.replace("http://", "ws://")
+    query = (
+        "/v1/listen?model=nova-3&encoding=linear16&sample_rate=16000&interim_results=true"
+        "&profanity_filter=true"
+    )
+    auth = {"Authorization": f"Token {KEY}"}
+    with connect(ws_url + query, additional_headers=auth, open_timeout=30) as ws:
+        feeder = _stream(ws, pcm, {"type": "CloseStream"})
+        results = [m for m in _messages(ws, "Metadata") if m.get("type") == "Results"]
+        feeder.join()
+    texts = [r["channel"]["alternatives"][0]["transcript"] for r in results]
+    finals = " ".join(t for r, t in zip(results, texts, strict=True) if r["is_final"])
+    assert _unmasked(" ".join(texts)) == [] and "f***" in finals, texts
+
+    query = "/v3/ws?sample_rate=16000&encoding=pcm_s16le&filter_profanity=true"
+    with connect(ws_url + query, additional_headers={"Authorization": KEY}, open_timeout=30) as ws:
+        assert json.loads(ws.recv(timeout=30))["type"] == "Begin"
+        feeder = _stream(ws, pcm, {"type": "Terminate"})
+        turns = [m for m in _messages(ws, "Termination") if m["type"] == "Turn"]
+        feeder.join()
+    said = " ".join(m["transcript"] + " ".join(w["text"] for w in m["words"]) for m in turns)
+    ends = " ".join(m["transcript"] for m in turns if m["end_of_turn"])
+    assert _unmasked(said) == [] and "b*******" in ends, said
+    with connect(
+        ws_url + "/v3/ws?sample_rate=16000&filter_profanity=maybe",
+        additional_headers={"Authorization": KEY},
+        open_timeout=30,
+    ) as ws:
+        error = json.loads(ws.recv(timeout=30))
+        assert error["type"] == "Error" and "filter_profanity" in error["error"], error
