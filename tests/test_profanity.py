@@ -280,3 +280,65 @@ def test_live_deepgram_and_assemblyai_mask_interim_and_final_text(server: Server
     ) as ws:
         error = json.loads(ws.recv(timeout=30))
         assert error["type"] == "Error" and "filter_profanity" in error["error"], error
+
+
+@pytest.mark.e2e
+def test_each_channel_of_a_call_is_masked_and_a_split_piece_is_not(worker, tmp_path) -> None:
+    """A call with the profanities on channel 1 and JFK on channel 0: that channel's text,
+    segments and words are masked, JFK's untouched. A split job's pieces are sent without
+    the option: the whole is masked once stitched and aligned (a masked word cannot be)."""
+    import wave
+
+    from faster_whisper import decode_audio
+
+    from handler.pipeline import split
+    from handler.pipeline.runtime import Plan
+    from handler.schema import parse_job_input
+
+    jfk = decode_audio(str(DATA / "jfk.wav"))
+    said = decode_audio(str(CLIP))
+    n = max(len(jfk), len(said)) + RATE
+    stereo = np.zeros((n, 2), np.float32)
+    stereo[: len(jfk), 0], stereo[RATE : RATE + len(said), 1] = jfk, said
+    path = tmp_path / "call.wav"
+    with wave.open(str(path), "wb") as w:
+        w.setnchannels(2), w.setsampwidth(2), w.setframerate(RATE)
+        w.writeframes((np.clip(stereo, -1, 1) * 32767).astype("<i2").tobytes())
+    audio = base64.b64encode(path.read_bytes()).decode()
+    got = run_job(
+        {
+            "audio_base64": audio,
+            "multichannel": True,
+            "profanity_filter": True,
+            "output": ["text", "segments", "words"],
+        },
+        worker,
+    )
+    assert "error" not in got, got
+    by_channel = {c["channel"]: c["text"] for c in got["channels"]}
+    assert "f***" in by_channel[1] and _unmasked(by_channel[1]) == [], by_channel
+    assert "*" not in by_channel[0] and "country" in by_channel[0], by_channel
+    assert _unmasked(got["text"] + " ".join(w["word"] for w in got["words"])) == []
+    masked = [s for s in got["segments"] if "*" in s["text"]]
+    assert masked and all(s["channel"] == 1 and s["tokens"] == [] for s in masked)
+
+    job = parse_job_input({"audio_url": "https://example.com/a.wav", "split": 4,
+                           "profanity_filter": True, "word_timestamps": True})  # fmt: skip
+    kwargs = job.transcribe_kwargs(vad_default=True)
+    piece = split._piece_input(Plan(job, worker.pool.get(None), kwargs, None, 1))
+    assert "profanity_filter" not in piece and piece["word_timestamps"] is True
+
+
+def test_a_realtime_session_takes_the_option_as_a_boolean(worker) -> None:
+    from handler.faces.realtime.protocol import Config, SessionError
+
+    def transcription(value: Any) -> dict[str, Any]:
+        t = {"model": "whisper-1", "profanity_filter": value}
+        return {"type": "transcription", "audio": {"input": {"transcription": t}}}
+
+    config = Config(worker.pool, worker.settings).update(transcription(True))
+    assert config.job_input()["profanity_filter"] is True
+    assert config.session("s", 0)["audio"]["input"]["transcription"]["profanity_filter"]
+    assert "profanity_filter" not in Config(worker.pool, worker.settings).job_input()
+    with pytest.raises(SessionError, match="profanity_filter"):
+        config.update(transcription("yes"))
