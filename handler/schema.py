@@ -30,6 +30,7 @@ from pydantic import (
     model_validator,
 )
 
+from handler import schema_parts
 from handler.contract import OutputFormat
 from handler.errors import Code, WorkerError
 from handler.output.cues import Layout
@@ -152,6 +153,15 @@ class JobInput(BaseModel):
     """Mask profane words wherever the transcript is returned (text, segments, words,
     subtitles, streamed segments): the first letter kept, the rest as asterisks ("s***").
     Checked in English and in the transcript's language (handler.output.profanity)."""
+
+    min_language_probability: float | None = Field(None, ge=0, le=1)
+    """Fail the job (LANGUAGE_UNCERTAIN) when the language it detects has a lower
+    probability; checked once detected, before any decoding is paid for. A job that
+    names its language always passes (AssemblyAI's language_confidence_threshold)."""
+    min_speech_ratio: float | None = Field(None, ge=0, le=1)
+    """Fail the job (TOO_LITTLE_SPEECH) when the VAD finds less of the recording speech
+    than this share; checked before decoding. Needs the VAD (AssemblyAI's
+    speech_threshold)."""
 
     loop_guard: bool | None = None
     """Repetition loops in the transcript (a phrase said back to back 4 times or more, a
@@ -294,34 +304,12 @@ class JobInput(BaseModel):
                     f"temperature_increment_on_fallback expands to {n} temperatures; at most "
                     f"{MAX_TEMPERATURES} (use an increment of 0.05 or more)"
                 )
-        self._speaker_rules()
+        schema_parts.speaker_rules(self)
+        schema_parts.threshold_rules(self)
         beam = self.beam_size or 5
         if self.patience is not None and beam * self.patience < 1:
             raise ValueError("beam_size x patience must be at least 1")
         return self
-
-    def _speaker_rules(self) -> None:
-        given = [self.num_speakers, self.min_speakers, self.max_speakers, self.known_speakers]
-        speaker_formats = {"diarized_json", "rttm"} & set(self.output)
-        if not self.diarize and (any(v is not None for v in given) or speaker_formats):
-            what = sorted(speaker_formats) or ["speaker options"]
-            raise ValueError(f"{', '.join(what)} need diarize: true")
-        if self.num_speakers is not None and (self.min_speakers or self.max_speakers):
-            raise ValueError("give num_speakers or min_speakers/max_speakers, not both")
-        if self.min_speakers and self.max_speakers and self.min_speakers > self.max_speakers:
-            raise ValueError("min_speakers is above max_speakers")
-        names = [k.name for k in self.known_speakers or []]
-        if len(set(names)) != len(names):
-            raise ValueError("known_speakers names must differ")
-        if self.speaker_embeddings and not self.diarize:
-            raise ValueError("speaker_embeddings need diarize: true")
-        if self.speaker_windows and not self.diarize:
-            raise ValueError("speaker_windows need diarize: true")
-        if self.multichannel and (self.diarize or self.split not in (None, 1)):
-            raise ValueError(
-                "multichannel labels each segment with its channel; it does not combine with "
-                "diarize or split (send one job per channel for those)"
-            )
 
     @property
     def legacy(self) -> bool:
@@ -424,6 +412,8 @@ DECODING_OPTIONS: frozenset[str] = frozenset(
         "loop_guard",
         "multichannel",
         "profanity_filter",
+        "min_language_probability",
+        "min_speech_ratio",
     }
 )
 

@@ -1,6 +1,9 @@
-"""The job input's nested objects: VAD parameters, a known speaker, a split piece's seal."""
+"""The job input's nested objects: VAD parameters, a known speaker, a split piece's seal;
+the rules across its speaker options and its thresholds (``self``: the JobInput)."""
 
 from __future__ import annotations
+
+from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
@@ -42,3 +45,50 @@ class PieceSeal(BaseModel):
     sha256: str = Field(pattern=r"^[0-9a-f]{64}$")
     expires: int = Field(ge=0)
     sig: str = Field(pattern=r"^[0-9a-f]{64}$")
+
+
+def speaker_rules(self: Any) -> None:
+    """Who-spoke-when options that need diarize, or each other, or exclude each other."""
+    given = [self.num_speakers, self.min_speakers, self.max_speakers, self.known_speakers]
+    speaker_formats = {"diarized_json", "rttm"} & set(self.output)
+    if not self.diarize and (any(v is not None for v in given) or speaker_formats):
+        what = sorted(speaker_formats) or ["speaker options"]
+        raise ValueError(f"{', '.join(what)} need diarize: true")
+    if self.num_speakers is not None and (self.min_speakers or self.max_speakers):
+        raise ValueError("give num_speakers or min_speakers/max_speakers, not both")
+    if self.min_speakers and self.max_speakers and self.min_speakers > self.max_speakers:
+        raise ValueError("min_speakers is above max_speakers")
+    names = [k.name for k in self.known_speakers or []]
+    if len(set(names)) != len(names):
+        raise ValueError("known_speakers names must differ")
+    if self.speaker_embeddings and not self.diarize:
+        raise ValueError("speaker_embeddings need diarize: true")
+    if self.speaker_windows and not self.diarize:
+        raise ValueError("speaker_windows need diarize: true")
+    if self.multichannel and (self.diarize or self.split not in (None, 1)):
+        raise ValueError(
+            "multichannel labels each segment with its channel; it does not combine with "
+            "diarize or split (send one job per channel for those)"
+        )
+
+
+def threshold_rules(self: Any) -> None:
+    """The job's thresholds judge one recording in one language, with the VAD on."""
+    given = [
+        name
+        for name in ("min_language_probability", "min_speech_ratio")
+        if getattr(self, name) is not None
+    ]
+    if not given:
+        return
+    apart = self.multichannel or self.split not in (None, 1) or self.language == "multi"
+    if apart:
+        raise ValueError(
+            f"{given[0]} judges one recording in one language before it is decoded; it "
+            "does not combine with multichannel, split or language multi"
+        )
+    if self.min_speech_ratio is not None:
+        if self.vad_filter is False:
+            raise ValueError("min_speech_ratio measures speech with the VAD: leave it on")
+        if self.clip_timestamps not in (None, "0", [0.0], []):
+            raise ValueError("min_speech_ratio judges the whole recording: no clip_timestamps")

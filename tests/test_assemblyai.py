@@ -119,17 +119,11 @@ def test_a_request_becomes_a_job_and_what_cannot_be_served_is_refused() -> None:
     refusals = {
         "summarization": "summaries",
         "redact_pii": "PII",
-        "language_confidence_threshold": "language confidence",  # taken and ignored before
-        "speech_threshold": "share of speech",
         "no_such_option": "not an option",
     }
     for name, said in refusals.items():
         with pytest.raises(aai_request.Refused, match=said):
             aai_request.job_for({"audio_url": "u", name: True}, [])
-    for name in ("language_confidence_threshold", "speech_threshold"):
-        with pytest.raises(aai_request.Refused, match=name):
-            aai_request.job_for({"audio_url": "u", name: 0.7}, [])
-        aai_request.job_for({"audio_url": "u", name: 0}, [])  # no threshold: nothing to fail
     for name in ("multichannel", "dual_channel"):
         channels, echo = aai_request.job_for({"audio_url": "u", name: True}, [])
         assert channels["multichannel"] is True and echo[name] is True

@@ -273,3 +273,34 @@ def test_forced_word_alignment_says_where_no_aligner_exists(base_worker):
     )
     assert en["language"] == "en" and en["word_alignment"] == "forced"
     assert not [w for w in en.get("warnings", []) if "word_alignment" in w]
+
+
+@pytest.mark.parametrize("batch_size", [1, 4])
+def test_an_uncertain_language_fails_before_anything_is_decoded(base_worker, batch_size):
+    """``min_language_probability`` (AssemblyAI's language_confidence_threshold): base hears
+    the espeak German at p 0.53 and JFK at 0.93 (measured). Under the threshold the job
+    fails with LANGUAGE_UNCERTAIN before one segment is decoded, alone or through the
+    engine; detection among ``languages`` is judged by the model's own probability (it
+    answered 1.0, the probability of a named language, before); a named language passes."""
+    german = {"audio_base64": b64(DATA / "de_espeak.flac"), "batch_size": batch_size}
+    decoded: list = []
+    failed = run_job(
+        {**german, "min_language_probability": 0.8}, base_worker, on_segment=decoded.append
+    )
+    assert failed["error_code"] == Code.LANGUAGE_UNCERTAIN.value and not failed["retryable"]
+    assert "'de'" in failed["error"] and "0.53" in failed["error"], failed
+    assert decoded == []  # refused before decoding: nothing paid for but the detection
+    among = run_job(
+        {**german, "languages": ["de", "en"], "min_language_probability": 0.8}, base_worker
+    )
+    assert among.get("error_code") == Code.LANGUAGE_UNCERTAIN.value, among
+    passed = run_job(
+        {**german, "languages": ["de", "en"], "min_language_probability": 0.5}, base_worker
+    )
+    assert passed["language"] == "de" and 0.5 < passed["language_probability"] < 0.6, passed
+    named = run_job({**german, "language": "de", "min_language_probability": 1.0}, base_worker)
+    assert "error" not in named and named["language"] == "de", named
+    jfk = run_job(
+        {"audio_base64": b64(DATA / "jfk.wav"), "min_language_probability": 0.8}, base_worker
+    )
+    assert "error" not in jfk and jfk["language"] == "en", jfk

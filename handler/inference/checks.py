@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import threading
 import time
+from collections.abc import Callable
 from typing import Any
 
 from handler.contract import Segment
@@ -45,6 +46,39 @@ def empty_transcript(speech: list[tuple[float, float]] | None) -> WorkerError:
         "found: a fault of this GPU, not of the audio; this worker asks to be replaced, "
         "retry the job",
     )
+
+
+def admission(
+    min_language_probability: float | None,
+    min_speech_ratio: float | None,
+    duration: float,
+    detects: bool,
+) -> Callable[[str, float, float | None], None] | None:
+    """The job's own thresholds, judged once the language is detected and the VAD has run,
+    before any decoding is paid for (None: the job set none). ``detects``: the job named no
+    language (one it named is never judged)."""
+    if min_language_probability is None and min_speech_ratio is None:
+        return None
+
+    def admit(language: str, probability: float, speech: float | None) -> None:
+        if detects and min_language_probability is not None:
+            if probability < min_language_probability:
+                raise WorkerError(
+                    Code.LANGUAGE_UNCERTAIN,
+                    f"the language detected, '{language}', has probability {probability:.2f}, "
+                    f"under min_language_probability {min_language_probability:g}; nothing "
+                    "was decoded (name the language to transcribe it anyway)",
+                )
+        if min_speech_ratio is not None and speech is not None and duration > 0:
+            if speech / duration < min_speech_ratio:
+                raise WorkerError(
+                    Code.TOO_LITTLE_SPEECH,
+                    f"the VAD found {speech:.1f} s of speech in {duration:.1f} s "
+                    f"({100 * speech / duration:.0f} %), under min_speech_ratio "
+                    f"{min_speech_ratio:g}; nothing was decoded",
+                )
+
+    return admit
 
 
 def english_only_doubt(model: LoadedModel, segments: list[Segment]) -> str | None:

@@ -72,23 +72,32 @@ def plan(
 
 def among(
     model: Any, audio: np.ndarray, kwargs: dict[str, Any], allowed: list[str] | None
-) -> dict[str, Any]:
-    """``kwargs`` with the language detected among ``allowed`` when the job set none."""
+) -> tuple[dict[str, Any], float | None]:
+    """``kwargs`` with the language detected among ``allowed`` when the job set none, and
+    that language's probability (None: nothing was detected here)."""
     if not allowed or "language" in kwargs or not model.model.is_multilingual:
-        return kwargs
-    return {**kwargs, "language": detect_among(model, audio, allowed, kwargs)}
+        return kwargs, None
+    lang, probability = scored_among(model, audio, allowed, kwargs)
+    return {**kwargs, "language": lang}, probability
 
 
 def detect_among(model: Any, audio: np.ndarray, allowed: list[str], kwargs: dict[str, Any]) -> str:
     """The most probable of the ``allowed`` languages (faster-whisper's own detection)."""
+    return scored_among(model, audio, allowed, kwargs)[0]
+
+
+def scored_among(
+    model: Any, audio: np.ndarray, allowed: list[str], kwargs: dict[str, Any]
+) -> tuple[str, float]:
+    """The most probable of the ``allowed`` languages and the model's probability of it."""
     _lang, _prob, probs = model.detect_language(
         audio=audio,
         vad_filter=bool(opt(kwargs, "vad_filter")),
         language_detection_segments=opt(kwargs, "language_detection_segments"),
         language_detection_threshold=opt(kwargs, "language_detection_threshold"),
     )
-    ranked = [lang for lang, _p in probs if lang in allowed]
-    return ranked[0] if ranked else allowed[0]
+    ranked = [(lang, p) for lang, p in probs if lang in allowed]
+    return (ranked[0][0], float(ranked[0][1])) if ranked else (allowed[0], 0.0)
 
 
 # Speech that language detection reads beyond its segments' 30 s each: the features'

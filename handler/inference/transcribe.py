@@ -30,6 +30,9 @@ from handler.inference.options import vad_options
 log = logging.getLogger(__name__)
 
 SegmentCallback = Callable[[Segment], None]
+Admit = Callable[[str, float, "float | None"], None]
+"""Called once the language is known and the VAD has run, before any decoding: (language,
+its probability, seconds of speech or None without the VAD); raises to refuse the job."""
 
 
 @dataclass
@@ -106,6 +109,7 @@ def run(
     languages: list[str] | None = None,
     budget_s: float | None = None,
     consume_audio: bool = False,
+    admit: Admit | None = None,
 ) -> Transcript:
     """Transcribe ``audio`` (float32, 16 kHz mono) and return every segment.
 
@@ -116,7 +120,7 @@ def run(
     """
     with guarded_calls(budget_guard(cancel, budget_s)):
         return _run_sequential(
-            instance, audio, kwargs, cancel, on_segment, languages, consume_audio
+            instance, audio, kwargs, cancel, on_segment, languages, consume_audio, admit
         )
 
 
@@ -128,11 +132,20 @@ def _run_sequential(
     on_segment: SegmentCallback | None,
     languages: list[str] | None,
     consume_audio: bool = False,
+    admit: Admit | None = None,
 ) -> Transcript:
     start = time.perf_counter()
-    kwargs = language.among(instance, audio, kwargs, languages)
+    kwargs, chosen = language.among(instance, audio, kwargs, languages)
     try:
         generator, info, spans = sequential_segments(instance, audio, kwargs, consume_audio)
+        probability = float(info.language_probability) if chosen is None else chosen
+        if admit is not None:
+            speech = sum(s["end"] - s["start"] for s in spans) if spans is not None else None
+            admit(
+                info.language,
+                probability,
+                None if speech is None else speech / fw_batch.SAMPLE_RATE,
+            )
         segments = []
         for seg in generator:
             item = segment_dict(seg)
@@ -153,7 +166,7 @@ def _run_sequential(
     return Transcript(
         segments=segments,
         language=info.language,
-        language_probability=float(info.language_probability),
+        language_probability=probability,
         seconds=time.perf_counter() - start,
         speech=_seconds(spans) if spans is not None else None,
         gathered=spans is not None and consume_audio and gathers_in_place(audio),
@@ -274,15 +287,22 @@ def run_engine(
     on_segment: SegmentCallback | None = None,
     languages: list[str] | None = None,
     budget_s: float | None = None,
+    admit: Admit | None = None,
 ) -> Transcript:
     """Transcribe through the engine: windows prepared here, decoded in shared batches."""
     start = time.perf_counter()
     instance, scheduler = engine.scheduler_for(model.instances)
-    kwargs = language.among(instance, audio, kwargs, languages)
+    kwargs, chosen = language.among(instance, audio, kwargs, languages)
     detected = None
     if kwargs.get("language") is None and instance.model.is_multilingual:
         detected = language.as_sequential(instance, audio, kwargs)
     prepared = fw_batch.prepare(instance, audio, kwargs, detected)
+    if chosen is not None:
+        prepared.language_probability = chosen  # detected among the job's languages
+    vad = kwargs.get("vad_filter", fw_batch.BATCHED_DEFAULTS["vad_filter"])
+    if admit is not None:
+        speech = sum(e - s for s, e in _seconds(prepared.speech_chunks)) if vad else None
+        admit(prepared.language, prepared.language_probability, speech)
     raise_if_cancelled(cancel)
     job = EngineJob(prepared, batch_size, cancel, guard=budget_guard(cancel, budget_s))
     scheduler.submit(job)
@@ -300,7 +320,6 @@ def run_engine(
                 on_segment(item)
     finally:
         scheduler.drop(job)
-    vad = kwargs.get("vad_filter", fw_batch.BATCHED_DEFAULTS["vad_filter"])
     return Transcript(
         segments=segments,
         language=prepared.language,

@@ -127,6 +127,8 @@ def _plan(job: JobInput, worker: Runtime) -> Plan:
                 "DIARIZATION=true and set WHISPER_DIARIZATION=true",
             )
         kwargs["word_timestamps"] = True  # segments are split at the words' speakers
+    if job.min_speech_ratio is not None:
+        kwargs["vad_filter"] = True  # the share of speech is the VAD's (schema: not off)
     if job.multichannel:
         # The channels' segments are merged by their start: a segment's times come from its
         # words (a VAD-gathered window can put Whisper's own segment start in a pause).
@@ -191,12 +193,7 @@ def _transcribe(
     if blocker and (job.batch_size or 1) > 1:
         # Only a job that asked for a batch is told; the deployment's default is silent.
         call.warnings.append(f"ran sequentially instead of batched: {blocker}")
-    options: dict[str, Any] = {
-        "cancel": call.cancel,
-        "on_segment": _segment_sink(call, duration, settings.progress_interval_s),
-        "languages": plan.languages,
-        "budget_s": compute_budget(settings, duration),
-    }
+    options = _options(plan, settings, call, duration)
     multi = kwargs.get("language") == code_switch.MULTI
     if multi and job.diarize and not job.speaker_windows:
         options["breaks"] = _speaker_breaks(job, worker, call, audio, options["budget_s"])
@@ -240,6 +237,23 @@ def _transcribe(
     if worker.pool.device == "cuda" and checks.silently_empty(tr.speech, tr.segments):
         raise checks.empty_transcript(tr.speech)
     return tr
+
+
+def _options(plan: Plan, settings: Settings, call: Call, duration: float) -> dict[str, Any]:
+    """What the transcription is handed beside the audio: its cancel, stream, languages,
+    compute budget and the job's own thresholds (judged before decoding)."""
+    options: dict[str, Any] = {
+        "cancel": call.cancel,
+        "on_segment": _segment_sink(call, duration, settings.progress_interval_s),
+        "languages": plan.languages,
+        "budget_s": compute_budget(settings, duration),
+    }
+    job, detects = plan.job, plan.kwargs.get("language") is None
+    if admit := checks.admission(
+        job.min_language_probability, job.min_speech_ratio, duration, detects
+    ):
+        options["admit"] = admit
+    return options
 
 
 def _what(duration: float, call: Call) -> str:

@@ -41,9 +41,6 @@ NOT_SERVED = {
     "redact_pii_audio": "PII redaction",
     "sentiment_analysis": "sentiment analysis",
     "summarization": "summaries",
-    # A threshold the transcript would be failed by: not applied here, so not taken.
-    "language_confidence_threshold": "failing a transcript on its language confidence",
-    "speech_threshold": "failing a file on its share of speech",
 }
 """Options this worker cannot serve: asked for (true), the request is refused."""
 
@@ -96,6 +93,8 @@ ECHOED = (
     "multichannel",
     "dual_channel",
     "filter_profanity",
+    "language_confidence_threshold",
+    "speech_threshold",
 )
 """The request's options its transcript repeats back, as AssemblyAI's does (the webhook's
 header value is never repeated)."""
@@ -125,6 +124,7 @@ def job_for(body: Any, loaded: list[str]) -> tuple[dict[str, Any], dict[str, Any
     job.update(_speakers(body))
     job.update(_decoding(body, loaded))
     job.update(_span(body))
+    job.update(_thresholds(body))
     if _bool(body, "filter_profanity"):
         job["profanity_filter"] = True  # masked as AssemblyAI masks: "s***"
     spelling(body.get("custom_spelling"))  # checked now: the answers apply it
@@ -143,6 +143,33 @@ def _refuse_unserved(body: dict[str, Any]) -> None:
     unknown = sorted(set(body) - set(ECHOED) - set(NOT_SERVED) - TAKEN)
     if unknown:
         raise Refused(f"{unknown[0]}: not an option of AssemblyAI's transcript request")
+
+
+THRESHOLDS = {
+    "language_confidence_threshold": "min_language_probability",
+    "speech_threshold": "min_speech_ratio",
+}
+"""AssemblyAI's thresholds a transcript fails by, as the job's own (judged before any
+decoding: LANGUAGE_UNCERTAIN, TOO_LITTLE_SPEECH); 0 is no threshold."""
+
+
+def _thresholds(body: dict[str, Any]) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for name, ours in THRESHOLDS.items():
+        value = body.get(name)
+        if value is None:
+            continue
+        if isinstance(value, bool) or not isinstance(value, int | float) or not 0 <= value <= 1:
+            raise Refused(f"{name}: a number from 0 to 1")
+        if value > 0:
+            out[ours] = float(value)
+    given = [name for name, ours in THRESHOLDS.items() if ours in out]
+    if given and (_bool(body, "multichannel") or _bool(body, "dual_channel")):
+        raise Refused(f"{given[0]}: judges one channel's recording, not with multichannel")
+    span = body.get("audio_start_from") is not None or body.get("audio_end_at") is not None
+    if "min_speech_ratio" in out and span:
+        raise Refused("speech_threshold: judges the whole file, not with audio_start_from/end_at")
+    return out
 
 
 def _bool(body: dict[str, Any], name: str) -> bool:
