@@ -785,6 +785,7 @@ def test_openais_sdk_and_v1_jobs_through_a_gateway(rds: RedisServer) -> None:
         assert dg.json()["metadata"]["models"] == ["tiny.en"]
         alt = dg.json()["results"]["channels"][0]["alternatives"][0]
         assert wer(JFK_TEXT, alt["transcript"]) < 0.2 and alt["words"]
+        _deepgram_callback_through(gateway)
         with websockets.sync.client.connect(
             gateway.url.replace("http", "ws") + "/v1/listen?encoding=linear16&sample_rate=16000"
         ) as ws:
@@ -794,6 +795,34 @@ def test_openais_sdk_and_v1_jobs_through_a_gateway(rds: RedisServer) -> None:
     finally:
         gateway.stop()
         consumer.stop()
+
+
+def _deepgram_callback_through(gateway: Server) -> None:
+    """Deepgram's ``callback``: the job is queued in Redis, a consumer runs it, and the
+    callback gets Deepgram's response with the request_id the gateway answered."""
+    from urllib.parse import quote
+
+    from tests.httpserver import LocalServer, respond
+
+    got: list[Any] = []
+
+    def take(h: Any) -> None:
+        got.append(json.loads(h.rfile.read(int(h.headers["Content-Length"]))))
+        respond(h, 200)
+
+    with LocalServer() as hook:
+        hook.route("/done", take)
+        queued = requests.post(
+            f"{gateway.url}/v1/listen?model=tiny.en&callback={quote(hook.url('/done'))}",
+            data=(DATA / "jfk.wav").read_bytes(),
+            headers={"Content-Type": "audio/wav"},
+            timeout=60,
+        )
+        assert queued.status_code == 200 and set(queued.json()) == {"request_id"}, queued.text
+        wait_for(lambda: got, 120, "the callback's call")
+    assert got[0]["metadata"]["request_id"] == queued.json()["request_id"]
+    alt = got[0]["results"]["channels"][0]["alternatives"][0]
+    assert wer(JFK_TEXT, alt["transcript"]) < 0.2, alt
 
 
 def _assemblyai_through(gateway: Server, broker_url: str) -> None:

@@ -371,7 +371,8 @@ def test_the_deepgram_sdk_transcribes_a_file_and_a_url(server: Server, audio_sit
     assert channel.detected_language == "en"
     assert wer(JFK_TEXT, channel.alternatives[0].transcript) < 0.2
     for options, says in (
-        ({"callback": "https://example.com/hook"}, "webhook"),
+        ({"callback": "ftp://example.com/hook"}, "callback"),
+        ({"callback": "https://example.com/hook", "callback_method": "get"}, "callback"),
         ({"diarize": True}, "diariz"),  # this worker loads no diarizer
         ({"language": "zz"}, "zz"),
         ({"utterances": "yes"}, "utterances"),  # was read only after the job ran: a 500
@@ -474,3 +475,64 @@ def test_the_deepgram_sdk_gets_a_channel_per_channel_of_a_call(server: Server, t
     assert [u.channel for u in got.results.utterances] == [0, 1, 0]
     mixed = media.transcribe_file(request=call, model="nova-3")
     assert mixed.metadata.channels == 1 and len(mixed.results.channels) == 1
+
+
+@pytest.fixture
+def callbacks() -> Iterator[tuple[str, list[tuple[str, dict[str, str], Any]]]]:
+    """A callback receiver on 127.0.0.1 that needs the URL's credentials: each call's
+    method, headers and JSON body."""
+    from tests.httpserver import LocalServer, respond
+
+    calls: list[tuple[str, dict[str, str], Any]] = []
+
+    def take(h: Any) -> None:
+        body = json.loads(h.rfile.read(int(h.headers["Content-Length"])))
+        calls.append((h.command, dict(h.headers), body))
+        respond(h, 200)
+
+    with LocalServer() as hook:
+        hook.route("/done", take)
+        yield hook.url("/done").replace("http://", "http://hook-user:hook-pass@"), calls
+
+
+@pytest.mark.e2e
+def test_a_callback_gets_deepgrams_response_when_the_job_ends(server: Server, callbacks) -> None:
+    """``callback``: the SDK gets a ``request_id`` at once; the callback then gets the
+    very response a waiting request would have (PUT when asked, Basic auth from the URL's
+    credentials, as Deepgram calls), or Deepgram's error body when the job fails. It was
+    refused before: a Deepgram batch pipeline built on callbacks had to be rewritten."""
+    import base64
+
+    from deepgram import DeepgramClient
+    from deepgram.environment import DeepgramClientEnvironment
+
+    from tests.helpers import wait_for
+
+    url, calls = callbacks
+    env = DeepgramClientEnvironment(
+        base=server.url, production=_ws_url(server), agent="", agent_rest=""
+    )
+    media = DeepgramClient(api_key=KEY, environment=env).listen.v1.media
+    wav = (DATA / "jfk.wav").read_bytes()
+    accepted = media.transcribe_file(
+        request=wav, model="nova-3", callback=url, callback_method="put", utterances=True
+    )
+    request_id = accepted.request_id
+    assert request_id and not hasattr(accepted, "results")
+    wait_for(lambda: calls, 120, "the callback's call")
+    method, headers, body = calls[0]
+    assert (
+        method == "PUT"
+        and headers["Authorization"] == "Basic " + base64.b64encode(b"hook-user:hook-pass").decode()
+    )
+    assert body["metadata"]["request_id"] == request_id and len(body["metadata"]["sha256"]) == 64
+    alt = body["results"]["channels"][0]["alternatives"][0]
+    assert wer(JFK_TEXT, alt["transcript"]) < 0.2 and body["results"]["utterances"], alt
+    waited = media.transcribe_file(request=wav, model="nova-3", utterances=True)
+    assert waited.results.channels[0].alternatives[0].transcript == alt["transcript"]
+
+    media.transcribe_file(request=b"not audio at all", model="nova-3", callback=url)
+    wait_for(lambda: len(calls) > 1, 60, "the failed job's callback")
+    method, _, failed = calls[1]
+    assert method == "POST" and set(failed) == {"err_code", "err_msg", "request_id"}, failed
+    assert failed["err_code"] in ("UNSUPPORTED_OR_CORRUPT_MEDIA", "CORRUPT_MEDIA"), failed

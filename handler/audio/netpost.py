@@ -37,9 +37,10 @@ def post_json(
     *,
     headers: dict[str, str] | None = None,
     timeout_s: float = 10.0,
+    method: str = "POST",
 ) -> int:
-    """POST ``body`` (JSON); the HTTP status. WorkerError when the URL is refused or the
-    host cannot be reached in time."""
+    """POST (or ``method``) ``body`` (JSON); the HTTP status. WorkerError when the URL is
+    refused or the host cannot be reached in time."""
     t = parse_target(url, "webhook")
     with Watchdog(time.monotonic() + timeout_s, None) as wd:
         sock = connect(t, resolve(t, settings, wd), settings, wd)
@@ -47,7 +48,7 @@ def post_json(
         conn.sock = sock  # connected to the checked address; no second lookup
         try:
             sock.settimeout(max(0.01, wd.remaining() + 1.0))
-            conn.putrequest("POST", t.path, skip_host=True, skip_accept_encoding=True)
+            conn.putrequest(method, t.path, skip_host=True, skip_accept_encoding=True)
             conn.putheader("Host", t.host_header)
             conn.putheader("User-Agent", USER_AGENT)
             conn.putheader("Content-Type", "application/json")

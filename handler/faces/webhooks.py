@@ -10,7 +10,8 @@ worker's calls from anyone's and refuse replays. The job's status then says how 
 
 A face may ask for its own call (``target``): AssemblyAI's is ``{"transcript_id",
 "status"}`` with the header its caller named (``webhook_auth_header_name`` and
-``_value``); the job then keeps that request, as JSON, where RunPod's keep the URL.
+``_value``); Deepgram's ``callback`` is its whole response (or its error body), POSTed or
+PUT; the job then keeps that request, as JSON, where RunPod's keep the URL.
 """
 
 from __future__ import annotations
@@ -54,32 +55,41 @@ def signed_headers(body: bytes, secret: str, now: float | None = None) -> dict[s
     return {"X-Whisper-Timestamp": stamp, "X-Whisper-Signature": f"sha256={mac}"}
 
 
-def target(url: str, shape: str, headers: dict[str, str] | None = None) -> str:
-    """A job's ``webhook`` for a face's own call: ``shape`` (``assemblyai``) says what is
-    posted to ``url``, with ``headers``."""
-    return json.dumps({"url": url, "shape": shape, "headers": headers or {}})
+def target(url: str, shape: str, headers: dict[str, str] | None = None, **kept: Any) -> str:
+    """A job's ``webhook`` for a face's own call: ``shape`` (``assemblyai``, ``deepgram``)
+    says what is sent to ``url``, with ``headers``; ``kept``: what the shape needs (the
+    method, Deepgram's query)."""
+    return json.dumps({"url": url, "shape": shape, "headers": headers or {}, **kept})
 
 
-def _call(rec: Ended) -> tuple[str, bytes, dict[str, str]]:
-    """(the URL, the body, the caller's headers) of ``rec``'s webhook."""
+Call = tuple[str, bytes, dict[str, str], str]
+"""(the URL, the body, the caller's headers, the method) of a webhook."""
+
+
+def _call(rec: Ended) -> Call:
     assert rec.webhook is not None
     status = rec.status_object()
     if not rec.webhook.startswith("{"):
-        return rec.webhook, json.dumps(status, ensure_ascii=False).encode(), {}
+        return rec.webhook, json.dumps(status, ensure_ascii=False).encode(), {}, "POST"
     spec = json.loads(rec.webhook)
+    url, headers = str(spec["url"]), dict(spec.get("headers") or {})
+    if spec.get("shape") == "deepgram":
+        from handler.faces.deepgram.response import callback_body
+
+        return url, callback_body(rec.id, status, spec), headers, str(spec.get("method", "POST"))
     ended = "completed" if status.get("status") == "COMPLETED" else "error"
-    body = {"transcript_id": rec.id, "status": ended}  # AssemblyAI's, the one shape so far
-    return str(spec["url"]), json.dumps(body).encode(), dict(spec.get("headers") or {})
+    body = {"transcript_id": rec.id, "status": ended}  # AssemblyAI's
+    return url, json.dumps(body).encode(), headers, "POST"
 
 
 def deliver(rec: Ended, settings: Settings, stop: threading.Event | None = None) -> None:
-    """Post in the background; ``rec.webhook_report`` says how it went."""
-    url, body, headers = _call(rec)
+    """Post in the background; ``rec.webhook_report`` says how it went. The body is made
+    there too (Deepgram's whole response for a long file takes a while to shape)."""
     rec.webhook_report = {"status": "pending", "tries": 0}
     global _pending
     with _idle:
         _pending += 1
-    _POOL.submit(_counted, rec, (url, body, headers), settings, stop or threading.Event())
+    _POOL.submit(_counted, rec, settings, stop or threading.Event())
 
 
 def wait_idle(timeout: float) -> bool:
@@ -88,28 +98,27 @@ def wait_idle(timeout: float) -> bool:
         return _idle.wait_for(lambda: _pending == 0, timeout)
 
 
-def _counted(
-    rec: Ended, call: tuple[str, bytes, dict[str, str]], settings: Settings, stop: threading.Event
-) -> None:
+def _counted(rec: Ended, settings: Settings, stop: threading.Event) -> None:
     global _pending
     try:
-        _send(rec, call, settings, stop)
+        _send(rec, _call(rec), settings, stop)
+    except Exception:
+        log.exception("job %s: its webhook could not be made", rec.id)
+        rec.webhook_report = {"status": "failed", "tries": 0, "last": "INTERNAL"}
     finally:
         with _idle:
             _pending -= 1
             _idle.notify_all()
 
 
-def _send(
-    rec: Ended, call: tuple[str, bytes, dict[str, str]], settings: Settings, stop: threading.Event
-) -> None:
-    url, body, own = call
+def _send(rec: Ended, call: Call, settings: Settings, stop: threading.Event) -> None:
+    url, body, own, method = call
     secret = settings.webhook_secret
     last = ""
     for n in range(1, TRIES + 1):
         headers = signed_headers(body, secret.get_secret_value()) if secret else {}
         try:
-            status = post_json(url, body, settings, headers={**own, **headers})
+            status = post_json(url, body, settings, headers={**own, **headers}, method=method)
             last = f"HTTP {status}"
             if 200 <= status < 300:
                 rec.webhook_report = {"status": "delivered", "tries": n}

@@ -11,12 +11,15 @@ Options: ``model`` (a model loaded here by name; any other name is the default m
 ``multichannel`` (each channel transcribed on its own: one entry of ``results.channels``
 per channel, utterances with their ``channel``), ``replace`` and ``search`` (over the
 words as written); formatting options are accepted (Whisper punctuates as it
-transcribes). ``callback`` is refused with a sentence saying what to use, and the
-analyses this worker does not run (``redact``, ``sentiment``, ``summarize``, ...) too.
+transcribes), ``profanity_filter``. ``callback`` (``callback_method`` post or put): the
+job is queued and ``{"request_id"}`` answered at once; the response (or Deepgram's error
+body) is sent there when it ends. The analyses this worker does not run (``redact``,
+``sentiment``, ``summarize``, ...) are refused with a sentence.
 """
 
 from __future__ import annotations
 
+import base64
 import hashlib
 import json
 import uuid
@@ -26,7 +29,9 @@ from fastapi import Request, Response
 from fastapi.responses import JSONResponse
 from starlette.concurrency import run_in_threadpool
 
-from handler.faces import openai_api
+from handler.audio.netpost import check_url
+from handler.errors import WorkerError
+from handler.faces import openai_api, webhooks
 from handler.faces.admission import loaded_models, run_admitted
 from handler.faces.broker.gateway import BROKER_GONE, BrokerDown
 from handler.faces.deepgram import shape
@@ -39,7 +44,8 @@ from handler.faces.deepgram.query import (
     searches,
     served_model,
 )
-from handler.faces.deepgram.shape import whole_words
+from handler.faces.deepgram.response import answer
+from handler.faces.jobs import StoreFull, call_store
 from handler.pipeline.job import run_job
 
 
@@ -63,8 +69,6 @@ def job_input(params: Any, loaded: list[str]) -> tuple[dict[str, Any], str]:
 
 
 def _job_input(params: Any, loaded: list[str]) -> tuple[dict[str, Any], str]:
-    if params.get("callback"):
-        raise Refused("callback is not served here; use /v2/{id}/run with a webhook")
     if params.get("channels") not in (None, "1"):
         raise Refused("channels describes raw audio; send a file with a header (WAV, FLAC, ...)")
     refuse_unserved(params)
@@ -108,91 +112,43 @@ async def audio_of(request: Request, job: dict[str, Any]) -> bytes | None:
     return body
 
 
-class _Words:
-    """A job's words as Deepgram's: whole words, speakers numbered by first word,
-    ``replace``'s table applied."""
-
-    def __init__(self, table: dict[str, str], paragraphs: bool) -> None:
-        self.table = table
-        self.speakers: dict[str, int] = {}
-        self.paragraphs = paragraphs
-        """``paragraphs=true``: each alternative gets its paragraphs."""
-
-    def speaker(self, w: dict[str, Any]) -> int | None:
-        label = w.get("speaker")
-        return None if label is None else self.speakers.setdefault(str(label), len(self.speakers))
-
-    def __call__(self, raw: list[dict[str, Any]]) -> list[dict[str, Any]]:
-        words = [shape.word(w, 0.0, self.speaker(w)) for w in whole_words(raw)]
-        return shape.replaced(words, self.table)
-
-    def said(self, text: str, words: list[dict[str, Any]]) -> str:
-        """The transcript: the job's text, or with ``replace`` its words as it left them."""
-        return " ".join(w["punctuated_word"] for w in words) if self.table else text
+def callback_of(params: Any) -> tuple[str, str] | None:
+    """``callback`` (and ``callback_method``: post or put) as (URL, method), or None; a URL
+    that can never be called is refused now (its address is judged when it is called)."""
+    url, method = params.get("callback"), (params.get("callback_method") or "post").lower()
+    if url is None:
+        if params.get("callback_method") is not None:
+            raise Refused("callback_method: with a callback")
+        return None
+    if len(url) > 2048 or method not in ("post", "put"):
+        raise Refused("callback: an http(s) URL; callback_method: post or put")
+    try:
+        check_url(url, "callback")
+    except WorkerError as exc:
+        raise Refused(exc.message) from None
+    return url, method.upper()
 
 
-def answer(result: dict[str, Any], model: str, params: Any, audio: bytes | None) -> dict[str, Any]:
-    """Deepgram's response for a job's result: a channel per channel of a ``multichannel``
-    job (one that repeats another has its words), else the one channel."""
-    detected = "language" not in params or flag(params, "detect_language")
-    whole = {"channel": None, "text": result["text"], "language": result.get("language")}
-    whole["language_probability"] = result.get("language_probability")
-    heard = result.get("channels") or [whole]
-    words_of = _Words(replacements(params), flag(params, "paragraphs"))
-    terms = searches(params)
-    channels = [_channel(result, entry, words_of, detected, terms) for entry in heard]
-    request_id = str(uuid.uuid4())
-    meta = shape.metadata(request_id, model, float(result.get("duration", 0.0)))
-    meta["sha256"] = hashlib.sha256(audio).hexdigest() if audio else ""
-    meta["channels"] = len(channels)
-    body: dict[str, Any] = {"metadata": meta, "results": {"channels": channels}}
-    if flag(params, "utterances"):
-        body["results"]["utterances"] = [
-            _utterance(seg, words_of) for seg in result.get("segments", []) if seg["text"].strip()
-        ]
-    return body
-
-
-def _channel(
-    result: dict[str, Any],
-    entry: dict[str, Any],
-    words_of: _Words,
-    detected: bool,
-    terms: list[str],
-) -> dict[str, Any]:
-    """One of ``results.channels``: its transcript and words (``entry["channel"]`` None:
-    the whole result's), ``replace`` applied, ``search``'s hits when asked."""
-    index = entry.get("same_as", entry["channel"])
-    words = words_of(
-        [w for w in result.get("words", []) if index is None or w.get("channel") == index]
+async def _queued(
+    state: Any, job: dict[str, Any], audio: bytes | None, model: str, params: Any, to: Any
+) -> Response:
+    """A ``callback`` request: the job queued in the job store (its audio inside it), the
+    ``request_id`` answered at once; Deepgram's response is sent to the callback when the
+    job ends (handler.faces.webhooks, handler.faces.deepgram.response)."""
+    if audio is not None:
+        job["audio_base64"] = base64.b64encode(audio).decode()
+    sha = hashlib.sha256(audio).hexdigest() if audio else ""
+    url, method = to
+    spec = webhooks.target(
+        url, "deepgram", method=method, query=str(params), model=model, sha256=sha
     )
-    alt = shape.alternative(words_of.said(entry["text"], words), words)
-    if words_of.paragraphs:
-        alt["paragraphs"] = shape.paragraphs(words)
-    channel: dict[str, Any] = {"alternatives": [alt]}
-    if detected:
-        channel["detected_language"] = entry.get("language")
-        channel["language_confidence"] = entry.get("language_probability")
-    if terms:
-        channel["search"] = shape.search(words, terms)
-    return channel
-
-
-def _utterance(seg: dict[str, Any], words_of: _Words) -> dict[str, Any]:
-    words = words_of(seg.get("words") or [])
-    alt = shape.alternative(words_of.said(seg["text"].strip(), words), words)
-    out = {
-        "start": round(float(seg["start"]), 3),
-        "end": round(float(seg["end"]), 3),
-        "confidence": alt["confidence"],
-        "channel": int(seg.get("channel", 0)),
-        "transcript": alt["transcript"],
-        "words": words,
-        "id": str(uuid.uuid4()),
-    }
-    if words and "speaker" in words[0]:
-        out["speaker"] = words[0]["speaker"]
-    return out
+    try:
+        rec = await call_store(state.jobs, "submit", job, len(job.get("audio_base64", "")), spec)
+    except StoreFull:
+        return error(429, "too many jobs held here; retry later", "TOO_MANY_REQUESTS")
+    except BrokerDown as exc:
+        return error(503, exc.reason or BROKER_GONE, "NOT_READY")
+    return JSONResponse({"request_id": rec.id})
 
 
 async def listen(state: Any, request: Request) -> Response:
@@ -205,9 +161,12 @@ async def listen(state: Any, request: Request) -> Response:
         return error(503, exc.reason or BROKER_GONE, "NOT_READY")
     try:
         job, model = job_input(request.query_params, loaded)
+        callback = callback_of(request.query_params)
         audio = await audio_of(request, job)
     except Refused as exc:
         return error(400, str(exc))
+    if callback is not None:
+        return await _queued(state, job, audio, model, request.query_params, callback)
     if state.gateway is not None:  # a consumer runs it
         result = await state.gateway.result(job, request.is_disconnected, audio)
     else:
@@ -225,5 +184,6 @@ async def listen(state: Any, request: Request) -> Response:
         return error(status, result["error"], result["error_code"])
     # Off the event loop: a 4-hour file's 40,000 words, paragraphs and searches take about
     # 0.3 s to shape here, time the live sessions' sockets would wait.
-    body = await run_in_threadpool(answer, result, model, request.query_params, audio)
+    sha = hashlib.sha256(audio).hexdigest() if audio else ""
+    body = await run_in_threadpool(answer, result, model, request.query_params, sha)
     return JSONResponse(body)

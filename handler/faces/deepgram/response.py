@@ -1,0 +1,126 @@
+"""Deepgram's pre-recorded response, shaped from a job's result: for ``POST /v1/listen``
+(handler.faces.deepgram.prerecorded) and for a ``callback``'s call when its job ends
+(handler.faces.webhooks): the same body either way."""
+
+from __future__ import annotations
+
+import json
+import uuid
+from typing import Any
+
+from starlette.datastructures import QueryParams
+
+from handler.faces.deepgram import shape
+from handler.faces.deepgram.query import flag, replacements, searches
+from handler.faces.deepgram.shape import whole_words
+
+
+class Words:
+    """A job's words as Deepgram's: whole words, speakers numbered by first word,
+    ``replace``'s table applied."""
+
+    def __init__(self, table: dict[str, str], paragraphs: bool) -> None:
+        self.table = table
+        self.speakers: dict[str, int] = {}
+        self.paragraphs = paragraphs
+        """``paragraphs=true``: each alternative gets its paragraphs."""
+
+    def speaker(self, w: dict[str, Any]) -> int | None:
+        label = w.get("speaker")
+        return None if label is None else self.speakers.setdefault(str(label), len(self.speakers))
+
+    def __call__(self, raw: list[dict[str, Any]]) -> list[dict[str, Any]]:
+        words = [shape.word(w, 0.0, self.speaker(w)) for w in whole_words(raw)]
+        return shape.replaced(words, self.table)
+
+    def said(self, text: str, words: list[dict[str, Any]]) -> str:
+        """The transcript: the job's text, or with ``replace`` its words as it left them."""
+        return " ".join(w["punctuated_word"] for w in words) if self.table else text
+
+
+def answer(
+    result: dict[str, Any], model: str, params: Any, sha256: str, request_id: str | None = None
+) -> dict[str, Any]:
+    """Deepgram's response for a job's result: a channel per channel of a ``multichannel``
+    job (one that repeats another has its words), else the one channel. ``sha256``: the
+    audio's (empty for a URL), ``request_id``: a callback's (else a new one)."""
+    detected = "language" not in params or flag(params, "detect_language")
+    whole = {"channel": None, "text": result["text"], "language": result.get("language")}
+    whole["language_probability"] = result.get("language_probability")
+    heard = result.get("channels") or [whole]
+    words_of = Words(replacements(params), flag(params, "paragraphs"))
+    terms = searches(params)
+    channels = [_channel(result, entry, words_of, detected, terms) for entry in heard]
+    meta = shape.metadata(
+        request_id or str(uuid.uuid4()), model, float(result.get("duration", 0.0))
+    )
+    meta["sha256"] = sha256
+    meta["channels"] = len(channels)
+    body: dict[str, Any] = {"metadata": meta, "results": {"channels": channels}}
+    if flag(params, "utterances"):
+        body["results"]["utterances"] = [
+            _utterance(seg, words_of) for seg in result.get("segments", []) if seg["text"].strip()
+        ]
+    return body
+
+
+def _channel(
+    result: dict[str, Any],
+    entry: dict[str, Any],
+    words_of: Words,
+    detected: bool,
+    terms: list[str],
+) -> dict[str, Any]:
+    """One of ``results.channels``: its transcript and words (``entry["channel"]`` None:
+    the whole result's), ``replace`` applied, ``search``'s hits when asked."""
+    index = entry.get("same_as", entry["channel"])
+    words = words_of(
+        [w for w in result.get("words", []) if index is None or w.get("channel") == index]
+    )
+    alt = shape.alternative(words_of.said(entry["text"], words), words)
+    if words_of.paragraphs:
+        alt["paragraphs"] = shape.paragraphs(words)
+    channel: dict[str, Any] = {"alternatives": [alt]}
+    if detected:
+        channel["detected_language"] = entry.get("language")
+        channel["language_confidence"] = entry.get("language_probability")
+    if terms:
+        channel["search"] = shape.search(words, terms)
+    return channel
+
+
+def _utterance(seg: dict[str, Any], words_of: Words) -> dict[str, Any]:
+    words = words_of(seg.get("words") or [])
+    alt = shape.alternative(words_of.said(seg["text"].strip(), words), words)
+    out = {
+        "start": round(float(seg["start"]), 3),
+        "end": round(float(seg["end"]), 3),
+        "confidence": alt["confidence"],
+        "channel": int(seg.get("channel", 0)),
+        "transcript": alt["transcript"],
+        "words": words,
+        "id": str(uuid.uuid4()),
+    }
+    if words and "speaker" in words[0]:
+        out["speaker"] = words[0]["speaker"]
+    return out
+
+
+def callback_body(request_id: str, status: dict[str, Any], spec: dict[str, Any]) -> bytes:
+    """What a ``callback`` is sent when its job (``status``: its status object) ends:
+    Deepgram's response, or Deepgram's error body with the job's code; ``spec``: the
+    query, model and audio digest kept when it was queued."""
+    output = status.get("output")
+    if status.get("status") == "COMPLETED" and isinstance(output, dict) and "error" not in output:
+        params = QueryParams(spec.get("query") or "")
+        body = answer(
+            output, spec.get("model") or "whisper", params, spec.get("sha256") or "", request_id
+        )
+    else:
+        failed = output if isinstance(output, dict) else {}
+        body = {
+            "err_code": failed.get("error_code") or "INTERNAL",
+            "err_msg": failed.get("error") or status.get("error") or "the job failed",
+            "request_id": request_id,
+        }
+    return json.dumps(body, ensure_ascii=False).encode()
