@@ -178,7 +178,8 @@ def test_finalize_keepalive_and_closestream_as_voice_agents_send_them(server: Se
     reaches the server: the speech so far comes back at once, marked from_finalize."""
     jfk = clips()[0].samples
     jfk = jfk[: int(10.2 * RATE)]  # cut in "... do for your country": still speaking
-    with _raw(server, "model=nova-2&encoding=mulaw&sample_rate=8000") as ws:
+    query = "model=nova-2&encoding=mulaw&sample_rate=8000&extra=call:17&extra=team:a%3Ab"
+    with _raw(server, query) as ws:
         ws.send(json.dumps({"type": "KeepAlive"}))
         mulaw = _mulaw(jfk[::2])  # 8 kHz
         for i in range(0, len(mulaw), 1600):
@@ -204,6 +205,7 @@ def test_finalize_keepalive_and_closestream_as_voice_agents_send_them(server: Se
         ws.send(json.dumps({"type": "CloseStream"}))
         meta = until(ws, "Metadata")[-1]
         assert meta["request_id"] and meta["channels"] == 1
+        assert meta["extra"] == {"call": "17", "team": "a:b"}  # carried back, as Deepgram's
         with pytest.raises(ConnectionClosedOK):
             ws.recv(timeout=30)
     assert ws.close_code == 1000
@@ -375,7 +377,8 @@ def test_the_deepgram_sdk_transcribes_a_file_and_a_url(server: Server, audio_sit
         ({"callback": "https://example.com/hook", "callback_method": "get"}, "callback"),
         ({"diarize": True}, "diariz"),  # this worker loads no diarizer
         ({"language": "zz"}, "zz"),
-        ({"utterances": "yes"}, "utterances"),  # was read only after the job ran: a 500
+        ({"utterances": "yes"}, "utterances"),
+        ({"extra": "no-colon"}, "extra"),  # was read only after the job ran: a 500
     ):
         with pytest.raises(ApiError) as info:
             media.transcribe_file(request=wav, model="nova-3", **options)
@@ -515,7 +518,13 @@ def test_a_callback_gets_deepgrams_response_when_the_job_ends(server: Server, ca
     media = DeepgramClient(api_key=KEY, environment=env).listen.v1.media
     wav = (DATA / "jfk.wav").read_bytes()
     accepted = media.transcribe_file(
-        request=wav, model="nova-3", callback=url, callback_method="put", utterances=True
+        request=wav,
+        model="nova-3",
+        callback=url,
+        callback_method="put",
+        utterances=True,
+        extra=["file:call-17.wav", "team:ops"],  # how a callback tells which file it answers
+        tag="batch",
     )
     request_id = accepted.request_id
     assert request_id and not hasattr(accepted, "results")
@@ -526,6 +535,7 @@ def test_a_callback_gets_deepgrams_response_when_the_job_ends(server: Server, ca
         and headers["Authorization"] == "Basic " + base64.b64encode(b"hook-user:hook-pass").decode()
     )
     assert body["metadata"]["request_id"] == request_id and len(body["metadata"]["sha256"]) == 64
+    assert body["metadata"]["extra"] == {"file": "call-17.wav", "team": "ops"}
     alt = body["results"]["channels"][0]["alternatives"][0]
     assert wer(JFK_TEXT, alt["transcript"]) < 0.2 and body["results"]["utterances"], alt
     waited = media.transcribe_file(request=wav, model="nova-3", utterances=True)

@@ -33,6 +33,7 @@ from handler.faces.deepgram import shape
 from handler.faces.deepgram.query import (
     MAX_KEYWORDS,
     QueryError,
+    extra,
     flag,
     keywords,
     number,
@@ -135,6 +136,7 @@ def _configure(params: Any, loaded: list[str]) -> tuple[dict[str, Any], dict[str
         "vad_events": flag(params, "vad_events"),
         "utterance_end_ms": number(params, "utterance_end_ms", 1000, 5000),
         "speech_final": speech_final,
+        "extra": extra(params),  # the closing Metadata carries them back
     }
     return session, options
 
@@ -202,6 +204,8 @@ class DeepgramSession(QueryAudioSession):
                 await asyncio.wait(pending)
             model = self.options["model"]
             meta = shape.metadata(self.id, model, self.audio.received_ms / 1000)
+            if self.options.get("extra"):
+                meta["extra"] = self.options["extra"]
             await self.send_json({"type": "Metadata", **meta})
             self.closing = True
             try:

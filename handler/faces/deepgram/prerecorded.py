@@ -37,6 +37,7 @@ from handler.faces.broker.gateway import BROKER_GONE, BrokerDown
 from handler.faces.deepgram import shape
 from handler.faces.deepgram.query import (
     QueryError,
+    extra,
     flag,
     keywords,
     refuse_unserved,
@@ -73,6 +74,7 @@ def _job_input(params: Any, loaded: list[str]) -> tuple[dict[str, Any], str]:
         raise Refused("channels describes raw audio; send a file with a header (WAV, FLAC, ...)")
     refuse_unserved(params)
     replacements(params)  # checked now: answer() applies them after the job
+    extra(params)  # and carries these back in its metadata
     searches(params)
     model = params.get("model") or ""
     job: dict[str, Any] = {"output": ["text", "segments", "words"], "word_timestamps": True}

@@ -100,6 +100,27 @@ def replacements(params: Any) -> dict[str, str]:
     return table
 
 
+MAX_EXTRA_CHARS = 2048
+"""One ``extra`` pair at most (Deepgram's own limit)."""
+
+
+def extra(params: Any) -> dict[str, str]:
+    """``extra=key:value`` (repeated): the pairs the answer's metadata carries back, so a
+    caller can tell which of its requests a callback answers."""
+    values = params.getlist("extra")
+    if len(values) > MAX_TERMS:
+        raise QueryError(f"extra: at most {MAX_TERMS} pairs", "invalid_value")
+    pairs: dict[str, str] = {}
+    for value in values:
+        key, sep, said = value.partition(":")
+        if not sep or not key or len(value) > MAX_EXTRA_CHARS:
+            raise QueryError(
+                f"extra: key:value, at most {MAX_EXTRA_CHARS} characters", "invalid_value"
+            )
+        pairs[key] = said
+    return pairs
+
+
 def searches(params: Any) -> list[str]:
     """``search`` (repeated): words or phrases of up to five words."""
     terms = [" ".join(t.split()) for t in _bounded(params, "search")]

@@ -11,7 +11,7 @@ from typing import Any
 from starlette.datastructures import QueryParams
 
 from handler.faces.deepgram import shape
-from handler.faces.deepgram.query import flag, replacements, searches
+from handler.faces.deepgram.query import extra, flag, replacements, searches
 from handler.faces.deepgram.shape import whole_words
 
 
@@ -55,6 +55,8 @@ def answer(
         request_id or str(uuid.uuid4()), model, float(result.get("duration", 0.0))
     )
     meta["sha256"] = sha256
+    if pairs := extra(params):
+        meta["extra"] = pairs
     meta["channels"] = len(channels)
     body: dict[str, Any] = {"metadata": meta, "results": {"channels": channels}}
     if flag(params, "utterances"):
