@@ -253,6 +253,9 @@ def test_refusals_say_what_to_send(server: Server) -> None:
         ("", "unsupported_encoding"),
         ("encoding=linear16", "invalid_query"),  # no sample_rate
         ("encoding=linear16&sample_rate=16000&channels=2", "unsupported"),
+        # Each channel takes a live session: this server holds 2.
+        ("encoding=linear16&sample_rate=16000&channels=3&multichannel=true", "session_limit"),
+        ("encoding=mulaw&channels=9&multichannel=true", "unsupported"),
         ("encoding=linear16&sample_rate=16000&interim_results=yes", "invalid_query"),
         ("encoding=linear16&sample_rate=16000&language=zz", "invalid_value"),
         (LONG_KEYWORDS, "invalid_value"),  # each fine, 1530 characters in all
@@ -546,3 +549,39 @@ def test_a_callback_gets_deepgrams_response_when_the_job_ends(server: Server, ca
     method, _, failed = calls[1]
     assert method == "POST" and set(failed) == {"err_code", "err_msg", "request_id"}, failed
     assert failed["err_code"] in ("UNSUPPORTED_OR_CORRUPT_MEDIA", "CORRUPT_MEDIA"), failed
+
+
+@pytest.mark.e2e
+def test_a_live_call_in_stereo_gets_each_channels_turns(server: Server, tmp_path) -> None:
+    """``multichannel=true&channels=2``: a two-channel call streamed live (interleaved
+    linear16, in messages that split its frames) comes back as each channel's own turns,
+    every Results and SpeechStarted naming its channel; one Metadata says 2 channels.
+    It was refused before: a contact centre's live stereo call needed two connections."""
+    import wave
+
+    from tests.media import CALL_TEXTS, write_call_wav
+
+    with wave.open(str(write_call_wav(tmp_path / "call.wav"))) as w:
+        pcm = w.readframes(w.getnframes()) + bytes(4 * 2 * RATE)  # 2 s of stereo silence
+    query = (
+        "model=nova-3&encoding=linear16&sample_rate=16000&channels=2&multichannel=true"
+        "&interim_results=true&vad_events=true&utterance_end_ms=1000"
+    )
+    with _raw(server, query) as ws:
+        for i in range(0, len(pcm), 6401):  # 100 ms and a byte: frames cut across messages
+            ws.send(pcm[i : i + 6401])
+            time.sleep(PACE_S)
+        ws.send(json.dumps({"type": "CloseStream"}))
+        messages = until(ws, "Metadata")
+    assert not [m for m in messages if m["type"] == "Error"], messages
+    results = [m for m in messages if m["type"] == "Results"]
+    assert {tuple(m["channel_index"]) for m in results} == {(0, 2), (1, 2)}
+    for index, expected in enumerate(CALL_TEXTS):
+        finals = [m for m in results if m["is_final"] and m["channel_index"][0] == index]
+        said = " ".join(m["channel"]["alternatives"][0]["transcript"] for m in finals)
+        assert wer(expected, said) <= 0.3, (index, said)
+    right = [w for m in results if m["is_final"] and m["channel_index"][0] == 1
+             for w in m["channel"]["alternatives"][0]["words"]]  # fmt: skip
+    assert right and 3.0 <= right[0]["start"] and right[-1]["end"] <= 9.5, right
+    assert {m["channel"][0] for m in messages if m["type"] == "SpeechStarted"} == {0, 1}
+    assert messages[-1]["channels"] == 2 and abs(messages[-1]["duration"] - 15.0) < 0.1

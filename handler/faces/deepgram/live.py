@@ -8,8 +8,11 @@ name, Deepgram's ``nova-3`` included, is this worker's default model), ``languag
 (``en``, ``en-US``, ``multi``), ``interim_results``, ``endpointing`` (ms of silence that end a
 turn, at least ``ENDPOINTING_FLOOR_MS``; ``false``: turns end at ``NO_ENDPOINTING_MS`` and
 are never ``speech_final``), ``utterance_end_ms``, ``vad_events``, ``keywords`` and
-``keyterm`` (hotwords). Formatting options (``punctuate``, ``smart_format``, ...) are
-accepted: Whisper punctuates and formats as it transcribes.
+``keyterm`` (hotwords), ``profanity_filter``, ``extra`` (back in the closing ``Metadata``),
+``multichannel=true`` with ``channels`` (each channel of the interleaved audio heard on its
+own, a lane of its own on the same socket: ``channel_index`` says whose each result is;
+each channel takes a live session's slot). Formatting options (``punctuate``,
+``smart_format``, ...) are accepted: Whisper punctuates and formats as it transcribes.
 
 The client sends binary audio and the JSON messages ``KeepAlive``, ``Finalize`` (the
 speech so far is transcribed now: a ``Results`` with ``from_finalize``), ``Configure``
@@ -26,6 +29,7 @@ from __future__ import annotations
 import asyncio
 from typing import Any
 
+import numpy as np
 from starlette.websockets import WebSocketDisconnect
 
 from handler.contract import SAMPLE_RATE
@@ -67,8 +71,6 @@ def _format(params: Any) -> dict[str, Any]:
             "(containers such as webm or ogg are not served live)",
             "unsupported_encoding",
         )
-    if (number(params, "channels", 1, 16) or 1) != 1 or flag(params, "multichannel"):
-        raise SessionError("channels: live audio is served as one channel", "unsupported")
     rate = number(params, "sample_rate", 8000, 48000)
     if encoding == "linear16":
         if rate is None:
@@ -77,6 +79,27 @@ def _format(params: Any) -> dict[str, Any]:
     if rate not in (None, 8000):
         raise SessionError(f"sample_rate: {encoding} is served at 8000 Hz", "invalid_query")
     return {"type": FORMATS[encoding]}
+
+
+MAX_LIVE_CHANNELS = 8
+"""Channels of one live stream at most; each also takes a live session's slot."""
+
+
+def _channels(params: Any) -> int:
+    """``channels`` with ``multichannel=true``: each channel heard on its own (a call's two
+    sides); without it, one channel is all that is served live."""
+    count = number(params, "channels", 1, 16) or 1
+    if not flag(params, "multichannel"):
+        if count != 1:
+            raise SessionError(
+                "channels: with multichannel=true each channel is transcribed on its own; "
+                "without it, send one channel",
+                "unsupported",
+            )
+        return 1
+    if count > MAX_LIVE_CHANNELS:
+        raise SessionError(f"channels: at most {MAX_LIVE_CHANNELS} live", "unsupported")
+    return count
 
 
 def _turns(params: Any) -> tuple[dict[str, Any], bool]:
@@ -131,6 +154,7 @@ def _configure(params: Any, loaded: list[str]) -> tuple[dict[str, Any], dict[str
         },
     }
     options = {
+        "channels": _channels(params),
         "model": served_model(model, loaded),
         "interim_results": flag(params, "interim_results"),
         "vad_events": flag(params, "vad_events"),
@@ -168,6 +192,12 @@ class DeepgramSession(QueryAudioSession):
         """The end (s) of the last word sent in a final whose utterance end is not yet said."""
         self.speech_starts: list[int] = []
         """Where speech began (ms of the stream) since the last word sent, the last 16."""
+        self.channel = (0, 1)
+        """(this channel, the stream's channels): with ``multichannel`` the other channels
+        are lanes, sessions of their own answering on the same socket."""
+        self.lanes: list[DeepgramSession] = []
+        self.pending = b""
+        """A multichannel message's bytes short of a whole frame (every channel's sample)."""
 
     @staticmethod
     def refusal(message: str, code: str) -> dict[str, Any]:
@@ -179,7 +209,57 @@ class DeepgramSession(QueryAudioSession):
         return next((p for p in offered if p in ("token", "bearer")), None)
 
     def configure(self, params: Any, loaded: list[str]) -> tuple[dict[str, Any], dict[str, Any]]:
-        return configure(params, loaded)
+        session, options = configure(params, loaded)
+        count, limit = options["channels"], self.settings.realtime_max_sessions
+        if count > 1 and self.live.sessions - 1 + count > limit:
+            free = limit - self.live.sessions + 1
+            raise SessionError(
+                f"channels: each of the {count} takes a live session; {free} free here",
+                "session_limit",
+            )
+        return session, options
+
+    async def opening(self) -> None:
+        """A multichannel stream's other channels: a lane each, configured as this one."""
+        count = self.options["channels"]
+        self.live.sessions += count - 1
+        for i in range(1, count):
+            lane = DeepgramSession(self.ws, self.worker, self.settings, self.live, self.on_result)
+            lane.id, lane.options, lane.channel = self.id, self.options, (i, count)
+            lane._send_lock = self._send_lock  # one message at a time on the one socket
+            lane._reconfigure(lambda _session: self.config, None)
+            self.lanes.append(lane)
+        self.channel = (0, count)
+
+    async def run(self) -> None:
+        try:
+            await super().run()
+        finally:
+            for lane in self.lanes:
+                lane.cancel.set()
+                for task in list(lane.tasks):
+                    task.cancel()
+            self.live.sessions -= len(self.lanes)
+
+    async def append(self, data: bytes) -> None:
+        if not self.lanes:
+            return await super().append(data)
+        parts = self._split(data)
+        if parts[0]:
+            await super().append(parts[0])
+            for lane, part in zip(self.lanes, parts[1:], strict=True):
+                await lane.append(part)
+
+    def _split(self, data: bytes) -> list[bytes]:
+        """Interleaved samples (2 bytes each in linear16, 1 in mu-law and A-law) as each
+        channel's; an incomplete frame waits for the next message."""
+        count = len(self.lanes) + 1
+        width = 2 if self.config.format == "audio/pcm" else 1
+        data = self.pending + data
+        cut = len(data) - len(data) % (width * count)
+        data, self.pending = data[:cut], data[cut:]
+        frames = np.frombuffer(data, np.uint8).reshape(-1, count, width)
+        return [frames[:, i, :].tobytes() for i in range(count)]
 
     async def empty_message(self) -> bool:
         # An empty binary message: Deepgram's older way to say CloseStream.
@@ -187,23 +267,28 @@ class DeepgramSession(QueryAudioSession):
         return False
 
     async def after_audio(self) -> None:
-        await self._utterance_end()
+        for lane in (self, *self.lanes):
+            await lane._utterance_end()
 
     async def dispatch(self, event: dict[str, Any]) -> None:
         kind = event["type"]
         if kind == "KeepAlive":
             return
+        everyone = (self, *self.lanes)
         if kind == "Finalize":
-            await self._finalize()
+            for lane in everyone:
+                await lane._finalize()
         elif kind == "Configure":
             await self._configure(event)
         elif kind == "CloseStream":
-            await self._finalize(answer_empty=False)
-            pending = {t for t in self.finals | self.tasks if not t.done()}
+            for lane in everyone:
+                await lane._finalize(answer_empty=False)
+            pending = {t for lane in everyone for t in lane.finals | lane.tasks if not t.done()}
             if pending:
                 await asyncio.wait(pending)
             model = self.options["model"]
             meta = shape.metadata(self.id, model, self.audio.received_ms / 1000)
+            meta["channels"] = self.channel[1]
             if self.options.get("extra"):
                 meta["extra"] = self.options["extra"]
             await self.send_json({"type": "Metadata", **meta})
@@ -241,6 +326,8 @@ class DeepgramSession(QueryAudioSession):
             }
             try:
                 self.config = c.update(session)
+                for lane in self.lanes:
+                    lane.config = self.config  # the same hotwords on every channel
             except SessionError:
                 limit = f"keyterms: at most {MAX_KEYWORDS} terms, {MAX_KEYWORDS_CHARS} characters"
                 await self.send_json(
@@ -290,7 +377,7 @@ class DeepgramSession(QueryAudioSession):
             if self.options.get("vad_events"):
                 timestamp = round(event["audio_start_ms"] / 1000, 3)
                 await self.send_json(
-                    {"type": "SpeechStarted", "channel": [0], "timestamp": timestamp}
+                    {"type": "SpeechStarted", "channel": [self.channel[0]], "timestamp": timestamp}
                 )
         elif kind == "input_audio_buffer.speech_stopped":
             if self.options.get("speech_final"):
@@ -349,7 +436,8 @@ class DeepgramSession(QueryAudioSession):
             before_ms = self.audio.received_ms
         if before_ms - self.last_word_end * 1000 >= gap_ms:
             end = self.last_word_end
-            await self.send_json({"type": "UtteranceEnd", "channel": [0, 1], "last_word_end": end})
+            channel = list(self.channel)
+            await self.send_json({"type": "UtteranceEnd", "channel": channel, "last_word_end": end})
         if before_ms - self.last_word_end * 1000 >= gap_ms or before_ms < self.audio.received_ms:
             self.last_word_end = None  # said, or speech came back before the gap
 
@@ -372,7 +460,7 @@ class DeepgramSession(QueryAudioSession):
         model = self.options["model"]
         return {
             "type": "Results",
-            "channel_index": [0, 1],
+            "channel_index": list(self.channel),
             "duration": round(max(0, end_ms - start_ms) / 1000, 3),
             "start": round(start_ms / 1000, 3),
             "is_final": final,
