@@ -67,6 +67,8 @@ COMMANDS: tuple[Command, ...] = (
             "phrases a speaker really repeats: kept or collapsed by the loop guard"),
     Command("multichannel", "bench.accuracy.multichannel",
             "stereo calls: each channel alone against mixed down; WER, crosstalk, cost"),
+    Command("profanity", "bench.accuracy.profanity",
+            "profanity_filter on clean speech: false positives, cost"),
     Command("corpus", "bench.common.eval_corpus",
             "fetch and check the evaluation corpus (real speech, five languages)"),
     # Speed and memory.
