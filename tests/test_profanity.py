@@ -342,3 +342,21 @@ def test_a_realtime_session_takes_the_option_as_a_boolean(worker) -> None:
     assert "profanity_filter" not in Config(worker.pool, worker.settings).job_input()
     with pytest.raises(SessionError, match="profanity_filter"):
         config.update(transcription("yes"))
+
+
+def test_a_warning_that_quotes_the_transcript_is_masked_too() -> None:
+    """A mended loop's warning quotes its phrase: with the option on, masked as the text."""
+    from types import SimpleNamespace
+
+    from handler.inference.transcribe import Transcript
+    from handler.pipeline.answer import mask_profanity
+    from handler.pipeline.runtime import Call
+
+    call = Call("j", None, None, None, None, None)
+    call.warnings = ["repetition loop at 1.0-9.0 s ('Shit!' x12): collapsed"]
+    seg: Any = {"id": 1, "text": " Shit!", "tokens": [1], "words": None}
+    tr = Transcript([seg], "en", 1.0, 1.0)
+    plan: Any = SimpleNamespace(job=SimpleNamespace(effective_task="transcribe"), kwargs={})
+    mask_profanity(plan, tr, call)
+    assert call.warnings == ["repetition loop at 1.0-9.0 s ('S***!' x12): collapsed"]
+    assert tr.segments[0]["text"] == " S***!"

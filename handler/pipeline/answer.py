@@ -66,6 +66,9 @@ def mask_profanity(plan: Plan, tr: transcribe.Transcript, call: Call) -> None:
     tr.segments = [profanity.segment(s, lang) for s, lang in zip(tr.segments, langs, strict=True)]
     if call.channels is not None:
         call.channels = profanity.channels(call.channels, translated)
+    # A warning may quote the transcript (a mended loop's phrase): masked as it is.
+    said = profanity.masker("en" if translated else tr.language)
+    call.warnings[:] = [said.text(w) for w in call.warnings]
     if note := profanity.unlisted(langs):
         call.warnings.append(note)
 
