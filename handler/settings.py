@@ -135,7 +135,9 @@ class Settings(BaseModel):
     self_test_text: str | None = Field(None, min_length=1, max_length=2000)
     """What self_test_clip says; the transcript must contain 75 % of its words."""
     max_inline_bytes: int = Field(15_000_000, ge=1)
-    """Largest decoded audio_base64 payload (bytes). /runsync bodies are capped at 20 MB."""
+    """Largest decoded audio_base64 payload (bytes) of a queue job (/runsync bodies are
+    capped at 20 MB). A job whose body came over HTTP (the job API, an AssemblyAI upload,
+    a Deepgram callback, a broker consumer's) may carry up to WHISPER_MAX_UPLOAD_BYTES."""
     max_download_bytes: int = Field(1_073_741_824, ge=1)
     """Largest audio file fetched from a URL or S3 (bytes): 1 GiB."""
     download_timeout_s: float = Field(300.0, gt=0)

@@ -390,6 +390,27 @@ def test_the_transcript_list_pages_older_and_newer_as_assemblyais(aai: Any) -> N
 
 
 @pytest.mark.e2e
+def test_an_upload_over_the_inline_cap_but_under_the_body_cap_is_transcribed(
+    aai: Any, tmp_path: Path
+) -> None:
+    """A 20-MB WAV (JFK, then ten minutes of a quiet room) is under the 30-MB body cap
+    the server took it by, and over the queue's 15-MB inline cap: its transcript failed
+    with INPUT_TOO_LARGE and a sentence about audio_base64, which the user never sent."""
+    import numpy as np
+    from faster_whisper import decode_audio
+
+    from tests.media import write_wav
+
+    jfk = decode_audio(str(DATA / "jfk.wav"))
+    room = np.random.default_rng(0).normal(0, 0.001, 10 * 60 * 16000).astype(np.float32)
+    path = write_wav(tmp_path / "long.wav", np.concatenate([jfk, room]))
+    assert 15_000_000 < path.stat().st_size < 30_000_000
+    t = aai.Transcriber().transcribe(str(path))
+    assert t.status == aai.TranscriptStatus.completed, t.error
+    assert wer(JFK_TEXT, t.text) < 0.2, t.text
+
+
+@pytest.mark.e2e
 def test_a_url_a_span_and_a_detected_language(aai: Any, audio_site: str) -> None:
     config = aai.TranscriptionConfig(
         language_detection=True, audio_start_from=5000, audio_end_at=11000

@@ -118,6 +118,8 @@ class Jobs:
         self.run = run
         self.records: dict[str, Record] = {}
         self.retried = 0
+        self.body_cap = max(settings.max_inline_bytes, settings.max_upload_bytes)
+        """What a job's audio_base64 may decode to: its body came over HTTP."""
 
     # --- the API's calls ------------------------------------------------------------
 
@@ -265,7 +267,8 @@ class Jobs:
         def job(cancel: threading.Event) -> Any:
             loop.call_soon_threadsafe(self._started, rec)
             return self.run(rec.input, worker, job_id=rec.id, cancel=cancel,
-                            on_segment=on_segment, on_progress=on_progress)  # fmt: skip
+                            on_segment=on_segment, on_progress=on_progress,
+                            body_cap=self.body_cap)  # fmt: skip
 
         try:
             result = await self.run_in_slot(job, rec.cancel)

@@ -34,6 +34,7 @@ import json
 from collections.abc import Iterable, Mapping
 from typing import Any
 
+from handler.audio.sources import decode_base64
 from handler.contract import is_openai_model
 from handler.errors import Code, WorkerError
 from handler.pipeline.job import run_job
@@ -317,11 +318,25 @@ def passthrough_request(raw_input: Mapping[str, Any], loaded_models: list[str]) 
     return req
 
 
-def run_any_job(raw_input: Any, worker: Runtime, **options: Any) -> Any:
+def run_any_job(
+    raw_input: Any, worker: Runtime, *, body_cap: int | None = None, **options: Any
+) -> Any:
     """A queue job in either shape the queue face takes: ours, or RunPod's OpenAI
     passthrough (answered with OpenAI's response body: a dict, or the text of ``text``,
-    ``srt`` and ``vtt``). ``options`` are run_job's keywords."""
+    ``srt`` and ``vtt``). ``options`` are run_job's keywords.
+
+    ``body_cap``: the job came over HTTP (the job API, an AssemblyAI upload, a Deepgram
+    callback), where a body is bounded by ``WHISPER_MAX_UPLOAD_BYTES``: its
+    ``audio_base64`` may decode to that much, as a file posted to the OpenAI route may
+    (the queue's 15-MB inline cap refused a 20-MB upload the server had taken)."""
     if not is_passthrough(raw_input):
+        if body_cap is not None and _inline_only(raw_input):
+            try:
+                data = decode_base64(raw_input["audio_base64"], body_cap)
+            except WorkerError as exc:
+                return exc.to_result()
+            rest = {k: v for k, v in raw_input.items() if k != "audio_base64"}
+            return run_job(rest, worker, audio=data, **options)
         return run_job(raw_input, worker, **options)
     try:
         req = passthrough_request(raw_input, worker.pool.names)
@@ -332,6 +347,15 @@ def run_any_job(raw_input: Any, worker: Runtime, **options: Any) -> Any:
         return result
     body, _media = response_body(req, result)
     return body
+
+
+def _inline_only(raw_input: Any) -> bool:
+    return (
+        isinstance(raw_input, dict)
+        and isinstance(raw_input.get("audio_base64"), str)
+        and "audio_url" not in raw_input
+        and "audio" not in raw_input
+    )
 
 
 SERVER_VAD_FIELDS = {

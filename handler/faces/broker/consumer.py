@@ -175,9 +175,11 @@ class Consumer:
             self._best_effort(self.store.progress, job_id, {"progress": percent})
 
         try:
+            settings = self.worker.settings  # the job came through a gateway's HTTP body
             return run_any_job(
                 job_input,
                 self.worker,
+                body_cap=max(settings.max_inline_bytes, settings.max_upload_bytes),
                 job_id=job_id,
                 cancel=cancel,
                 on_segment=on_segment,
