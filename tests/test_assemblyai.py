@@ -238,6 +238,7 @@ def test_any_transcript_request_is_a_job_or_a_refusal(body: Any) -> None:
                 "vad_threshold",
                 "speaker_labels",
                 "min_end_of_turn_silence_when_confident",
+                "filter_profanity",
             ]
         ),
         st.text(max_size=20),

@@ -16,6 +16,8 @@ from typing import Any
 
 import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from websockets.exceptions import ConnectionClosed, ConnectionClosedOK, InvalidStatus
 from websockets.sync.client import connect
 
@@ -73,6 +75,44 @@ def test_words_languages_and_metadata_are_deepgrams_shapes() -> None:
         shape.word({"word": " country.", "start": 1, "end": 2, "probability": 0.9})
     ]
     assert [w["punctuated_word"] for w in shape.replaced(said, table)] == ["an", "nation."]
+
+
+QUERY_KEYS = st.sampled_from(
+    ["encoding", "sample_rate", "channels", "multichannel", "extra", "profanity_filter",
+     "callback", "callback_method", "replace", "search", "keywords", "language", "model",
+     "endpointing", "utterance_end_ms", "interim_results", "diarize", "redact", "paragraphs"]
+)  # fmt: skip
+VALUES = st.one_of(
+    st.text(max_size=24),
+    st.sampled_from(["true", "false", "2", "8", "9", "16000", "linear16", "mulaw", "a:b",
+                     "http://127.0.0.1/x", "ftp://x", "put", "get", "x" * 3000]),
+)  # fmt: skip
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(st.tuples(QUERY_KEYS, VALUES), max_size=10))
+def test_any_query_is_a_session_a_job_or_a_refusal(pairs: list[tuple[str, str]]) -> None:
+    """Any query on either route (the live one's configure; the file one's job, callback
+    and extra): what can be served, or the route's own refusal; never another exception."""
+    from starlette.datastructures import QueryParams
+
+    from handler.faces.deepgram import prerecorded
+    from handler.faces.deepgram.live import configure
+    from handler.faces.deepgram.query import extra
+    from handler.faces.realtime.protocol import SessionError
+
+    params = QueryParams(pairs)
+    try:
+        session, options = configure(params, ["tiny.en"])
+        assert session["type"] == "transcription" and 1 <= options["channels"] <= 8
+    except SessionError as exc:
+        assert str(exc)
+    try:
+        job, _model = prerecorded.job_input(params, ["tiny.en"])
+        prerecorded.callback_of(params)
+        assert isinstance(job, dict) and len(json.dumps(extra(params))) < 250_000
+    except prerecorded.Refused as exc:
+        assert str(exc)
 
 
 @pytest.fixture(scope="module")
