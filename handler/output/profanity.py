@@ -76,10 +76,8 @@ class Masker:
         if _MARK not in masked:
             return []
         starts = {m["index"] for m in result.get("matches") or [] if "index" in m}
-        found = _recover(text, masked.split(_MARK))
-        if found is None or any(s not in starts for s, _ in found):
-            return self._word_by_word(text)
-        return found
+        found = _recover(text, masked.split(_MARK), starts)
+        return self._word_by_word(text) if found is None else found
 
     def _word_by_word(self, text: str) -> list[tuple[int, int]]:
         out, pos = [], 0
@@ -98,20 +96,29 @@ class Masker:
         return mask(text, self.spans(text))
 
 
-def _recover(text: str, pieces: list[str]) -> list[tuple[int, int]] | None:
-    """The masked runs of ``text``, given the text between them; None if it does not fit."""
-    spans, pos = [], 0
+def _recover(
+    text: str, pieces: list[str], starts: set[int] | None = None
+) -> list[tuple[int, int]] | None:
+    """The masked runs of ``text``, given the text between them (``pieces``) and where the
+    library said its hits start (``starts``: each run begins at one); None if they do not
+    fit. A run ends where the next piece is found and, after it, the next run starts at a
+    hit: a phrase ("2 girls 1 cup") holds the spaces the next piece begins with."""
+    spans: list[tuple[int, int]] = []
+    pos = 0
     for i, piece in enumerate(pieces[:-1]):
         if not text.startswith(piece, pos):
             return None
-        start = pos + len(piece)
-        after = pieces[i + 1]
+        start, after = pos + len(piece), pieces[i + 1]
+        if starts is not None and start not in starts:
+            return None
         if i + 1 == len(pieces) - 1:
             end = len(text) - len(after)
             if not text.endswith(after) or end <= start:
                 return None
         else:
             end = text.find(after, start + 1) if after else -1
+            while starts is not None and end >= 0 and end + len(after) not in starts:
+                end = text.find(after, end + 1)
             if end < 0:
                 return None
         spans.append((start, end))
