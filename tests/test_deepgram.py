@@ -115,6 +115,33 @@ def test_any_query_is_a_session_a_job_or_a_refusal(pairs: list[tuple[str, str]])
         assert str(exc)
 
 
+@given(
+    st.integers(1, 8),
+    st.sampled_from([1, 2]),
+    st.integers(0, 300),
+    st.lists(st.integers(1, 97), min_size=1, max_size=30),
+)
+def test_a_live_calls_channels_come_apart_however_its_messages_cut_it(
+    count: int, width: int, frames: int, cuts: list[int]
+) -> None:
+    """Interleaved samples sent in messages of any size: each channel gets its own bytes,
+    in order, whole samples only; what is short of a frame waits, never more."""
+    from handler.faces.deepgram.live import split_frames
+
+    pcm = np.arange(frames * count * width, dtype=np.uint32).astype(np.uint8).tobytes()
+    got: list[bytes] = [b""] * count
+    pending, at, i = b"", 0, 0
+    while at < len(pcm):
+        message = pcm[at : at + cuts[i % len(cuts)]]
+        at, i = at + len(message), i + 1
+        parts, pending = split_frames(pending + message, count, width)
+        got = [g + p for g, p in zip(got, parts, strict=True)]
+        assert len(pending) < count * width
+    assert pending == b""
+    whole = np.frombuffer(pcm, np.uint8).reshape(-1, count, width)
+    assert got == [whole[:, c, :].tobytes() for c in range(count)]
+
+
 @pytest.fixture(scope="module")
 def server() -> Iterator[Server]:
     srv = Server(

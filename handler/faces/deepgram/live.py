@@ -102,6 +102,15 @@ def _channels(params: Any) -> int:
     return count
 
 
+def split_frames(data: bytes, count: int, width: int) -> tuple[list[bytes], bytes]:
+    """Interleaved samples (``width`` bytes each: 2 in linear16, 1 in mu-law and A-law) as
+    each of ``count`` channels' bytes, and the bytes short of a whole frame (they wait for
+    the next message)."""
+    cut = len(data) - len(data) % (width * count)
+    frames = np.frombuffer(data[:cut], np.uint8).reshape(-1, count, width)
+    return [frames[:, i, :].tobytes() for i in range(count)], data[cut:]
+
+
 def _turns(params: Any) -> tuple[dict[str, Any], bool]:
     """OpenAI's server VAD for Deepgram's endpointing; whether turns are ``speech_final``."""
     value = params.get("endpointing")
@@ -251,15 +260,9 @@ class DeepgramSession(QueryAudioSession):
                 await lane.append(part)
 
     def _split(self, data: bytes) -> list[bytes]:
-        """Interleaved samples (2 bytes each in linear16, 1 in mu-law and A-law) as each
-        channel's; an incomplete frame waits for the next message."""
-        count = len(self.lanes) + 1
         width = 2 if self.config.format == "audio/pcm" else 1
-        data = self.pending + data
-        cut = len(data) - len(data) % (width * count)
-        data, self.pending = data[:cut], data[cut:]
-        frames = np.frombuffer(data, np.uint8).reshape(-1, count, width)
-        return [frames[:, i, :].tobytes() for i in range(count)]
+        parts, self.pending = split_frames(self.pending + data, len(self.lanes) + 1, width)
+        return parts
 
     async def empty_message(self) -> bool:
         # An empty binary message: Deepgram's older way to say CloseStream.
