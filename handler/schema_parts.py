@@ -65,10 +65,15 @@ def speaker_rules(self: Any) -> None:
         raise ValueError("speaker_embeddings need diarize: true")
     if self.speaker_windows and not self.diarize:
         raise ValueError("speaker_windows need diarize: true")
-    if self.multichannel and (self.diarize or self.split not in (None, 1)):
+    if self.multichannel and self.diarize and any(v is not None for v in given[:3]):
+        raise ValueError(
+            "num_speakers, min_speakers, max_speakers count a recording's speakers; with "
+            "multichannel each channel's are found on their own (known_speakers still name them)"
+        )
+    if self.multichannel and self.split not in (None, 1):
         raise ValueError(
             "multichannel labels each segment with its channel; it does not combine with "
-            "diarize or split (send one job per channel for those)"
+            "split (send one job per channel)"
         )
 
 

@@ -36,7 +36,7 @@ from speech_assets.diarization import (
     pyannote_sample,
     rttm_turns,
 )
-from tests.helpers import DATA, JFK_TEXT, make_settings, wer
+from tests.helpers import DATA, JFK_TEXT, b64, make_settings, wer
 
 ROOT = Path(__file__).resolve().parent.parent
 RATE = 16000
@@ -962,3 +962,32 @@ def test_language_multi_cuts_parts_at_speaker_turns(model_dir, base_model_dir) -
         {s["speaker"] for s in segs if s["language"] == "es"}
     )
     assert {s["language"] for s in result["diarized_json"]["segments"]} == {"en", "es"}
+
+
+def test_each_channel_of_a_call_gets_its_own_speakers(dworker, sample, tmp_path) -> None:
+    """``multichannel`` with ``diarize`` (refused before): a conference room of three
+    voices on one channel, JFK alone on the other. Each channel is diarized on its own;
+    the room's speakers are lettered first, JFK gets the next letter, and no label is on
+    both channels; a speaker count is refused (it counts a whole recording)."""
+    from tests.media import write_pcm
+
+    room, _ = three_voices(sample)
+    jfk = read_wav(DATA / "jfk.wav")
+    stereo = np.zeros((max(len(room), len(jfk)), 2), np.float32)
+    stereo[: len(room), 0], stereo[: len(jfk), 1] = room, jfk
+    path = write_pcm(tmp_path / "call.wav", (np.clip(stereo, -1, 1) * 32767).astype(np.int16))
+    job = {"audio_base64": b64(path), "multichannel": True, "diarize": True}
+    result = run_job({**job, "output": ["text", "segments", "rttm"]}, dworker)
+    assert "error" not in result, result
+    by_channel: dict[int, set[str]] = {0: set(), 1: set()}
+    for seg in result["segments"]:
+        if seg["text"].strip():
+            by_channel[seg["channel"]].add(seg["speaker"])
+    assert len(by_channel[0]) >= 2 and len(by_channel[1]) == 1, by_channel
+    assert not by_channel[0] & by_channel[1]
+    letters = sorted(s["speaker"] for s in result["speakers"])  # listed as first heard
+    assert letters == [chr(65 + i) for i in range(len(letters))], letters
+    assert by_channel[1] == {letters[-1]} and by_channel[0] <= set(letters[:-1])
+    assert {line.split()[7] for line in result["rttm"].splitlines()} == set(letters)
+    counted = run_job({**job, "num_speakers": 2}, dworker)
+    assert counted["error_code"] == "INVALID_INPUT" and "num_speakers" in counted["error"]

@@ -105,7 +105,7 @@ def test_unset_the_channels_are_mixed_down_as_before(worker, call_wav, no_leaks)
 
 @pytest.mark.parametrize(
     "extra,needle",
-    [({"diarize": True}, "diarize"), ({"split": 2}, "split"), ({"multichannel": "yes"}, "")],
+    [({"split": 2}, "split"), ({"multichannel": "yes"}, "")],
 )
 def test_what_does_not_combine_is_refused_before_any_work(worker, call_wav, extra, needle):
     job = {"audio_base64": b64(call_wav), "multichannel": True, **extra}

@@ -97,7 +97,7 @@ def _shape(
 ) -> dict[str, Any]:
     task, warnings, segments = job.effective_task, call.warnings, tr.segments
     turns = call.diarization.turns if call.diarization is not None else []
-    if job.diarize:
+    if job.diarize and not job.multichannel:  # a channel's speakers are joined per channel
         segments = speakers.attribute(segments, turns)
     rendered = formats.render(
         list(job.output),

@@ -6,7 +6,9 @@ who spoke, and each voice is decoded without the other talking over it. Each cha
 the single-channel steps (transcription, loop guard, word alignment) through ``one`` on a
 child of the job's ``Call``, whose timings and warnings are folded back into the job's. A
 channel that carries the same samples as an earlier one (a mono call saved as stereo) is
-not transcribed again: ``channels`` says which one it repeats.
+not transcribed again: ``channels`` says which one it repeats. With ``diarize`` each
+channel is diarized on its own (a conference room on one side of a call): its speakers
+are joined to its words, the unnamed ones lettered on from the channels before it.
 """
 
 from __future__ import annotations
@@ -21,7 +23,7 @@ import numpy as np
 from handler.audio.decode import DecodedAudio
 from handler.contract import Segment
 from handler.inference import transcribe
-from handler.output import formats
+from handler.output import formats, speakers
 from handler.output.speakers import piece_of
 from handler.pipeline.runtime import Call, Plan, Runtime
 
@@ -39,6 +41,7 @@ def run(
     repeats = _repeats(audio.channels)
     audio.samples = np.empty(0, np.float32)  # the first channel's: held below, then let go
     done: dict[int, transcribe.Transcript] = {}
+    heard: list[Any] = []  # each diarized channel's turns, relabelled
     for i in range(count):
         if (first := repeats[i]) is not None:
             call.warnings.append(
@@ -50,12 +53,56 @@ def run(
         child = _child(call, i, count, held=sum(c.nbytes for c in audio.channels))
         del samples
         done[i] = one(plan, part, worker, child)
+        if child.diarization is not None:
+            _attribute(plan, done[i], child, heard)
         _fold(call, child, i)
         _label(done[i].segments, i)
     call.channels = [
         _summary(i, done[i if (j := repeats[i]) is None else j], j) for i in range(count)
     ]
+    if heard:
+        call.diarization = _together(heard)
     return merge(list(done.values()))
+
+
+def _attribute(plan: Plan, tr: transcribe.Transcript, child: Call, heard: list[Any]) -> None:
+    """A channel's own speakers joined to its words: its unnamed speakers lettered on from
+    the channels before it (A and B on the first, C on the second), known names kept."""
+    from handler.inference.speakers.turns import letter
+
+    found = child.diarization
+    assert found is not None
+    named = {k.name for k in plan.job.known_speakers or []}
+    lettered = sum(1 for d in heard for s in d.speakers if s not in named)
+    names: dict[str, str] = {}
+    for s in dict.fromkeys(found.speakers):
+        if s in named:
+            names[s] = s
+        else:
+            names[s], lettered = letter(lettered), lettered + 1
+    relabelled = dataclasses.replace(
+        found,
+        turns=[
+            dataclasses.replace(t, speaker=names.get(t.speaker, t.speaker)) for t in found.turns
+        ],
+        speakers=[names[s] for s in found.speakers],
+        centroids={names.get(s, s): v for s, v in found.centroids.items()},
+    )
+    tr.segments = speakers.attribute(tr.segments, relabelled.turns)
+    heard.append(relabelled)
+    child.diarization = None  # the job's is all channels' together (_together)
+
+
+def _together(heard: list[Any]) -> Any:
+    """The job's diarization: every channel's turns in time order, speakers by channel."""
+    first = heard[0]
+    turns = sorted((t for d in heard for t in d.turns), key=lambda t: (t.start, t.end))
+    found = list(dict.fromkeys(s for d in heard for s in d.speakers))
+    centroids = {s: v for d in reversed(heard) for s, v in d.centroids.items()}
+    seconds = sum(d.seconds for d in heard)
+    return dataclasses.replace(
+        first, turns=turns, speakers=found, centroids=centroids, seconds=seconds, warnings=[]
+    )
 
 
 def _repeats(channels: list[np.ndarray]) -> list[int | None]:

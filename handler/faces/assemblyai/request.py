@@ -222,8 +222,8 @@ def _speakers(body: dict[str, Any]) -> dict[str, Any]:
         return {"multichannel": True} if channels else {}
     if _bool(body, "multichannel") or _bool(body, "dual_channel"):
         raise Refused(
-            "multichannel with speaker_labels: speakers within a channel are not served; "
-            "each channel is labelled by its number"
+            "multichannel with speaker_labels: this face labels each channel by its number "
+            "(a job's diarize with multichannel, or Deepgram's, names speakers per channel)"
         )
     out: dict[str, Any] = {"diarize": True}
     expected = _int(body, "speakers_expected", 1, 20)
