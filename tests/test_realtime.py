@@ -467,6 +467,33 @@ def test_a_short_turn_after_a_long_one_is_answered_after_it(live: Server) -> Non
     assert len(committed) == 2 and done == committed
 
 
+@pytest.mark.e2e
+def test_a_session_waiting_for_its_transcript_is_not_idle() -> None:
+    """A client that commits a long turn and waits for its transcript sends nothing
+    meanwhile: the session was closed as idle (``no event for too long``) when the
+    transcription took longer than WHISPER_REALTIME_IDLE_S (seen under load with the 5-s
+    limit of the test above). It is not idle while its turns are being transcribed; once
+    they are answered, the limit applies again."""
+    srv = Server({"WHISPER_REALTIME_IDLE_S": "0.5", "WHISPER_WARMUP": "true"})
+    try:
+        with raw(srv) as ws:
+            events_until(ws, "session.created")
+            manual = {"type": "transcription", "audio": {"input": {"turn_detection": None}}}
+            ws.send(json.dumps({"type": "session.update", "session": manual}))
+            events_until(ws, "session.updated")
+            pcm = pcm24(long_clip(20).samples)  # more than 0.5 s to transcribe, here
+            for i in range(0, len(pcm), 30_000):
+                chunk = base64.b64encode(pcm[i : i + 30_000]).decode()
+                ws.send(json.dumps({"type": "input_audio_buffer.append", "audio": chunk}))
+            ws.send(json.dumps({"type": "input_audio_buffer.commit"}))
+            done = events_until(ws, "conversation.item.input_audio_transcription.completed")
+            assert wer(long_clip(20).text, done[-1]["transcript"]) < 0.3
+            idle = events_until(ws, "error")[-1]  # nothing waits now: idle again
+            assert idle["error"]["code"] == "idle_timeout", idle
+    finally:
+        srv.stop()
+
+
 # --- what voice-agent clients and an attacker send ------------------------------------------
 
 

@@ -250,6 +250,9 @@ class DeepgramSession(QueryAudioSession):
                     task.cancel()
             self.live.sessions -= len(self.lanes)
 
+    def waiting(self) -> bool:
+        return super().waiting() or any(lane.waiting() for lane in self.lanes)
+
     async def append(self, data: bytes) -> None:
         if not self.lanes:
             return await super().append(data)

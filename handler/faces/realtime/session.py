@@ -105,6 +105,8 @@ class Session:
                         self.ws.receive(), timeout=min(left, self.settings.realtime_idle_s)
                     )
                 except asyncio.TimeoutError:
+                    if self.waiting():
+                        continue  # the client waits on its transcripts: it is not idle
                     if time.monotonic() - self.started < self.settings.realtime_max_session_s:
                         await self.send(error_event("no event for too long", "idle_timeout"))
                         await self.ws.close(code=1000)
@@ -120,6 +122,10 @@ class Session:
             self.cancel.set()  # turns in flight stop at their next cancel check
             for task in list(self.tasks):
                 task.cancel()
+
+    def waiting(self) -> bool:
+        """Committed turns of this session still being transcribed (the client waits)."""
+        return any(not t.done() for t in self.finals)
 
     async def receive(self, message: Any) -> bool:
         """Handle one message; False when the session is over (closed by this server)."""
