@@ -276,7 +276,8 @@ class Settings(BaseModel):
     """HTTP mode: audio appended but not yet committed (seconds); server VAD commits a turn
     this long, manual mode refuses audio past it until a commit or clear."""
     realtime_idle_s: float = Field(60.0, gt=0, le=3600)
-    """HTTP mode: a live session that sends nothing this long is closed."""
+    """HTTP mode: a live session that sends nothing this long is closed (not while its
+    committed turns are being transcribed: it waits on them)."""
     realtime_send_timeout_s: float = Field(20.0, gt=0, le=600)
     """HTTP mode: seconds an event to a live client may wait for the client to read what
     was sent before it; past that the connection is cut (a client that stops reading would
