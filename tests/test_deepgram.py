@@ -161,6 +161,16 @@ def _ws_url(srv: Server) -> str:
     return srv.url.replace("http://", "ws://")
 
 
+def sdk_media(srv: Server, key: str) -> Any:
+    """The Deepgram SDK's pre-recorded client, pointed at ``srv`` as at a self-hosted
+    Deepgram."""
+    from deepgram import DeepgramClient
+    from deepgram.environment import DeepgramClientEnvironment
+
+    env = DeepgramClientEnvironment(base=srv.url, production=_ws_url(srv), agent="", agent_rest="")
+    return DeepgramClient(api_key=key, environment=env).listen.v1.media
+
+
 @pytest.mark.e2e
 def test_the_deepgram_sdks_live_client_gets_a_final_result_per_turn(server: Server) -> None:
     from deepgram import DeepgramClient
@@ -419,14 +429,9 @@ def audio_site() -> Iterator[str]:
 def test_the_deepgram_sdk_transcribes_a_file_and_a_url(server: Server, audio_site: str) -> None:
     """Deepgram's pre-recorded API (POST /v1/listen) through the SDK's own calls: a file
     (utterances), a URL (detected language), and refusals with Deepgram's error body."""
-    from deepgram import DeepgramClient
     from deepgram.core.api_error import ApiError
-    from deepgram.environment import DeepgramClientEnvironment
 
-    env = DeepgramClientEnvironment(
-        base=server.url, production=_ws_url(server), agent="", agent_rest=""
-    )
-    media = DeepgramClient(api_key=KEY, environment=env).listen.v1.media
+    media = sdk_media(server, KEY)
     wav = (DATA / "jfk.wav").read_bytes()
     got = media.transcribe_file(
         request=wav, model="nova-3", language="en", utterances=True, smart_format=True
@@ -465,14 +470,9 @@ def test_search_and_replace_and_what_is_not_served_through_the_sdk(server: Serve
     """``replace`` rewrites words and transcript; ``search`` finds words and phrases with
     their times; redaction, entities, sentiment, topics, intents and summaries are refused
     (they came back as if done before)."""
-    from deepgram import DeepgramClient
     from deepgram.core.api_error import ApiError
-    from deepgram.environment import DeepgramClientEnvironment
 
-    env = DeepgramClientEnvironment(
-        base=server.url, production=_ws_url(server), agent="", agent_rest=""
-    )
-    media = DeepgramClient(api_key=KEY, environment=env).listen.v1.media
+    media = sdk_media(server, KEY)
     wav = (DATA / "jfk.wav").read_bytes()
     got = media.transcribe_file(
         request=wav,
@@ -511,15 +511,10 @@ def test_search_and_replace_and_what_is_not_served_through_the_sdk(server: Serve
 def test_the_deepgram_sdk_gets_a_channel_per_channel_of_a_call(server: Server, tmp_path) -> None:
     """``multichannel=true``: results.channels has each side of a two-channel call, its
     words inside its own speech; utterances say their channel, in the order said."""
-    from deepgram import DeepgramClient
-    from deepgram.environment import DeepgramClientEnvironment
 
     from tests.media import CALL_TEXTS, write_call_wav
 
-    env = DeepgramClientEnvironment(
-        base=server.url, production=_ws_url(server), agent="", agent_rest=""
-    )
-    media = DeepgramClient(api_key=KEY, environment=env).listen.v1.media
+    media = sdk_media(server, KEY)
     call = write_call_wav(tmp_path / "call.wav").read_bytes()
     got = media.transcribe_file(
         request=call,
@@ -576,16 +571,10 @@ def test_a_callback_gets_deepgrams_response_when_the_job_ends(server: Server, ca
     refused before: a Deepgram batch pipeline built on callbacks had to be rewritten."""
     import base64
 
-    from deepgram import DeepgramClient
-    from deepgram.environment import DeepgramClientEnvironment
-
     from tests.helpers import wait_for
 
     url, calls = callbacks
-    env = DeepgramClientEnvironment(
-        base=server.url, production=_ws_url(server), agent="", agent_rest=""
-    )
-    media = DeepgramClient(api_key=KEY, environment=env).listen.v1.media
+    media = sdk_media(server, KEY)
     wav = (DATA / "jfk.wav").read_bytes()
     accepted = media.transcribe_file(
         request=wav,

@@ -186,14 +186,12 @@ def server() -> Iterator[Server]:
 
 @pytest.mark.e2e
 def test_the_deepgram_assemblyai_and_openai_sdks_get_files_masked(server: Server) -> None:
-    from deepgram import DeepgramClient
-    from deepgram.environment import DeepgramClientEnvironment
     from openai import OpenAI
 
+    from tests.test_deepgram import sdk_media
+
     data = CLIP.read_bytes()
-    ws = server.url.replace("http://", "ws://")
-    env = DeepgramClientEnvironment(base=server.url, production=ws, agent="", agent_rest="")
-    media = DeepgramClient(api_key=KEY, environment=env).listen.v1.media
+    media = sdk_media(server, KEY)
     got = media.transcribe_file(request=data, model="nova-3", profanity_filter=True)
     alt = got.results.channels[0].alternatives[0]
     words = " ".join(f"{w.word} {w.punctuated_word}" for w in alt.words)

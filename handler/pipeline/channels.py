@@ -90,7 +90,6 @@ def _attribute(plan: Plan, tr: transcribe.Transcript, child: Call, heard: list[A
     )
     tr.segments = speakers.attribute(tr.segments, relabelled.turns)
     heard.append(relabelled)
-    child.diarization = None  # the job's is all channels' together (_together)
 
 
 def _together(heard: list[Any]) -> Any:
