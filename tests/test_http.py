@@ -191,6 +191,30 @@ def test_verbose_json_with_words_and_segments_matches_the_sdk_types(server: Serv
     assert words_only.words and not words_only.segments
 
 
+def test_temperature_as_the_sdks_send_it(server: Server) -> None:
+    """A form field is text: the SDKs (OpenAI's Python and Node SDKs, the Vercel AI SDK)
+    send ``temperature=0.4`` as ``"0.4"``, which was refused as "not a number"."""
+    client = server.client()
+    with open(JFK, "rb") as f:
+        res = client.audio.transcriptions.create(
+            model="whisper-1", file=f, temperature=0, response_format="verbose_json"
+        )
+    assert wer(res.text, JFK_TEXT) < 0.15
+    assert res.segments and {s.temperature for s in res.segments} == {0.0}
+    # A temperature the decoder starts from is the one its segments report.
+    with open(JFK, "rb") as f:
+        warm = client.audio.transcriptions.create(
+            model="whisper-1", file=f, temperature=0.4, response_format="verbose_json"
+        )
+    assert warm.segments and {s.temperature for s in warm.segments} <= {0.4, 0.6, 0.8, 1.0}
+    for bad in (2, "warm"):
+        with open(JFK, "rb") as f, pytest.raises(openai.BadRequestError) as info:
+            client.audio.transcriptions.create(
+                model="whisper-1", file=f, extra_body={"temperature": bad}
+            )
+        assert "temperature" in str(info.value)
+
+
 def test_word_alignment_as_an_extra_form_field_through_the_openai_sdk(server: Server) -> None:
     client = server.client()
     timed = {}

@@ -245,7 +245,8 @@ def _mapped(
     if fields.get("prompt"):
         job["initial_prompt"] = fields["prompt"]
     if fields.get("temperature") not in (None, ""):
-        job["temperature"] = fields["temperature"]
+        # A form field is text ("0.2"); a JSON list ("[0, 0.2]") was decoded by fold_form.
+        job["temperature"] = typed_form({"temperature": fields["temperature"]})["temperature"]
     job.update(_chunking(fields.get("chunking_strategy")))
     keywords = _strings("keywords", fields.get("keywords"))
     if keywords:
