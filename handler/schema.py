@@ -462,7 +462,11 @@ def typed_form(fields: dict[str, Any]) -> dict[str, Any]:
     is, for the schema to refuse by the field's name."""
     out = dict(fields)
     for name, value in fields.items():
-        kind, literals = SCALAR_KINDS.get(name, (None, frozenset()))
+        if name in TEXT_LISTS and isinstance(value, str):
+            out[name] = [part.strip() for part in value.split(",")]  # output=srt,vtt
+            continue
+        # The official worker's names (enable_vad, logprob_threshold) as what they alias.
+        kind, literals = SCALAR_KINDS.get(ALIASES.get(name, name), (None, frozenset()))
         if kind is None or not isinstance(value, str) or value in literals:
             continue
         text = value.strip().lower()
@@ -470,6 +474,8 @@ def typed_form(fields: dict[str, Any]) -> dict[str, Any]:
             out[name] = text in ("true", "1")
         elif kind is int and text.lstrip("-").isdigit():
             out[name] = int(text)
+        elif kind is int and schema_parts.integral(text):
+            out[name] = int(float(text))  # "4.0", as a JSON job's 4.0 is taken
         elif kind is float:
             try:
                 out[name] = float(text)
@@ -479,6 +485,8 @@ def typed_form(fields: dict[str, Any]) -> dict[str, Any]:
 
 
 SCALAR_KINDS = _scalar_kinds()
+TEXT_LISTS = frozenset({"output", "languages"})
+"""Fields that take a list of names: one form field may give them comma-separated."""
 
 
 def parse_job_input(data: Any, *, audio_given: bool = False) -> JobInput:

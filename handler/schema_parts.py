@@ -3,6 +3,7 @@ the rules across its speaker options and its thresholds (``self``: the JobInput)
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
@@ -97,3 +98,12 @@ def threshold_rules(self: Any) -> None:
             raise ValueError("min_speech_ratio measures speech with the VAD: leave it on")
         if self.clip_timestamps not in (None, "0", [0.0], []):
             raise ValueError("min_speech_ratio judges the whole recording: no clip_timestamps")
+
+
+def integral(text: str) -> bool:
+    """Whether a form field's text is a whole number written as a float ("4.0")."""
+    try:
+        number = float(text)
+    except ValueError:
+        return False
+    return math.isfinite(number) and number == int(number)

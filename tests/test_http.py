@@ -21,11 +21,14 @@ import pytest
 import requests
 import srt
 import webvtt
+from hypothesis import given
+from hypothesis import strategies as st
 from openai.types.audio import Transcription, TranscriptionVerbose
 
 from handler.contract import is_openai_model
 from handler.errors import Code, WorkerError
 from handler.faces import openai_api
+from handler.schema import ALIASES, SCALAR_KINDS, parse_job_input
 from tests import media
 from tests.helpers import DATA, JFK_TEXT, b64, wait_for, wer, words
 from tests.httpserver import LocalServer
@@ -634,6 +637,64 @@ def test_an_abandoned_stream_cancels_its_job(keyed: Server) -> None:
 
 
 # --- the pure mapping and the queue passthrough -----------------------------------------
+
+
+FORM_NAMES = sorted({*SCALAR_KINDS, *(old for old, new in ALIASES.items() if new in SCALAR_KINDS)})
+
+
+def form_text(value: bool | float) -> str:
+    """A value as a form carries it: the SDKs write booleans in lower case."""
+    return str(value).lower() if isinstance(value, bool) else str(value)
+
+
+@given(
+    name=st.sampled_from(FORM_NAMES),
+    value=st.booleans() | st.integers(-3, 600) | st.floats(-3, 600, allow_nan=False),
+)
+def test_every_number_and_flag_means_the_same_as_a_form_field(name: str, value: Any) -> None:
+    """The probe: ``temperature=0.4`` from every SDK was refused as "not a number", and
+    the official worker's ``enable_vad=true`` as "true or false": a value sent as a form
+    field must mean what the same value means in a JSON job, option by option."""
+    canonical = ALIASES.get(name, name)
+    try:
+        want: Any = getattr(parse_job_input({name: value}, audio_given=True), canonical)
+    except WorkerError:
+        want = WorkerError
+    try:
+        req = openai_api.build_request(
+            "/v1/audio/transcriptions",
+            {"model": "whisper-1", name: form_text(value)},
+            loaded_models=["tiny.en"],
+            has_file=True,
+        )
+        got: Any = getattr(parse_job_input(req.job_input, audio_given=True), canonical)
+    except WorkerError:
+        got = WorkerError
+    if SCALAR_KINDS[canonical][0] is bool and not isinstance(value, bool):
+        # A flag given a number: a form takes 1 and 0 (not 1.0), JSON what pydantic takes.
+        assert got in ((value == 1) if form_text(value) in ("0", "1") else WorkerError,)
+        return
+    assert got == want, (name, value)
+
+
+def test_a_list_of_names_may_be_one_comma_separated_field() -> None:
+    """The probe: ``-F output=srt`` was refused as "Input should be a valid list"."""
+    for text, want in (("srt", ["srt"]), ("srt, vtt", ["srt", "vtt"])):
+        req = openai_api.build_request(
+            "/v1/audio/transcriptions",
+            {"model": "whisper-1", "output": text},
+            loaded_models=["tiny.en"],
+            has_file=True,
+        )
+        assert parse_job_input(req.job_input, audio_given=True).output == want
+    bad = openai_api.build_request(
+        "/v1/audio/transcriptions",
+        {"model": "whisper-1", "output": "srt,"},
+        loaded_models=["tiny.en"],
+        has_file=True,
+    )
+    with pytest.raises(WorkerError, match="output"):
+        parse_job_input(bad.job_input, audio_given=True)
 
 
 def test_fold_form_reads_lists_objects_and_json() -> None:
