@@ -6,6 +6,7 @@ disconnects). The model is the real tiny.en; slow sources are a real local HTTP 
 from __future__ import annotations
 
 import json
+import math
 import os
 import socket
 import subprocess
@@ -475,8 +476,47 @@ def test_granularities_as_repeated_plain_fields_and_openais_newer_fields(server:
         )
     assert wer(res.text, JFK_TEXT) < 0.15
     with open(JFK, "rb") as f, pytest.raises(openai.BadRequestError) as info:
-        server.client().audio.transcriptions.create(model="whisper-1", file=f, include=["logprobs"])
-    assert "logprobs" in info.value.message
+        server.client().audio.transcriptions.create(
+            model="whisper-1", file=f, include=["logprobs"], response_format="srt"
+        )
+    assert "response_format=json" in info.value.message
+
+
+def test_logprobs_as_pipecat_asks_for_them(server: Server) -> None:
+    """The probe: ``include[]=logprobs`` was refused (400), so Pipecat's OpenAISTTService
+    with ``include_prob_metrics=True`` and its default model failed every turn. Now one
+    log-probability per word, in the answer and in the stream."""
+    client = server.client()
+    with open(JFK, "rb") as f:
+        res = client.audio.transcriptions.create(
+            model="gpt-transcribe", file=f, response_format="json", include=["logprobs"]
+        )
+    assert wer(res.text, JFK_TEXT) < 0.15 and res.logprobs
+    assert "".join(lp.token for lp in res.logprobs).strip() == res.text.strip()
+    assert all(
+        lp.logprob <= 0 and bytes(int(b) for b in lp.bytes or []) == lp.token.encode()
+        for lp in res.logprobs
+    )
+    # Pipecat's confidence: the exponent of the mean log-probability; JFK is clear speech.
+    mean = sum(lp.logprob for lp in res.logprobs) / len(res.logprobs)
+    assert 0.5 < math.exp(mean) <= 1.0
+    with open(JFK, "rb") as f:
+        events = list(
+            client.audio.transcriptions.create(
+                model="gpt-4o-transcribe", file=f, stream=True, include=["logprobs"]
+            )
+        )
+    deltas = [e for e in events if e.type == "transcript.text.delta"]
+    done = events[-1]
+    assert done.type == "transcript.text.done" and done.logprobs
+    assert [lp.token for d in deltas for lp in d.logprobs or []] == [
+        lp.token for lp in done.logprobs
+    ]
+    assert [lp.token for lp in done.logprobs] == [lp.token for lp in res.logprobs]
+    # Without include[], no logprobs and no word timestamps paid for.
+    with open(JFK, "rb") as f:
+        plain = client.audio.transcriptions.create(model="gpt-transcribe", file=f)
+    assert plain.logprobs is None
 
 
 def test_unknown_routes_and_the_realtime_route_answer_in_openais_shape(server: Server) -> None:
@@ -732,7 +772,9 @@ def test_build_request_refuses_what_whisper_cannot_do() -> None:
     for fields in (
         {"response_format": "xml"},
         {"chunking_strategy": "semantic"},
-        {"include": ["logprobs"]},
+        {"include": ["logprobs"], "response_format": "verbose_json"},
+        {"include": ["tokens"]},
+        {"include": ["logprobs"], "word_timestamps": "false"},
         {"timestamp_granularities": ["word"]},
         {"stream": "maybe"},
         {"keywords": [""]},

@@ -18,6 +18,7 @@ faster than real time, and waits on the transcripts with generous deadlines.
 from __future__ import annotations
 
 import asyncio
+import math
 from collections.abc import Iterator
 from typing import Any
 
@@ -26,7 +27,7 @@ import pytest
 
 from speech_assets.clips import clips, wer
 from tests.test_http import Server
-from tests.voice import pipecat_collector
+from tests.voice import pipecat_collector, pipecat_turns
 
 pytestmark = pytest.mark.e2e
 
@@ -74,6 +75,33 @@ def livekit_finals(events: list[Any]) -> list[str]:
 
     final = agents_stt.SpeechEventType.FINAL_TRANSCRIPT
     return [e.alternatives[0].text for e in events if e.type == final]
+
+
+def test_pipecats_file_stt_with_probability_metrics(live: Server) -> None:
+    """Pipecat's OpenAISTTService (a file per turn of its VAD) with its default model,
+    ``gpt-transcribe``, and ``include_prob_metrics=True``, which asks ``include[]=logprobs``:
+    refused (400) before, so every turn ended in an ErrorFrame. A confidence is read from
+    each turn's logprobs as Pipecat's ``extract_openai_gpt4o_probability`` means to (it sums
+    the SDK's Logprob objects themselves, a TypeError against OpenAI's API too)."""
+    pytest.importorskip("pipecat", reason="pip install '.[dev]' (pipecat-ai)")
+    from pipecat.services.openai.stt import OpenAISTTService
+
+    spoken = clips()[:2]
+    frames: list[Any] = []
+    finals, errors = pipecat_turns(
+        lambda: OpenAISTTService(
+            api_key="unused", base_url=live.url + "/v1", include_prob_metrics=True
+        ),
+        lambda _stt: True,  # no socket: a request per turn
+        spoken,
+        frames=frames,
+    )
+    assert errors == [], errors
+    assert_heard(finals, spoken)
+    logprobs = [[lp.logprob for lp in f.result.logprobs] for f in frames]
+    confidences = [math.exp(sum(lps) / len(lps)) for lps in logprobs if lps]
+    assert len(confidences) == len(frames) >= 1, logprobs
+    assert all(0.3 < c <= 1.0 for c in confidences), confidences
 
 
 def test_pipecat_realtime_stt_with_its_defaults(live: Server) -> None:

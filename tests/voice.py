@@ -35,10 +35,14 @@ def until(ws: Any, kind: str, timeout: float = 120) -> list[dict[str, Any]]:
 
 
 def pipecat_collector(
-    finals: list[str], errors: list[str], interim: list[str] | None = None
+    finals: list[str],
+    errors: list[str],
+    interim: list[str] | None = None,
+    frames: list[Any] | None = None,
 ) -> type:
-    """A Pipecat processor that notes the final transcripts, errors (and interim text) it
-    sees and passes every frame on: put before the service (errors go up) and after it."""
+    """A Pipecat processor that notes the final transcripts, errors (and interim text, and
+    the final transcripts' frames) it sees and passes every frame on: put before the
+    service (errors go up) and after it."""
     from pipecat.frames.frames import ErrorFrame, InterimTranscriptionFrame, TranscriptionFrame
     from pipecat.processors.frame_processor import FrameDirection, FrameProcessor
 
@@ -47,6 +51,8 @@ def pipecat_collector(
             await super().process_frame(frame, direction)
             if isinstance(frame, TranscriptionFrame):
                 finals.append(frame.text)
+                if frames is not None:
+                    frames.append(frame)
             elif isinstance(frame, InterimTranscriptionFrame) and interim is not None:
                 interim.append(frame.text)
             elif isinstance(frame, ErrorFrame):
@@ -61,11 +67,13 @@ def pipecat_turns(
     connected: Callable[[Any], bool],
     spoken: list[Any],
     tail_s: float = 0.5,
+    frames: list[Any] | None = None,
 ) -> tuple[list[str], list[str]]:
     """(Pipecat's final transcripts, its errors) for ``spoken``'s clips, each a turn between
     VAD start and stop frames (what its own VAD sends), with ``tail_s`` of silence after it;
     each turn waits until 80 % of the words spoken so far were heard. ``connected(stt)``
-    says when the service's socket is open (the services name it differently)."""
+    says when the service's socket is open (the services name it differently); ``frames``
+    gets the final transcripts' frames."""
     from pipecat.frames.frames import (
         EndFrame,
         InputAudioRawFrame,
@@ -78,7 +86,7 @@ def pipecat_turns(
 
     finals: list[str] = []
     errors: list[str] = []
-    Collect = pipecat_collector(finals, errors)
+    Collect = pipecat_collector(finals, errors, frames=frames)
 
     async def talk() -> None:
         stt = make_stt()

@@ -358,7 +358,8 @@ async def _stream(
             return
         delta = text if first[0] else " " + text
         first[0] = False
-        loop.call_soon_threadsafe(queue.put_nowait, delta)
+        event = openai_api.delta_event(delta, seg.get("words"), req.logprobs)
+        loop.call_soon_threadsafe(queue.put_nowait, event)
 
     started = [False]
 
@@ -393,7 +394,9 @@ async def _stream(
     task = asyncio.ensure_future(run())
     task.add_done_callback(give_back)
     segments = req.response_format == "diarized_json"
-    return StreamingResponse(_events(queue, task, segments), media_type="text/event-stream")
+    return StreamingResponse(
+        _events(queue, task, segments, req.logprobs), media_type="text/event-stream"
+    )
 
 
 async def _on_a_consumer(
@@ -416,7 +419,10 @@ async def _on_a_consumer(
 
 
 async def _events(
-    queue: asyncio.Queue[Any], task: asyncio.Future, segments: bool = False
+    queue: asyncio.Queue[Any],
+    task: asyncio.Future,
+    segments: bool = False,
+    with_logprobs: bool = False,
 ) -> AsyncIterator[str]:
     """The stream's body: a delta per decoded segment, then (``diarized_json``) OpenAI's
     ``transcript.text.segment`` event per speaker segment once the speakers are known,
@@ -425,8 +431,8 @@ async def _events(
     try:
         while True:
             item = await queue.get()
-            if not isinstance(item, tuple):
-                yield f"data: {json.dumps({'type': 'transcript.text.delta', 'delta': item})}\n\n"
+            if not isinstance(item, tuple):  # a delta event
+                yield f"data: {json.dumps(item)}\n\n"
                 continue
             result = item[1]
             if isinstance(result, Response):
@@ -437,7 +443,7 @@ async def _events(
                 if segments:
                     for event in result["diarized_json"]["segments"]:
                         yield f"data: {json.dumps(event)}\n\n"
-                body = openai_api.done_event(result)
+                body = openai_api.done_event(result, with_logprobs)
             yield f"data: {json.dumps(body)}\n\n"
             return
     finally:

@@ -31,6 +31,7 @@ What differs from OpenAI's API, and why (docs/openai.md lists every field):
 from __future__ import annotations
 
 import json
+import math
 from collections.abc import Iterable, Mapping
 from typing import Any
 
@@ -54,6 +55,7 @@ OPENAI_FIELDS = frozenset(
         "temperature",
         "timestamp_granularities",
         "stream",
+        "include",
         "chunking_strategy",
         "keywords",
         "languages",
@@ -61,7 +63,10 @@ OPENAI_FIELDS = frozenset(
         "known_speaker_references",
     }
 )
-REFUSED_FIELDS = frozenset({"include"})
+INCLUDES = ("logprobs",)
+"""What ``include[]`` may ask: ``logprobs``, one per word (:func:`logprobs`)."""
+LOGPROB_FLOOR = -100.0
+"""The log-probability given a word whose probability rounds to 0 (log 0 is no number)."""
 LIST_FIELDS = frozenset(
     {
         "timestamp_granularities",
@@ -160,12 +165,14 @@ class OpenAIRequest:
         response_format: str,
         stream: bool,
         granularities: tuple[str, ...],
+        logprobs: bool = False,
     ) -> None:
         self.task = task
         self.job_input = job_input
         self.response_format = response_format
         self.stream = stream
         self.granularities = granularities
+        self.logprobs = logprobs
 
 
 def build_request(
@@ -179,8 +186,8 @@ def build_request(
     task = ROUTES.get(route)
     if task is None:
         raise _bad(f"unknown route {route!r}; use one of {', '.join(ROUTES)}")
-    _refuse(fields)
     fmt, granularities = _format(fields)
+    want_logprobs = _include(fields.get("include"), fmt)
     stream = _bool("stream", fields.get("stream", False))
     job: dict[str, Any] = typed_form(
         {k: v for k, v in fields.items() if k not in OPENAI_FIELDS and v is not None}
@@ -203,18 +210,32 @@ def build_request(
         "diarized_json": ["diarized_json"],
     }
     job.setdefault("output", outputs.get(fmt, ["verbose_json", *(["words"] if want_words else [])]))
-    return OpenAIRequest(task, job, fmt, stream, granularities)
+    if want_logprobs:
+        _with_words(job)
+    return OpenAIRequest(task, job, fmt, stream, granularities, want_logprobs)
 
 
-def _refuse(fields: Mapping[str, Any]) -> None:
-    refused = sorted(REFUSED_FIELDS & fields.keys())
-    if refused == ["include"]:
-        raise _bad(
-            "include[]=logprobs is not served: the Whisper decoder here keeps one "
-            "log-probability per segment (verbose_json's avg_logprob), not one per token"
-        )
-    if refused:
-        raise _bad(f"not supported by Whisper models: {', '.join(refused)}")
+def _include(value: Any, fmt: str) -> bool:
+    """OpenAI's ``include[]``: whether ``logprobs`` is asked (only with ``json``, as OpenAI
+    serves it)."""
+    if value in (None, "", []):
+        return False
+    items = value if isinstance(value, list) else [value]
+    if any(item not in INCLUDES for item in items):
+        raise _bad(f"include[] takes {', '.join(INCLUDES)}")
+    if fmt != "json":
+        raise _bad("include[]=logprobs needs response_format=json, as OpenAI's API")
+    return True
+
+
+def _with_words(job: dict[str, Any]) -> None:
+    """The words a ``logprobs`` answer is made of: word timestamps on, ``words`` output."""
+    if job.get("word_timestamps") is False:
+        raise _bad("include[]=logprobs needs word_timestamps: one log-probability per word")
+    job["word_timestamps"] = True
+    output = job["output"]
+    if isinstance(output, list) and "words" not in output:
+        job["output"] = [*output, "words"]
 
 
 def _format(fields: Mapping[str, Any]) -> tuple[str, tuple[str, ...]]:
@@ -393,11 +414,29 @@ def usage(output: Mapping[str, Any]) -> dict[str, Any]:
     return {"type": "duration", "seconds": float(output.get("duration") or 0.0)}
 
 
+def logprobs(words: Iterable[Mapping[str, Any]]) -> list[dict[str, Any]]:
+    """OpenAI's ``logprobs``, one entry per word: Whisper's tokens are not OpenAI's (a
+    client reads a confidence from them, as Pipecat averages them), so each word is a
+    ``token`` (its leading space kept: the tokens spell the text), its ``logprob`` the log
+    of the word's probability (the mean of its tokens' probabilities as the decoder gave
+    them), and its UTF-8 ``bytes``."""
+    out = []
+    for word in words:
+        p = float(word.get("probability") or 0.0)
+        logprob = max(math.log(p), LOGPROB_FLOOR) if p > 0 else LOGPROB_FLOOR
+        text = str(word.get("word") or "")
+        out.append({"token": text, "logprob": round(logprob, 6), "bytes": list(text.encode())})
+    return out
+
+
 def response_body(req: OpenAIRequest, output: Mapping[str, Any]) -> tuple[Any, str]:
     """(body, media type) of OpenAI's response for a finished job's output."""
     fmt = req.response_format
     if fmt == "json":
-        return {"text": output["text"], "usage": usage(output)}, "application/json"
+        body: dict[str, Any] = {"text": output["text"]}
+        if req.logprobs:
+            body["logprobs"] = logprobs(output.get("words") or [])
+        return {**body, "usage": usage(output)}, "application/json"
     if fmt == "text":
         return output["text"] + "\n", "text/plain; charset=utf-8"
     if fmt == "srt":
@@ -406,11 +445,11 @@ def response_body(req: OpenAIRequest, output: Mapping[str, Any]) -> tuple[Any, s
         return output["vtt"], "text/vtt; charset=utf-8"
     if fmt == "diarized_json":
         return {**output["diarized_json"], "usage": usage(output)}, "application/json"
-    body = dict(output["verbose_json"])
+    verbose = dict(output["verbose_json"])
     if "segment" not in req.granularities:
-        body.pop("segments", None)
-    body["usage"] = usage(output)
-    return body, "application/json"
+        verbose.pop("segments", None)
+    verbose["usage"] = usage(output)
+    return verbose, "application/json"
 
 
 # --- errors -------------------------------------------------------------------------
@@ -473,9 +512,21 @@ def error_body(error: Mapping[str, Any]) -> tuple[int, dict[str, Any]]:
     }
 
 
-def done_event(output: Mapping[str, Any]) -> dict[str, Any]:
-    """The stream's last event: the whole text and the usage."""
-    return {"type": "transcript.text.done", "text": output["text"], "usage": usage(output)}
+def delta_event(delta: str, words: Any, with_logprobs: bool) -> dict[str, Any]:
+    """A stream's event for one decoded segment (its words' ``logprobs`` when asked)."""
+    event: dict[str, Any] = {"type": "transcript.text.delta", "delta": delta}
+    if with_logprobs:
+        event["logprobs"] = logprobs(words or [])
+    return event
+
+
+def done_event(output: Mapping[str, Any], with_logprobs: bool = False) -> dict[str, Any]:
+    """The stream's last event: the whole text (every word's ``logprobs`` when asked) and
+    the usage."""
+    event: dict[str, Any] = {"type": "transcript.text.done", "text": output["text"]}
+    if with_logprobs:
+        event["logprobs"] = logprobs(output.get("words") or [])
+    return {**event, "usage": usage(output)}
 
 
 __all__ = [
