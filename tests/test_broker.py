@@ -13,6 +13,7 @@ real model, the gateway as the real HTTP server (runpod_emulator/broker_stack.py
 from __future__ import annotations
 
 import base64
+import io
 import ipaddress
 import json
 import sys
@@ -758,6 +759,7 @@ def test_openais_sdk_and_v1_jobs_through_a_gateway(rds: RedisServer) -> None:
         deltas = [e.delta for e in events if e.type == "transcript.text.delta"]
         assert len(deltas) >= 2 and events[-1].type == "transcript.text.done"
         assert wer(JFK_TEXT, "".join(deltas)) < 0.2 and events[-1].text == out.text
+        _a_big_upload_with_logprobs_through(client)
         native = requests.post(
             f"{gateway.url}/v1/jobs",
             json={"input": {"audio_base64": b64(DATA / "jfk.wav")}},
@@ -795,6 +797,46 @@ def test_openais_sdk_and_v1_jobs_through_a_gateway(rds: RedisServer) -> None:
     finally:
         gateway.stop()
         consumer.stop()
+
+
+def big_wav(path: Path, seconds: float) -> bytes:
+    """``path`` (16-kHz mono) as a 48-kHz stereo WAV padded with silence to ``seconds``:
+    20 MB for 105 s, most of it silence the VAD skips, so a big upload costs little."""
+    import wave
+
+    import numpy as np
+
+    with wave.open(str(path)) as w:
+        mono = np.frombuffer(w.readframes(w.getnframes()), "<i2")
+    wide = np.repeat(mono, 3)  # 16 -> 48 kHz, each sample held
+    wide = np.concatenate([wide, np.zeros(int(seconds * 48000) - len(wide), "<i2")])
+    out = io.BytesIO()
+    with wave.open(out, "wb") as w:
+        w.setnchannels(2)
+        w.setsampwidth(2)
+        w.setframerate(48000)
+        w.writeframes(np.repeat(wide, 2).tobytes())
+    return out.getvalue()
+
+
+def _a_big_upload_with_logprobs_through(client: Any) -> None:
+    """A 20-MB upload (over the queue's 15-MB inline cap, under the upload cap) goes through
+    Redis to a consumer and back, and the words' logprobs with it, whole and streamed."""
+    data = big_wav(DATA / "jfk.wav", 105)
+    assert 20_000_000 < len(data) < 21_000_000
+    big = client.audio.transcriptions.create(
+        model="gpt-transcribe", file=("call.wav", data), include=["logprobs"]
+    )
+    assert wer(JFK_TEXT, big.text) < 0.2 and big.usage.seconds == pytest.approx(105, abs=0.1)
+    assert [lp.token for lp in big.logprobs][:2] == [" And", " so"]
+    with open(DATA / "jfk.wav", "rb") as f:
+        events = list(
+            client.audio.transcriptions.create(
+                model="whisper-1", file=f, stream=True, include=["logprobs"]
+            )
+        )
+    streamed = [lp.token for e in events[:-1] for lp in e.logprobs or []]
+    assert streamed and streamed == [lp.token for lp in events[-1].logprobs]
 
 
 def _deepgram_callback_through(gateway: Server) -> None:

@@ -28,6 +28,7 @@ log = logging.getLogger(__name__)
 
 # Streamed items stay far below the platform's per-item limits: one segment's text and times.
 STREAM_TEXT_LIMIT = 4000
+STREAM_WORDS_LIMIT = 1000
 
 
 def _progress_sender(job: dict[str, Any]) -> Callable[[float], None] | None:
@@ -83,9 +84,11 @@ def make_handlers(worker: Runtime) -> tuple[Callable, Callable]:
     return handler, stream_handler
 
 
-def stream_item(seg: Segment) -> dict[str, Any]:
+def stream_item(seg: Segment, words: bool = False) -> dict[str, Any]:
     """One streamed segment: its text and times (and its channel in a ``multichannel`` job),
-    far below the platform's item limits."""
+    far below the platform's item limits. ``words``: its words too, where it has them (a
+    broker's stream, read by a gateway's OpenAI stream for their logprobs; not RunPod's,
+    whose final result aggregates every item beside the words it already holds)."""
     item: dict[str, Any] = {
         "id": seg["id"],
         "start": round(seg["start"], 3),
@@ -94,6 +97,9 @@ def stream_item(seg: Segment) -> dict[str, Any]:
     }
     if "channel" in seg:
         item["channel"] = int(seg["channel"])
+    timed = seg.get("words") if words else None
+    if timed:
+        item["words"] = list(timed)[:STREAM_WORDS_LIMIT]
     return {"segment": item}
 
 

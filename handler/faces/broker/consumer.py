@@ -169,7 +169,7 @@ class Consumer:
             nonlocal sent
             sent += 1
             if sent > skip:  # an earlier try streamed the first ``skip`` already
-                self._best_effort(self.store.stream, job_id, stream_item(seg))
+                self._best_effort(self.store.stream, job_id, stream_item(seg, words=True))
 
         def on_progress(percent: float) -> None:
             self._best_effort(self.store.progress, job_id, {"progress": percent})
