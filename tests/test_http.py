@@ -315,9 +315,18 @@ def test_streaming_events_in_openai_shape(server: Server) -> None:
     assert deltas == events[-1].text and wer(deltas, JFK_TEXT) < 0.15
 
 
-def test_models_list(server: Server) -> None:
-    ids = [m.id for m in server.client().models.list()]
+def test_models_list_and_retrieve(server: Server) -> None:
+    """The probe: ``client.models.retrieve("whisper-1")`` (GET /v1/models/{id}, how some
+    apps check a model before they use it) answered 404 "unknown route"."""
+    client = server.client()
+    ids = [m.id for m in client.models.list()]
     assert ids == ["whisper-1", "tiny.en"]
+    for name in ("whisper-1", "tiny.en", "gpt-4o-transcribe"):
+        model = client.models.retrieve(name)
+        assert model.id == name and model.object == "model"
+    with pytest.raises(openai.NotFoundError) as missing:
+        client.models.retrieve("large-v3")
+    assert missing.value.code == "model_not_found" and "large-v3" in missing.value.message
 
 
 def test_errors_map_to_openai_bodies_and_statuses(server: Server, tmp_path: Path) -> None:

@@ -7,6 +7,7 @@ handler``) serves, on ``PORT``:
   (``file``, ``model``, ``language``, ``prompt``, ``response_format``, ``temperature``,
   ``timestamp_granularities[]``, ``stream``) plus our job options as extra fields;
 - ``GET /v1/models``: the loaded models (and ``whisper-1``, OpenAI's name for the default);
+  ``GET /v1/models/{id}``: one of them, else OpenAI's 404 ``model_not_found``;
 - ``/v2/{endpoint_id}/run``, ``runsync``, ``status``, ``stream``, ``cancel``, ``health``,
   ``purge-queue``: RunPod's job API, jobs that outlive a request (handler.faces.runpod_api);
 - ``POST /v1/jobs``: our own job JSON (``{"input": {...}}``, as a queue job), answering the
@@ -41,7 +42,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.middleware.cors import CORSMiddleware
 from starlette.types import ASGIApp
 
-from handler.contract import Segment
+from handler.contract import Segment, is_openai_model
 from handler.errors import Code, WorkerError
 from handler.faces import assemblyai, deepgram, openai_api, realtime, tokens
 from handler.faces.admission import loaded_models, run_admitted, settle
@@ -154,11 +155,28 @@ def add_job_routes(app: FastAPI, state: ServerState) -> None:
         names = await _loaded_models(state)
         if isinstance(names, Response):
             return names
-        data = [
-            {"id": n, "object": "model", "created": 0, "owned_by": "whisper-worker"}
-            for n in ["whisper-1", *names]
-        ]
+        data = [_model(n) for n in ["whisper-1", *names]]
         return JSONResponse({"object": "list", "data": data})
+
+    @app.get("/v1/models/{name:path}")
+    async def model(name: str) -> Response:
+        names = await _loaded_models(state)
+        if isinstance(names, Response):
+            return names
+        if name in names or is_openai_model(name):  # OpenAI's names mean the default
+            return JSONResponse(_model(name))
+        message = f"The model '{name}' does not exist here; GET /v1/models lists them"
+        return JSONResponse(
+            {
+                "error": {
+                    "message": message[:300],
+                    "type": "invalid_request_error",
+                    "param": None,
+                    "code": "model_not_found",
+                }
+            },
+            status_code=404,
+        )
 
     async def audio_route(request: Request) -> Response:
         return await _audio(state, request)
@@ -169,6 +187,11 @@ def add_job_routes(app: FastAPI, state: ServerState) -> None:
     @app.post("/v1/jobs")
     async def native(request: Request) -> Response:
         return await _native(state, request)
+
+
+def _model(name: str) -> dict[str, Any]:
+    """OpenAI's model object."""
+    return {"id": name, "object": "model", "created": 0, "owned_by": "whisper-worker"}
 
 
 async def _loaded_models(state: ServerState) -> list[str] | Response:
