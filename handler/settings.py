@@ -260,7 +260,8 @@ class Settings(BaseModel):
     """HTTP mode: signs each webhook POST (X-Whisper-Signature: HMAC-SHA256 of
     "<X-Whisper-Timestamp>.<body>"). Never logged."""
     webhook_retry_s: float = Field(10.0, ge=0.1, le=600)
-    """HTTP mode: seconds between the 3 tries of a job's webhook."""
+    """HTTP mode: seconds between the tries of a job's webhook (RunPod's 3 and AssemblyAI's 10
+    tries; a Deepgram callback's 10 are three times this apart, Deepgram's 30 s)."""
     drain_s: float = Field(25.0, ge=0, le=3600)
     """HTTP mode, on SIGTERM: once the requests in flight are answered, seconds the job
     API's running jobs get to finish (their webhooks called) before they fail NOT_READY;

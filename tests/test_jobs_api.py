@@ -405,3 +405,52 @@ def test_a_job_that_outlasts_the_drain_fails_retryably_and_is_told_to_stop() -> 
 
     asyncio.run(scenario())
     assert stopped.wait(10)
+
+
+@pytest.mark.parametrize(
+    ("shape", "answer", "tries"),
+    [
+        (None, 500, 3),  # RunPod's: 3 tries
+        (None, 404, 3),
+        ("deepgram", 500, 10),  # Deepgram's callbacks: 10 tries
+        ("assemblyai", 503, 10),  # AssemblyAI's: 10 tries, but a 4xx ends them
+        ("assemblyai", 410, 1),
+    ],
+)
+def test_each_apis_webhook_is_tried_as_that_api_tries_it(
+    shape: str | None, answer: int, tries: int
+) -> None:
+    """The probe: every webhook was tried 3 times; Deepgram tries a callback 10 times and
+    AssemblyAI a webhook 10 times, never again after a 4xx. A receiver that answers
+    ``answer`` every time is called ``tries`` times, the job's report says so."""
+    import threading
+
+    from handler.faces import webhooks
+    from tests.helpers import make_settings
+
+    hits: list[str] = []
+
+    def take(h: Any) -> None:
+        h.rfile.read(int(h.headers.get("Content-Length") or 0))
+        hits.append(h.command)
+        respond(h, answer)
+
+    class Ended:
+        id = "job-1"
+        webhook: str | None = None
+        webhook_report: dict[str, Any] | None = None
+
+        def status_object(self) -> dict[str, Any]:
+            return {"id": self.id, "status": "FAILED", "error": "x", "output": None}
+
+    settings = make_settings(webhook_retry_s=0.1, allow_private_urls=True)
+    with LocalServer() as hook:
+        hook.route("/hook", take)
+        rec = Ended()
+        url = hook.url("/hook")
+        rec.webhook = url if shape is None else webhooks.target(url, shape, method="PUT")
+        webhooks.deliver(rec, settings, threading.Event())
+        assert webhooks.wait_idle(60)
+    assert len(hits) == tries, hits
+    assert rec.webhook_report == {"status": "failed", "tries": tries, "last": f"HTTP {answer}"}
+    assert set(hits) == {"PUT" if shape == "deepgram" else "POST"}

@@ -357,6 +357,24 @@ async def _run_admitted(
     return await run_admitted(state, request, job, lambda: _queue_full(state), admitted)
 
 
+def _delta_sender(queue: asyncio.Queue[Any], with_logprobs: bool) -> Callable[[Segment], None]:
+    """The job's ``on_segment`` for a stream: each decoded segment's delta event put on
+    ``queue`` (from the decoding thread, through the running loop)."""
+    loop = asyncio.get_running_loop()
+    first = [True]
+
+    def on_segment(seg: Segment) -> None:
+        text = seg["text"].strip()
+        if not text:
+            return
+        delta = text if first[0] else " " + text
+        first[0] = False
+        event = openai_api.delta_event(delta, seg.get("words"), with_logprobs)
+        loop.call_soon_threadsafe(queue.put_nowait, event)
+
+    return on_segment
+
+
 async def _stream(
     state: ServerState,
     worker: Runtime | None,
@@ -371,19 +389,8 @@ async def _stream(
     if state.admitted >= state.capacity:
         return _queue_full(state)
     state.admitted += 1
-    loop = asyncio.get_running_loop()
     queue: asyncio.Queue[Any] = asyncio.Queue()
-    first = [True]
-
-    def on_segment(seg: Segment) -> None:
-        text = seg["text"].strip()
-        if not text:
-            return
-        delta = text if first[0] else " " + text
-        first[0] = False
-        event = openai_api.delta_event(delta, seg.get("words"), req.logprobs)
-        loop.call_soon_threadsafe(queue.put_nowait, event)
-
+    on_segment = _delta_sender(queue, req.logprobs)
     started = [False]
 
     async def run() -> None:

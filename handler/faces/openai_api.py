@@ -38,6 +38,7 @@ from typing import Any
 from handler.audio.sources import decode_base64
 from handler.contract import is_openai_model
 from handler.errors import Code, WorkerError
+from handler.faces.openai_errors import HTTP_STATUS, error_body, not_routed
 from handler.pipeline.job import run_job
 from handler.pipeline.runtime import Runtime
 from handler.schema import typed_form
@@ -452,66 +453,6 @@ def response_body(req: OpenAIRequest, output: Mapping[str, Any]) -> tuple[Any, s
     return verbose, "application/json"
 
 
-# --- errors -------------------------------------------------------------------------
-
-HTTP_STATUS: dict[Code, int] = {
-    Code.INVALID_INPUT: 400,
-    Code.INVALID_BASE64: 400,
-    Code.URL_NOT_ALLOWED: 400,
-    Code.UNSUPPORTED_FOR_MODEL: 400,
-    Code.DIARIZATION_UNAVAILABLE: 400,
-    Code.SPLIT_UNAVAILABLE: 400,
-    Code.SOURCE_HTTP_4XX: 400,
-    Code.INPUT_TOO_LARGE: 413,
-    Code.SOURCE_TOO_LARGE: 413,
-    Code.AUDIO_TOO_LONG: 413,
-    Code.RESULT_TOO_LARGE: 413,
-    Code.UNSUPPORTED_OR_CORRUPT_MEDIA: 415,
-    Code.NO_AUDIO_STREAM: 415,
-    Code.CORRUPT_MEDIA: 422,
-    Code.EMPTY_AUDIO: 422,
-    Code.DECODE_TIMEOUT: 422,
-    Code.SOURCE_HTTP_5XX: 502,
-    Code.SOURCE_UNREACHABLE: 502,
-    Code.SOURCE_TRUNCATED: 502,
-    Code.PIECE_FAILED: 502,
-    Code.WORKER_LOST: 422,
-    Code.EMPTY_TRANSCRIPT: 503,
-    Code.LANGUAGE_UNCERTAIN: 422,
-    Code.TOO_LITTLE_SPEECH: 422,
-    Code.SOURCE_TIMEOUT: 504,
-    Code.COMPUTE_BUDGET_EXCEEDED: 422,
-    Code.MEMORY_BUDGET_EXCEEDED: 413,
-    Code.QUEUE_FULL: 429,
-    Code.NOT_READY: 503,
-    Code.GPU_OOM: 503,
-    Code.CANCELLED: 499,
-    Code.INTERNAL: 500,
-}
-_TYPES = {
-    400: "invalid_request_error",
-    413: "invalid_request_error",
-    415: "invalid_request_error",
-    422: "invalid_request_error",
-}
-
-
-def error_body(error: Mapping[str, Any]) -> tuple[int, dict[str, Any]]:
-    """(HTTP status, OpenAI's error body) for a job's error result."""
-    code = Code(error["error_code"])
-    status = HTTP_STATUS[code]
-    kind = _TYPES.get(status, "rate_limit_error" if status == 429 else "server_error")
-    return status, {
-        "error": {
-            "message": error["error"],
-            "type": kind,
-            "param": None,
-            "code": code.value,
-            "retryable": bool(error.get("retryable")),
-        }
-    }
-
-
 def delta_event(delta: str, words: Any, with_logprobs: bool) -> dict[str, Any]:
     """A stream's event for one decoded segment (its words' ``logprobs`` when asked)."""
     event: dict[str, Any] = {"type": "transcript.text.delta", "delta": delta}
@@ -536,24 +477,11 @@ __all__ = [
     "passthrough_request",
     "run_any_job",
     "error_body",
+    "not_routed",
+    "HTTP_STATUS",
+    "delta_event",
     "fold_form",
     "response_body",
     "done_event",
     "usage",
 ]
-
-
-NOT_ROUTED = {404: "not_found", 405: "method_not_allowed"}
-
-
-def not_routed(method: str, path: str, status: int) -> dict[str, Any]:
-    """OpenAI's error body for a path or method this server does not serve."""
-    what = "unknown route" if status == 404 else f"method {method} not allowed on"
-    return {
-        "error": {
-            "message": f"{what} {path}; see /v1/models and /v1/audio/transcriptions",
-            "type": "invalid_request_error",
-            "param": None,
-            "code": NOT_ROUTED.get(status, "invalid_request"),
-        }
-    }

@@ -1,6 +1,9 @@
 """A job's ``webhook``: its status object POSTed when the job ends, as RunPod does.
 
-Tried 3 times in all, ``WHISPER_WEBHOOK_RETRY_S`` (10 s) apart, until it answers 2xx;
+Tried as the API it speaks tries (:data:`POLICIES`): RunPod's 3 times in all,
+``WHISPER_WEBHOOK_RETRY_S`` (10 s) apart, until it answers 2xx; AssemblyAI's 10 times, a
+4xx answer ending them (as AssemblyAI's docs say); Deepgram's 10 times, three times that
+apart (Deepgram's 30 s);
 through the same guard as audio URLs (handler.audio.netpost: no private address unless
 ``WHISPER_ALLOW_PRIVATE_URLS``). With ``WHISPER_WEBHOOK_SECRET`` set, each POST carries
 ``X-Whisper-Timestamp`` (Unix seconds) and ``X-Whisper-Signature: sha256=<hex>``, the
@@ -23,7 +26,7 @@ import logging
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
-from typing import Any, Protocol
+from typing import Any, NamedTuple, Protocol
 
 from handler.audio.netpost import post_json
 from handler.errors import WorkerError
@@ -31,7 +34,21 @@ from handler.settings import Settings
 
 log = logging.getLogger(__name__)
 
-TRIES = 3
+
+class Policy(NamedTuple):
+    """How a face's webhook is tried: ``tries`` in all, ``apart`` times
+    ``WHISPER_WEBHOOK_RETRY_S`` between them, and whether a 4xx answer ends them."""
+
+    tries: int
+    apart: float
+    stop_on_4xx: bool
+
+
+POLICIES = {
+    "runpod": Policy(3, 1.0, False),
+    "assemblyai": Policy(10, 1.0, True),
+    "deepgram": Policy(10, 3.0, False),
+}
 DELIVERIES_AT_ONCE = 32
 """Deliveries under way at once, each on its thread for its tries (a try waits up to 10 s
 for an answer). With 4, eight jobs whose receiver accepts and never answers held every
@@ -62,24 +79,32 @@ def target(url: str, shape: str, headers: dict[str, str] | None = None, **kept: 
     return json.dumps({"url": url, "shape": shape, "headers": headers or {}, **kept})
 
 
-Call = tuple[str, bytes, dict[str, str], str]
-"""(the URL, the body, the caller's headers, the method) of a webhook."""
+Call = tuple[str, bytes, dict[str, str], str, Policy]
+"""(the URL, the body, the caller's headers, the method, how it is tried) of a webhook."""
+
+
+def longest_s(settings: Settings) -> float:
+    """The longest a delivery's tries take, waits included (each try may wait 10 s)."""
+    retry = settings.webhook_retry_s
+    return max((p.tries - 1) * p.apart * retry + p.tries * 10 for p in POLICIES.values())
 
 
 def _call(rec: Ended) -> Call:
     assert rec.webhook is not None
     status = rec.status_object()
     if not rec.webhook.startswith("{"):
-        return rec.webhook, json.dumps(status, ensure_ascii=False).encode(), {}, "POST"
+        body = json.dumps(status, ensure_ascii=False).encode()
+        return rec.webhook, body, {}, "POST", POLICIES["runpod"]
     spec = json.loads(rec.webhook)
     url, headers = str(spec["url"]), dict(spec.get("headers") or {})
     if spec.get("shape") == "deepgram":
         from handler.faces.deepgram.response import callback_body
 
-        return url, callback_body(rec.id, status, spec), headers, str(spec.get("method", "POST"))
+        body = callback_body(rec.id, status, spec)
+        return url, body, headers, str(spec.get("method", "POST")), POLICIES["deepgram"]
     ended = "completed" if status.get("status") == "COMPLETED" else "error"
-    body = {"transcript_id": rec.id, "status": ended}  # AssemblyAI's
-    return url, json.dumps(body).encode(), headers, "POST"
+    body = json.dumps({"transcript_id": rec.id, "status": ended}).encode()  # AssemblyAI's
+    return url, body, headers, "POST", POLICIES["assemblyai"]
 
 
 def deliver(rec: Ended, settings: Settings, stop: threading.Event | None = None) -> None:
@@ -112,10 +137,11 @@ def _counted(rec: Ended, settings: Settings, stop: threading.Event) -> None:
 
 
 def _send(rec: Ended, call: Call, settings: Settings, stop: threading.Event) -> None:
-    url, body, own, method = call
+    url, body, own, method, policy = call
     secret = settings.webhook_secret
-    last = ""
-    for n in range(1, TRIES + 1):
+    last, n = "", 0
+    while n < policy.tries:
+        n += 1
         headers = signed_headers(body, secret.get_secret_value()) if secret else {}
         try:
             status = post_json(url, body, settings, headers={**own, **headers}, method=method)
@@ -123,10 +149,12 @@ def _send(rec: Ended, call: Call, settings: Settings, stop: threading.Event) -> 
             if 200 <= status < 300:
                 rec.webhook_report = {"status": "delivered", "tries": n}
                 return
+            if policy.stop_on_4xx and 400 <= status < 500:
+                break  # the receiver refused it: asking again changes nothing
         except WorkerError as exc:
             last = exc.code.value
         rec.webhook_report = {"status": "pending", "tries": n, "last": last}
-        if n < TRIES and stop.wait(settings.webhook_retry_s):
+        if n < policy.tries and stop.wait(policy.apart * settings.webhook_retry_s):
             break
-    log.warning("job %s: its webhook failed %d times (last: %s)", rec.id, TRIES, last)
-    rec.webhook_report = {"status": "failed", "tries": TRIES, "last": last}
+    log.warning("job %s: its webhook failed %d times (last: %s)", rec.id, n, last)
+    rec.webhook_report = {"status": "failed", "tries": n, "last": last}

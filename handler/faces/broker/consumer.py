@@ -370,7 +370,7 @@ def consume(settings: Settings) -> int:
     finally:
         consumer.stopping.set()
         watcher.join(timeout=5)
-        webhooks.wait_idle(timeout=webhooks.TRIES * settings.webhook_retry_s + 30)
+        webhooks.wait_idle(timeout=webhooks.longest_s(settings))
         try:
             store.gone(consumer.name)
         except Exception:
