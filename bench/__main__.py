@@ -57,6 +57,8 @@ COMMANDS: tuple[Command, ...] = (
             "short clips packed into one window against alone"),
     Command("diarization", "bench.accuracy.diarization",
             "who spoke when: DER, attribution, speed, memory, WER"),
+    Command("live-speakers", "bench.accuracy.live_speakers",
+            "a live session's speakers, turn by turn: attribution, speakers found"),
     Command("known-speakers", "bench.accuracy.known_speakers",
             "known speakers' names: right and wrong rates on real voices; counts"),
     Command("word-times", "bench.accuracy.word_times",

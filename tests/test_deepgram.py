@@ -339,7 +339,7 @@ def test_refusals_say_what_to_send(server: Server) -> None:
         # Taken before and ignored: a stream asked to be redacted came back unredacted.
         ("encoding=linear16&sample_rate=16000&redact=pci", "invalid_value"),
         ("encoding=linear16&sample_rate=16000&detect_entities=true", "invalid_value"),
-        ("encoding=linear16&sample_rate=16000&diarize=true", "unsupported"),
+        ("encoding=linear16&sample_rate=16000&diarize=true", "unsupported"),  # no diarizer here
         ("encoding=linear16&sample_rate=16000&search=hello", "unsupported"),
     ):
         with _raw(server, query) as ws:

@@ -991,3 +991,116 @@ def test_each_channel_of_a_call_gets_its_own_speakers(dworker, sample, tmp_path)
     assert {line.split()[7] for line in result["rttm"].splitlines()} == set(letters)
     counted = run_job({**job, "num_speakers": 2}, dworker)
     assert counted["error_code"] == "INVALID_INPUT" and "num_speakers" in counted["error"]
+
+
+# --- live speakers: Deepgram's diarize and AssemblyAI's speaker_labels --------------------
+
+
+def two_voice_call() -> tuple[np.ndarray, list[str], list[float]]:
+    """Turns of two real voices, 1.5 s of silence after each: the LibriVox reader, JFK's
+    first half, the reader, JFK's second half, the reader; whose each turn is, and where
+    each starts (s)."""
+    from speech_assets.clips import clips as speech_clips
+
+    spoken = speech_clips()
+    jfk, reader = spoken[0].samples, [c.samples for c in spoken[1:4]]
+    half = int(6.9 * 16000)  # JFK's pause after "...can do for you"
+    turns = [reader[0], jfk[:half], reader[1], jfk[half:], reader[2]]
+    gap = np.zeros(24000, np.float32)
+    audio = np.concatenate([x for t in turns for x in (t.astype(np.float32), gap)])
+    starts = np.cumsum([0] + [len(t) + len(gap) for t in turns[:-1]]) / 16000
+    return audio, ["reader", "jfk", "reader", "jfk", "reader"], [float(s) for s in starts]
+
+
+def stream(ws, audio: np.ndarray, end: str) -> None:  # type: ignore[no-untyped-def]
+    """``audio`` as 16-bit PCM in 100-ms messages, five times faster than real time, then
+    the message ``end`` that closes the stream."""
+    import time
+
+    pcm = (np.clip(audio, -1, 1) * 32767).astype("<i2").tobytes()
+    for i in range(0, len(pcm), 3200):
+        ws.send(pcm[i : i + 3200])
+        time.sleep(0.02)
+    ws.send(json.dumps({"type": end}))
+
+
+def streamed(url: str, audio: np.ndarray, end: str, last: str) -> list[dict]:  # type: ignore[type-arg]
+    """Every message a live route sends for ``audio`` streamed to it, up to ``last``."""
+    from websockets.sync.client import connect
+
+    got = []
+    with connect(url, open_timeout=60) as ws:
+        sender = threading.Thread(target=stream, args=(ws, audio, end))
+        sender.start()
+        while not got or got[-1]["type"] != last:
+            got.append(json.loads(ws.recv(timeout=300)))
+        sender.join()
+    return got
+
+
+def voices_kept_apart(
+    heard: list[tuple[float, object]], who: list[str], starts: list[float]
+) -> None:
+    """Each voice's turns under one label, the two labels different (``heard``: each
+    final's first word's start on the stream's clock, and its speaker)."""
+    labels: dict[str, set] = {"reader": set(), "jfk": set()}  # type: ignore[type-arg]
+    for start, speaker in heard:
+        turn = max(i for i, s in enumerate(starts) if s <= start + 0.5)
+        labels[who[turn]].add(speaker)
+    assert len(labels["reader"]) == 1 and len(labels["jfk"]) == 1, (labels, heard)
+    assert labels["reader"] != labels["jfk"], labels
+
+
+@pytest.mark.e2e
+def test_live_speakers_through_deepgrams_diarize(dserver) -> None:
+    """The probe: ``diarize=true`` on Deepgram's live route was refused ("live speaker
+    labels are not served"). Now each final's words carry the turn's ``speaker`` (0, 1,
+    ...), the same number for the same voice all stream long (a worker without the
+    diarizer still refuses it at connect: tests/test_deepgram.py)."""
+    audio, who, starts = two_voice_call()
+    base = dserver.url.replace("http", "ws") + "/v1/listen?encoding=linear16&sample_rate=16000"
+    got = streamed(base + "&diarize=true", audio, "CloseStream", "Metadata")
+    finals = [m for m in got if m["type"] == "Results" and m["is_final"]]
+    words = [m["channel"]["alternatives"][0]["words"] for m in finals]
+    assert any(words)
+    assert all(
+        type(w["speaker"]) is int and 0 < w["speaker_confidence"] <= 1 for t in words for w in t
+    )
+    assert all(len({w["speaker"] for w in t}) == 1 for t in words)  # a turn is one voice
+    voices_kept_apart([(t[0]["start"], t[0]["speaker"]) for t in words if t], who, starts)
+
+
+@pytest.mark.e2e
+def test_live_speakers_through_assemblyais_speaker_labels(dserver) -> None:
+    """The probe: AssemblyAI's ``speaker_labels`` on ``/v3/ws`` was refused. Now each
+    turn's end has its ``speaker_label`` (A, B, ...) and each of its words its ``speaker``."""
+    audio, who, starts = two_voice_call()
+    url = dserver.url.replace("http", "ws") + "/v3/ws?sample_rate=16000&format_turns=true"
+    got = streamed(url + "&speaker_labels=true&max_speakers=4", audio, "Terminate", "Termination")
+    ends = [m for m in got if m["type"] == "Turn" and m["end_of_turn"]]
+    assert ends and all(m["speaker_label"] in ("A", "B") for m in ends), ends
+    assert all(w["speaker"] == m["speaker_label"] for m in ends for w in m["words"])
+    formatted = [m for m in ends if m["turn_is_formatted"] and m["words"]]
+    heard = [(m["words"][0]["start"] / 1000, m["speaker_label"]) for m in formatted]
+    voices_kept_apart(heard, who, starts)
+
+
+def test_live_speakers_cap_and_short_turns(diarizer) -> None:
+    """Three real voices (the LibriVox reader, JFK, espeak's German) turn by turn: three
+    speakers, the reader's second turn back on the reader's; with ``max_speakers=2`` the
+    third voice joins the nearest; a turn too short to carry a voice gets no speaker."""
+    from faster_whisper import decode_audio
+
+    from handler.inference.speakers.online import LiveSpeakers
+    from speech_assets.clips import clips as speech_clips
+
+    spoken = speech_clips()
+    german = decode_audio(str(DATA / "de_espeak.flac"))
+    turns = [spoken[1].samples, spoken[0].samples, german, spoken[2].samples]
+    free = LiveSpeakers(diarizer)
+    labels = [free.assign(t) for t in turns]
+    assert [x[0] for x in labels if x] == [0, 1, 2, 0], labels
+    capped = LiveSpeakers(diarizer, max_speakers=2)
+    assert [x[0] for t in turns if (x := capped.assign(t))] in ([0, 1, 0, 0], [0, 1, 1, 0])
+    assert capped.count == 2
+    assert free.assign(np.zeros(1600, np.float32)) is None  # 0.1 s

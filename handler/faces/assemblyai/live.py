@@ -39,6 +39,8 @@ from handler.faces.assemblyai.request import language_of
 from handler.faces.realtime.binary import QueryAudioSession
 from handler.faces.realtime.item import LiveItem
 from handler.faces.realtime.protocol import MAX_KEYWORDS_CHARS, MIN_COMMIT_S, SessionError
+from handler.inference.speakers.online import MAX_SPEAKERS
+from handler.inference.speakers.turns import letter
 from handler.output.formats import plain, whole_words
 
 TURN_SILENCE_FLOOR_MS = 300
@@ -49,7 +51,6 @@ DEFAULT_SILENCE_MS = 400
 DEFAULT_MAX_SILENCE_MS = 1280
 """``max_turn_silence`` when none is asked (AssemblyAI's default)."""
 REFUSED = {
-    "speaker_labels": "live speaker labels are not served here",
     "redact_pii": "PII redaction is not served here",
     "webhook_url": "a streaming webhook is not served here",
 }
@@ -182,6 +183,11 @@ def configure(params: Any, loaded: list[str]) -> tuple[dict[str, Any], dict[str,
         transcription["prompt"] = prompt
     if _truthy(params, "filter_profanity"):
         transcription["profanity_filter"] = True  # partial and final turns alike
+    if _truthy(params, "speaker_labels"):
+        transcription["diarize"] = True  # each turn's end names its speaker
+        most = _number(params, "max_speakers", 1, MAX_SPEAKERS)
+        if most is not None:
+            transcription["max_speakers"] = int(most)
     session = {
         "type": "transcription",
         "audio": {
@@ -219,6 +225,7 @@ class AssemblyAISession(QueryAudioSession):
         "transcription.model": "speech_model",
         "transcription.keywords": "keyterms_prompt",
         "transcription.prompt": "prompt",
+        "transcription.diarize": "speaker_labels",
         "format": "encoding",
         "turn_detection.threshold": "vad_threshold",
     }
@@ -348,11 +355,17 @@ class AssemblyAISession(QueryAudioSession):
                 "language_code": result["language"],
                 "language_confidence": round(float(result.get("language_probability") or 0), 4),
             }
+        if "speaker" in completed:  # speaker_labels: the turn's voice, on it and its words
+            detected["speaker_label"] = letter(completed["speaker"])
         raw = unformatted(text.split())
-        ended = self._turn(item, raw, words(False), end=True, formatted=False)
-        await self.send_json({**ended, **detected})
-        if self.options.get("format_turns"):
-            ended = self._turn(item, text, words(True), end=True, formatted=True)
+        for formatted in (False, True) if self.options.get("format_turns") else (False,):
+            ended = self._turn(
+                item, text if formatted else raw, words(formatted), end=True, formatted=formatted
+            )
+            if "speaker_label" in detected:
+                ended["words"] = [
+                    {**w, "speaker": detected["speaker_label"]} for w in ended["words"]
+                ]
             await self.send_json({**ended, **detected})
         self.orders.pop(item, None)
 

@@ -133,10 +133,6 @@ def _configure(params: Any, loaded: list[str]) -> tuple[dict[str, Any], dict[str
     for name in IGNORED:
         flag(params, name)
     refuse_unserved(params)  # a stream asked to be redacted must not come back as if it was
-    if flag(params, "diarize"):
-        raise QueryError(
-            "diarize: live speaker labels are not served (files: diarize)", "unsupported"
-        )
     for name in ("replace", "search"):
         if params.getlist(name):
             raise QueryError(f"{name}: served on files (POST /v1/listen), not live", "unsupported")
@@ -152,6 +148,8 @@ def _configure(params: Any, loaded: list[str]) -> tuple[dict[str, Any], dict[str
         transcription["keywords"] = terms
     if flag(params, "profanity_filter"):
         transcription["profanity_filter"] = True
+    if flag(params, "diarize"):
+        transcription["diarize"] = True  # each final's words name their speaker
     session = {
         "type": "transcription",
         "audio": {
@@ -186,6 +184,7 @@ class DeepgramSession(QueryAudioSession):
         "transcription.language": "language",
         "transcription.model": "model",
         "transcription.keywords": "keywords, keyterm",
+        "transcription.diarize": "diarize",
         "format": "encoding",
     }
 
@@ -412,6 +411,11 @@ class DeepgramSession(QueryAudioSession):
             shape.word(w, offset, limit=end_ms / 1000)
             for w in shape.whole_words(result.get("words", []))
         ]
+        if "speaker" in completed:  # diarize: the turn's voice, on each of its words
+            who = {"speaker": completed["speaker"]}
+            words = [
+                {**w, **who, "speaker_confidence": completed["speaker_confidence"]} for w in words
+            ]
         message = self._results(
             completed["transcript"], words, turn.audio_from_ms, end_ms, True, result.get("language")
         )

@@ -14,6 +14,7 @@ from handler.faces.openai_api import resolve_model
 from handler.inference import align, language
 from handler.inference.live_vad import TurnRules
 from handler.inference.models import ModelPool
+from handler.inference.speakers.online import MAX_SPEAKERS as MAX_LIVE_SPEAKERS
 from handler.settings import Settings
 
 MIN_COMMIT_S = 0.1
@@ -78,6 +79,11 @@ class Config:
         """Our extension: completed transcripts carry their timed ``words``."""
         self.profanity_filter = False
         """Our extension: profane words masked in deltas and transcripts alike."""
+        self.diarize = False
+        """Our extension: each completed transcript names its ``speaker`` (a number from
+        0, the same for the same voice all session long); Deepgram's ``diarize`` and
+        AssemblyAI's ``speaker_labels`` (handler.inference.speakers.online)."""
+        self.max_speakers: int | None = None
 
     def session(self, session_id: str, expires_at: int) -> dict[str, Any]:
         turn = (
@@ -169,6 +175,23 @@ class Config:
             raise SessionError(f"{where}: {exc.message}") from None
         self.format, self.rate = kind, decoder.rate
 
+    def _speakers(self, t: dict[str, Any], where: str) -> None:
+        """``diarize`` and ``max_speakers``, checked (applied with the rest: a refused
+        update changes nothing, and a session's speakers are set before its audio)."""
+        diarize = t.get("diarize", self.diarize)
+        if type(diarize) is not bool:
+            raise SessionError(f"{where}.diarize: true or false")
+        if diarize and not self.settings.diarization:
+            raise SessionError(
+                f"{where}.diarize: speaker labels need a worker with speaker diarization "
+                "(the image built with DIARIZATION=true, WHISPER_DIARIZATION=true)",
+                "unsupported",
+            )
+        most = t.get("max_speakers", self.max_speakers)
+        if most is not None and (type(most) is not int or not 1 <= most <= MAX_LIVE_SPEAKERS):
+            raise SessionError(f"{where}.max_speakers: from 1 to {MAX_LIVE_SPEAKERS}")
+        self.diarize, self.max_speakers = diarize, most
+
     def _transcription(self, t: dict[str, Any], where: str) -> None:
         model = t.get("model", self.model)
         try:
@@ -192,6 +215,7 @@ class Config:
         masked = t.get("profanity_filter", self.profanity_filter)
         if type(masked) is not bool:
             raise SessionError(f"{where}.profanity_filter: true or false")
+        self._speakers(t, where)
         if lang is None and langs and len(langs) == 1:
             lang = langs[0]  # detection among one language is that language
         self._languages_served(model, lang, langs, where)

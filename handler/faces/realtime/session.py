@@ -31,6 +31,7 @@ from handler.faces.realtime.protocol import (
     new_id,
 )
 from handler.inference.live_vad import StreamVad, TurnDetector, TurnRules
+from handler.inference.speakers.online import LiveSpeakers
 from handler.pipeline.job import run_job
 from handler.pipeline.runtime import Runtime
 from handler.settings import Settings
@@ -86,6 +87,8 @@ class Session:
         self.last_final: asyncio.Task | None = None
         """The last committed turn's transcription: the next one answers after it."""
         self._send_lock = asyncio.Lock()
+        self.speakers: LiveSpeakers | None = None
+        """The voices heard so far, when the session asked for speakers."""
 
     # --- the loop ---------------------------------------------------------------------
 
@@ -384,6 +387,7 @@ class Session:
             self.live.finals -= 1
         if before is not None and not before.done():
             await asyncio.wait({before})
+        speaker = await self._speaker(samples) if "error" not in result else None
         if "error" in result:
             await self.send(
                 {
@@ -411,7 +415,18 @@ class Session:
         }
         if "words" in result:
             completed.update(turn.timed_words(result))
+        if speaker is not None:
+            completed["speaker"], completed["speaker_confidence"] = speaker[0], round(speaker[1], 4)
         await self.send_final(turn, completed)
+
+    async def _speaker(self, samples: np.ndarray) -> tuple[int, float] | None:
+        """The turn's speaker, when the session asked for them: assigned in the order the
+        turns were committed (this runs after the turn before it is answered)."""
+        if not self.config.diarize or self.worker.diarizer is None:
+            return None
+        if self.speakers is None:
+            self.speakers = LiveSpeakers(self.worker.diarizer, self.config.max_speakers)
+        return await asyncio.to_thread(self.speakers.assign, samples)
 
     async def send_final(self, turn: LiveItem, completed: dict[str, Any]) -> None:
         """A committed turn's transcript (OpenAI's ``completed`` event): sent as it is; a
