@@ -1104,3 +1104,54 @@ def test_live_speakers_cap_and_short_turns(diarizer) -> None:
     assert [x[0] for t in turns if (x := capped.assign(t))] in ([0, 1, 0, 0], [0, 1, 1, 0])
     assert capped.count == 2
     assert free.assign(np.zeros(1600, np.float32)) is None  # 0.1 s
+
+
+@pytest.mark.e2e
+def test_live_speakers_through_the_realtime_extension(dserver) -> None:
+    """OpenAI's Realtime protocol has no speakers; our extension ``transcription.diarize``
+    gives each ``completed`` event its turn's ``speaker``."""
+    import time
+
+    from websockets.sync.client import connect
+
+    audio, who, starts = two_voice_call()
+    update = {
+        "type": "session.update",
+        "session": {
+            "type": "transcription",
+            "audio": {
+                "input": {
+                    "format": {"type": "audio/pcm", "rate": 16000},
+                    "transcription": {"model": "whisper-1", "diarize": True},
+                }
+            },
+        },
+    }
+    started: dict[str, int] = {}
+    heard: list[tuple[float, object]] = []
+    url = dserver.url.replace("http", "ws") + "/v1/realtime?intent=transcription"
+    with connect(url, open_timeout=60) as ws:
+        ws.send(json.dumps(update))
+        pcm = (np.clip(audio, -1, 1) * 32767).astype("<i2").tobytes()
+        for i in range(0, len(pcm), 3200):
+            chunk = base64.b64encode(pcm[i : i + 3200]).decode()
+            ws.send(json.dumps({"type": "input_audio_buffer.append", "audio": chunk}))
+        # Every turn answered: at least the five said, then 8 s with no more (a busy machine
+        # only makes them slower; four minutes at most).
+        quiet_since, deadline = time.monotonic(), time.monotonic() + 240
+        while time.monotonic() < deadline and (
+            len(heard) < 5 or time.monotonic() - quiet_since < 8
+        ):
+            try:
+                event = json.loads(ws.recv(timeout=1))
+            except TimeoutError:
+                continue
+            if event["type"] == "error":
+                raise AssertionError(event)
+            if event["type"] == "input_audio_buffer.speech_started":
+                started[event["item_id"]] = event["audio_start_ms"]
+            elif event["type"] == "conversation.item.input_audio_transcription.completed":
+                heard.append((started[event["item_id"]] / 1000, event["speaker"]))
+                quiet_since = time.monotonic()
+    assert len(heard) >= 5, heard
+    voices_kept_apart(heard, who, starts)
