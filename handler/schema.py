@@ -149,9 +149,10 @@ class JobInput(BaseModel):
     are mixed down to one. Each channel costs its own transcription; a channel that
     repeats an earlier one is transcribed once."""
 
-    profanity_filter: bool | None = None
+    profanity_filter: bool | Literal["full"] | None = None
     """Mask profane words wherever the transcript is returned (text, segments, words,
-    subtitles, streamed segments): the first letter kept, the rest as asterisks ("s***").
+    subtitles, streamed segments): ``true``, the first letter kept and the rest as asterisks
+    ("s***", AssemblyAI's and Google's way); ``"full"``, every letter ("****", Deepgram's).
     Checked in English and in the transcript's language (handler.output.profanity)."""
 
     min_language_probability: float | None = Field(None, ge=0, le=1)
@@ -453,6 +454,7 @@ def _refuse_coercion(data: dict[str, Any]) -> None:
             continue
         if isinstance(value, str) or (isinstance(value, bool) and kind is not bool):
             want = {bool: "true or false", int: "an integer", float: "a number"}[kind]
+            want += "".join(f' or "{lit}"' for lit in sorted(literals))
             raise ValueError(f"{name}: {want}, not {json.dumps(value)}")
 
 

@@ -62,6 +62,20 @@ def test_a_word_keeps_its_first_letter_case_and_punctuation() -> None:
     assert profanity.unlisted(["en", "de"]) is None
 
 
+def test_full_masks_every_letter_as_deepgram_does() -> None:
+    """The probe: Deepgram's ``profanity_filter`` got "f***" where Deepgram writes "****";
+    ``"profanity_filter": "full"`` (what the Deepgram routes ask) masks every letter, the
+    words still spelling the text."""
+    m = profanity.masker("en")
+    said = " What the fuck is this shit's problem, you Bastard?"
+    assert m.text(said, keep_first=False) == " What the **** is this ****'s problem, you *******?"
+    words = [" What", " the", " fuck", " is", " this", " shit's", " problem,", " you", " Bastard?"]
+    seg = {"id": 0, "text": said, "tokens": [1], "words": [{"word": w} for w in words]}
+    out = profanity.segment(seg, "en", keep_first=False)  # type: ignore[arg-type]
+    assert out["text"] == m.text(said, keep_first=False)
+    assert "".join(w["word"] for w in out["words"]) == out["text"] and out["tokens"] == []
+
+
 def test_a_span_the_library_cannot_be_traced_to_is_masked_word_by_word() -> None:
     m = profanity.masker("en")
     # The text between the masks is the text as it was: the spans are recovered from it.
@@ -195,7 +209,8 @@ def test_the_deepgram_assemblyai_and_openai_sdks_get_files_masked(server: Server
     got = media.transcribe_file(request=data, model="nova-3", profanity_filter=True)
     alt = got.results.channels[0].alternatives[0]
     words = " ".join(f"{w.word} {w.punctuated_word}" for w in alt.words)
-    assert _unmasked(alt.transcript + words) == [] and "f***" in alt.transcript, alt.transcript
+    assert _unmasked(alt.transcript + words) == [] and "****" in alt.transcript, alt.transcript
+    assert "f***" not in alt.transcript  # Deepgram masks every letter
     clear = media.transcribe_file(request=data, model="nova-3")  # asked for nothing: as said
     assert _unmasked(clear.results.channels[0].alternatives[0].transcript)
 
@@ -277,7 +292,7 @@ def test_live_deepgram_and_assemblyai_mask_interim_and_final_text(server: Server
         feeder.join()
     texts = [r["channel"]["alternatives"][0]["transcript"] for r in results]
     finals = " ".join(t for r, t in zip(results, texts, strict=True) if r["is_final"])
-    assert _unmasked(" ".join(texts)) == [] and "f***" in finals, texts
+    assert _unmasked(" ".join(texts)) == [] and "****" in finals and "f***" not in finals, texts
 
     query = "/v3/ws?sample_rate=16000&encoding=pcm_s16le&filter_profanity=true"
     with connect(ws_url + query, additional_headers={"Authorization": KEY}, open_timeout=30) as ws:
@@ -353,6 +368,8 @@ def test_a_realtime_session_takes_the_option_as_a_boolean(worker) -> None:
 
     config = Config(worker.pool, worker.settings).update(transcription(True))
     assert config.job_input()["profanity_filter"] is True
+    full = Config(worker.pool, worker.settings).update(transcription("full"))
+    assert full.job_input()["profanity_filter"] == "full"
     assert config.session("s", 0)["audio"]["input"]["transcription"]["profanity_filter"]
     assert "profanity_filter" not in Config(worker.pool, worker.settings).job_input()
     with pytest.raises(SessionError, match="profanity_filter"):
@@ -371,7 +388,9 @@ def test_a_warning_that_quotes_the_transcript_is_masked_too() -> None:
     call.warnings = ["repetition loop at 1.0-9.0 s ('Shit!' x12): collapsed"]
     seg: Any = {"id": 1, "text": " Shit!", "tokens": [1], "words": None}
     tr = Transcript([seg], "en", 1.0, 1.0)
-    plan: Any = SimpleNamespace(job=SimpleNamespace(effective_task="transcribe"), kwargs={})
+    plan: Any = SimpleNamespace(
+        job=SimpleNamespace(effective_task="transcribe", profanity_filter=True), kwargs={}
+    )
     mask_profanity(plan, tr, call)
     assert call.warnings == ["repetition loop at 1.0-9.0 s ('S***!' x12): collapsed"]
     assert tr.segments[0]["text"] == " S***!"

@@ -1,6 +1,7 @@
 """``profanity_filter``: profane words masked in everything a job returns, as AssemblyAI and
 Google do it: the first letter kept, the other letters and digits as asterisks ("shit's" ->
-"s***'s"; punctuation, apostrophes and case kept).
+"s***'s"; punctuation, apostrophes and case kept); or, ``"full"``, as Deepgram does it:
+every letter ("****'s").
 
 The words come from glin-profanity's dictionaries (MIT; 25 languages, with its own list of
 safe phrases: "cum laude", "Moby Dick", "Scunthorpe" are left alone). A transcript is
@@ -92,8 +93,8 @@ class Masker:
         found = _recover(word, masked.split(_MARK)) if _MARK in masked else []
         return found or []
 
-    def text(self, text: str) -> str:
-        return mask(text, self.spans(text))
+    def text(self, text: str, keep_first: bool = True) -> str:
+        return mask(text, self.spans(text), keep_first)
 
 
 def _recover(
@@ -126,14 +127,15 @@ def _recover(
     return spans
 
 
-def mask(text: str, spans: Iterable[tuple[int, int]]) -> str:
-    """Each span's letters and digits as ``*`` but the first of each of its words."""
+def mask(text: str, spans: Iterable[tuple[int, int]], keep_first: bool = True) -> str:
+    """Each span's letters and digits as ``*`` (but the first of each of its words, when
+    ``keep_first``)."""
     chars = list(text)
     for start, end in spans:
-        first = True
+        first = keep_first
         for i in range(start, end):
             if chars[i].isspace():
-                first = True
+                first = keep_first
             elif chars[i].isalnum():
                 chars[i] = chars[i] if first else "*"
                 first = False
@@ -164,7 +166,7 @@ def unlisted(languages: Iterable[str | None]) -> str | None:
     )
 
 
-def segment(seg: Segment, language: str | None) -> Segment:
+def segment(seg: Segment, language: str | None, keep_first: bool = True) -> Segment:
     """The segment with its text and words masked, checked in ``language`` (a copy, when
     anything was); a masked segment's ``tokens`` are emptied: they spell the words unmasked."""
     m = masker(language)
@@ -174,12 +176,12 @@ def segment(seg: Segment, language: str | None) -> Segment:
     joined = "".join(w["word"] for w in words) if words else None
     if not spans and (joined is None or joined == text):
         return seg
-    out: Segment = {**seg, "text": mask(text, spans), "tokens": []}
+    out: Segment = {**seg, "text": mask(text, spans, keep_first), "tokens": []}
     if words:
         if joined == text:
-            masked_words = _slice(mask(text, spans), [len(w["word"]) for w in words])
+            masked_words = _slice(out["text"], [len(w["word"]) for w in words])
         else:
-            masked_words = [m.text(w["word"]) for w in words]
+            masked_words = [m.text(w["word"], keep_first) for w in words]
         out["words"] = [{**w, "word": t} for w, t in zip(words, masked_words, strict=True)]
     if out["words"] == words and out["text"] == text:
         return seg
@@ -194,10 +196,13 @@ def _slice(text: str, lengths: list[int]) -> list[str]:
     return out
 
 
-def channels(entries: list[dict[str, Any]], translated: bool) -> list[dict[str, Any]]:
+def channels(
+    entries: list[dict[str, Any]], translated: bool, keep_first: bool = True
+) -> list[dict[str, Any]]:
     """A multichannel answer's ``channels``: each channel's text, in its own language (in
     English when ``translated``)."""
-    return [
-        {**c, "text": masker("en" if translated else c.get("language")).text(c.get("text") or "")}
-        for c in entries
-    ]
+    out = []
+    for c in entries:
+        m = masker("en" if translated else c.get("language"))
+        out.append({**c, "text": m.text(c.get("text") or "", keep_first)})
+    return out

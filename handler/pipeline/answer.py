@@ -42,10 +42,11 @@ def masked_stream(
     if stream is None:
         return None
     asked = "en" if plan.job.effective_task == "translate" else plan.kwargs.get("language")
+    keep_first = plan.job.profanity_filter != "full"
 
     def each(seg: Segment) -> None:
         lang = asked if asked == "en" else seg.get("language") or asked
-        stream(profanity.segment(seg, lang))
+        stream(profanity.segment(seg, lang, keep_first))
 
     return each
 
@@ -62,13 +63,16 @@ def mask_profanity(plan: Plan, tr: transcribe.Transcript, call: Call) -> None:
             return "en"
         return seg.get("language") or by_channel.get(seg.get("channel", -1)) or tr.language
 
+    keep = plan.job.profanity_filter != "full"
     langs = [language(s) for s in tr.segments]
-    tr.segments = [profanity.segment(s, lang) for s, lang in zip(tr.segments, langs, strict=True)]
+    tr.segments = [
+        profanity.segment(s, lang, keep) for s, lang in zip(tr.segments, langs, strict=True)
+    ]
     if call.channels is not None:
-        call.channels = profanity.channels(call.channels, translated)
+        call.channels = profanity.channels(call.channels, translated, keep)
     # A warning may quote the transcript (a mended loop's phrase): masked as it is.
     said = profanity.masker("en" if translated else tr.language)
-    call.warnings[:] = [said.text(w) for w in call.warnings]
+    call.warnings[:] = [said.text(w, keep) for w in call.warnings]
     if note := profanity.unlisted(langs):
         call.warnings.append(note)
 

@@ -147,7 +147,7 @@ def _configure(params: Any, loaded: list[str]) -> tuple[dict[str, Any], dict[str
     if terms:
         transcription["keywords"] = terms
     if flag(params, "profanity_filter"):
-        transcription["profanity_filter"] = True
+        transcription["profanity_filter"] = "full"  # Deepgram writes every letter: "****"
     if flag(params, "diarize"):
         transcription["diarize"] = True  # each final's words name their speaker
     session = {

@@ -88,7 +88,7 @@ def _job_input(params: Any, loaded: list[str]) -> tuple[dict[str, Any], str]:
     if flag(params, "multichannel"):
         job["multichannel"] = True
     if flag(params, "profanity_filter"):
-        job["profanity_filter"] = True
+        job["profanity_filter"] = "full"  # Deepgram writes every letter: "****"
     flag(params, "utterances")  # checked now: answer() reads them after the job
     flag(params, "paragraphs")
     terms = keywords(params)

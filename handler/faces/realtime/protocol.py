@@ -77,7 +77,7 @@ class Config:
         self.turns: TurnRules | None = TurnRules()
         self.word_alignment: str | None = None
         """Our extension: completed transcripts carry their timed ``words``."""
-        self.profanity_filter = False
+        self.profanity_filter: bool | str = False
         """Our extension: profane words masked in deltas and transcripts alike."""
         self.diarize = False
         """Our extension: each completed transcript names its ``speaker`` (a number from
@@ -116,7 +116,11 @@ class Config:
                         "keywords": self.keywords,
                         "prompt": self.prompt,
                         **({"word_alignment": self.word_alignment} if self.word_alignment else {}),
-                        **({"profanity_filter": True} if self.profanity_filter else {}),
+                        **(
+                            {"profanity_filter": self.profanity_filter}
+                            if self.profanity_filter
+                            else {}
+                        ),
                     },
                     "turn_detection": turn,
                 }
@@ -213,8 +217,8 @@ class Config:
         if timing not in (None, *align.METHODS):
             raise SessionError(f"{where}.word_alignment: one of {', '.join(align.METHODS)}")
         masked = t.get("profanity_filter", self.profanity_filter)
-        if type(masked) is not bool:
-            raise SessionError(f"{where}.profanity_filter: true or false")
+        if type(masked) is not bool and masked != "full":
+            raise SessionError(f'{where}.profanity_filter: true, false or "full"')
         self._speakers(t, where)
         if lang is None and langs and len(langs) == 1:
             lang = langs[0]  # detection among one language is that language
@@ -287,7 +291,7 @@ class Config:
             job["word_timestamps"] = True
             job["output"] = ["text", "words"]
         if self.profanity_filter:
-            job["profanity_filter"] = True
+            job["profanity_filter"] = self.profanity_filter
         return job
 
 
