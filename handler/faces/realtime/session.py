@@ -426,7 +426,13 @@ class Session:
             return None
         if self.speakers is None:
             self.speakers = LiveSpeakers(self.worker.diarizer, self.config.max_speakers)
-        return await asyncio.to_thread(self.speakers.assign, samples)
+        try:
+            return await asyncio.to_thread(self.speakers.assign, samples)
+        except Exception as exc:  # the transcript still goes out, without its speaker
+            log.warning(
+                "session %s: a turn's speaker was not found (%s)", self.id, type(exc).__name__
+            )
+            return None
 
     async def send_final(self, turn: LiveItem, completed: dict[str, Any]) -> None:
         """A committed turn's transcript (OpenAI's ``completed`` event): sent as it is; a
