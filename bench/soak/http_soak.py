@@ -254,8 +254,8 @@ def probes(source_url: str) -> tuple[list[Probe], list[Probe], list[Probe]]:
             {"INVALID_INPUT"},
         ),
         Probe(
-            "refused-field",
-            _post_form(TRANSCRIBE, {"include[]": "logprobs"}, jfk),
+            "refused-field",  # logprobs are served with json only, as OpenAI serves them
+            _post_form(TRANSCRIBE, {"include[]": "logprobs", "response_format": "srt"}, jfk),
             {400},
             {"INVALID_INPUT"},
         ),

@@ -6,8 +6,11 @@ turns to the transcript).
 - ``windows``: speech regions and the windows embedded in them;
 - ``turns``: labelled windows as speaker turns, snapped to pauses, and their labels;
 - ``clusters``: average-linkage clustering of the embeddings (NumPy);
-- ``features``: Kaldi filterbanks, CAM++'s input (NumPy).
+- ``features``: Kaldi filterbanks, CAM++'s input (NumPy);
+- ``online``: a live session's speakers, turn by turn (NumPy).
 
 Each is imported by its own name (this package imports none of them, so none imports it
-back), and only where a deployment turns diarization on (``WHISPER_DIARIZATION``).
+back). The model (``diarizer``, onnxruntime) only where a deployment turns diarization on
+(``WHISPER_DIARIZATION``); the live routes import ``online`` and ``turns`` (NumPy alone)
+at start.
 """
