@@ -804,3 +804,35 @@ def test_a_long_turn_in_20_ms_chunks_is_not_copied_at_every_append() -> None:
         held = live.samples
     assert len(live) == 120 * 16000
     assert copies < 20, copies
+
+
+@pytest.mark.e2e
+def test_logprobs_in_each_completed_transcript_when_included(live: Server) -> None:
+    """The probe: ``include: ["item.input_audio_transcription.logprobs"]`` (Pipecat's
+    realtime service sends it) was accepted and answered with no logprobs and
+    ``include: null``. Now each completed transcript carries them, one per word, through
+    the openai SDK's own event type."""
+    jfk = clips()[0]
+    audio = np.concatenate([silence(0.5), jfk.samples, silence(1.5)])
+    session = {**copy.deepcopy(SESSION), "include": ["item.input_audio_transcription.logprobs"]}
+    completed: list[Any] = []
+    with live.client().realtime.connect(extra_query={"intent": "transcription"}) as conn:
+        assert conn.recv().type == "session.created"
+        conn.session.update(session=session)  # type: ignore[arg-type]
+        updated = conn.recv().model_dump()
+        assert updated["session"]["include"] == ["item.input_audio_transcription.logprobs"]
+        feeder = threading.Thread(target=feed, args=(conn.input_audio_buffer.append, pcm24(audio)))
+        feeder.start()
+        deadline = time.time() + 120
+        while time.time() < deadline and not (completed and not feeder.is_alive()):
+            ev = conn.recv()
+            if ev.type == "conversation.item.input_audio_transcription.completed":
+                completed.append(ev)
+            assert ev.type != "error" or ev.error.code == "idle_timeout", ev
+        feeder.join()
+    assert completed and all(c.logprobs for c in completed)
+    for c in completed:
+        said = "".join(lp.token for lp in c.logprobs)
+        assert wer(c.transcript, said) < 0.2, (c.transcript, said)
+        assert all(lp.logprob <= 0 for lp in c.logprobs)
+    assert "words" not in completed[0].model_dump()  # timed words only with word_alignment

@@ -26,6 +26,7 @@ NOISE_REDUCTION = (None, "near_field", "far_field")
 """``noise_reduction.type`` values a client may send: accepted, none applied (no denoiser
 was measured to help Whisper's WER here: docs/http.md), and said so in session.updated."""
 DELAYS = ("minimal", "low", "medium", "high", "xhigh")
+LOGPROBS = "item.input_audio_transcription.logprobs"
 """``transcription.delay`` (OpenAI's gpt-realtime-whisper): accepted; interim text here
 comes at its own cadence (INTERIM_EVERY_S)."""
 SEMANTIC_SILENCE_MS = {"low": 1500, "medium": 800, "auto": 800, "high": 500}
@@ -79,6 +80,8 @@ class Config:
         """Our extension: completed transcripts carry their timed ``words``."""
         self.profanity_filter: bool | str = False
         """Our extension: profane words masked in deltas and transcripts alike."""
+        self.logprobs = False
+        """OpenAI's ``include: ["item.input_audio_transcription.logprobs"]``."""
         self.diarize = False
         """Our extension: each completed transcript names its ``speaker`` (a number from
         0, the same for the same voice all session long); Deepgram's ``diarize`` and
@@ -104,7 +107,7 @@ class Config:
             "id": session_id,
             "object": "realtime.transcription_session",
             "expires_at": expires_at,
-            "include": None,  # logprobs: none are served
+            "include": [LOGPROBS] if self.logprobs else None,
             "audio": {
                 "input": {
                     "format": fmt,
@@ -136,11 +139,12 @@ class Config:
                 "transcription): not conversations",
                 "unsupported",
             )
-        _include(session.get("include"))
+        logprobs = _include(session.get("include"), self.logprobs)
         audio = _object(session.get("audio"), "session.audio")
         audio_in = _object(audio.get("input"), "session.audio.input")
         _noise(audio_in.get("noise_reduction"), "session.audio.input.noise_reduction")
         new = copy.copy(self)
+        new.logprobs = logprobs
         if "format" in audio_in:
             new._format(audio_in["format"], "session.audio.input.format")
         if "transcription" in audio_in:
@@ -153,9 +157,10 @@ class Config:
     def update_legacy(self, session: Any) -> Config:
         """The older ``transcription_session.update`` shape, applied to a copy."""
         session = _object(session, "session")
-        _include(session.get("include"))
+        logprobs = _include(session.get("include"), self.logprobs)
         _noise(session.get("input_audio_noise_reduction"), "session.input_audio_noise_reduction")
         new = copy.copy(self)
+        new.logprobs = logprobs
         if "input_audio_format" in session:
             new._format(session["input_audio_format"], "session.input_audio_format")
         if "input_audio_transcription" in session:
@@ -288,6 +293,7 @@ class Config:
             # Whisper's own word times come only with word_timestamps (a session that asked
             # for them got an empty list before: found through handler.faces.deepgram).
             job["word_alignment"] = self.word_alignment
+        if self.word_alignment or self.logprobs:
             job["word_timestamps"] = True
             job["output"] = ["text", "words"]
         if self.profanity_filter:
@@ -314,13 +320,16 @@ def _strings(value: Any, where: str, most: int) -> list[str] | None:
     return list(value)
 
 
-def _include(value: Any) -> None:
-    """``include`` (logprobs): accepted, none sent (the decoder keeps one log-probability
-    per segment, not per token); session.updated says ``include: null``."""
-    if value is not None and not (
-        isinstance(value, list) and all(isinstance(v, str) and len(v) <= 200 for v in value)
-    ):
+def _include(value: Any, before: bool) -> bool:
+    """``include``: whether each completed transcript carries its ``logprobs`` (OpenAI's
+    ``item.input_audio_transcription.logprobs``; one per word, as the file route gives
+    them: handler.faces.openai_api.logprobs). Other names are taken and change nothing;
+    absent, the session's choice stands."""
+    if value is None:
+        return before
+    if not (isinstance(value, list) and all(isinstance(v, str) and len(v) <= 200 for v in value)):
         raise SessionError("session.include: a list of strings")
+    return LOGPROBS in value
 
 
 def _noise(value: Any, where: str) -> None:

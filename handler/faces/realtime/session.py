@@ -19,6 +19,7 @@ from starlette.websockets import WebSocket, WebSocketDisconnect
 from handler.audio.live import LiveDecoder, chunk_bytes
 from handler.contract import SAMPLE_RATE
 from handler.errors import WorkerError
+from handler.faces.openai_api import logprobs
 from handler.faces.realtime.buffer import LiveBuffer
 from handler.faces.realtime.item import LiveItem
 from handler.faces.realtime.protocol import (
@@ -413,8 +414,10 @@ class Session:
             "transcript": text,
             "usage": {"type": "duration", "seconds": round(len(samples) / SAMPLE_RATE, 3)},
         }
-        if "words" in result:
+        if "words" in result and self.config.word_alignment:
             completed.update(turn.timed_words(result))
+        if self.config.logprobs:
+            completed["logprobs"] = logprobs(result.get("words") or [])
         if speaker is not None:
             completed["speaker"], completed["speaker_confidence"] = speaker[0], round(speaker[1], 4)
         await self.send_final(turn, completed)
