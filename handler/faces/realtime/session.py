@@ -31,8 +31,8 @@ from handler.faces.realtime.protocol import (
     event_depth,
     new_id,
 )
+from handler.faces.realtime.voices import SessionVoices
 from handler.inference.live_vad import StreamVad, TurnDetector, TurnRules
-from handler.inference.speakers.online import LiveSpeakers
 from handler.pipeline.job import run_job
 from handler.pipeline.runtime import Runtime
 from handler.settings import Settings
@@ -88,8 +88,7 @@ class Session:
         self.last_final: asyncio.Task | None = None
         """The last committed turn's transcription: the next one answers after it."""
         self._send_lock = asyncio.Lock()
-        self.speakers: LiveSpeakers | None = None
-        """The voices heard so far, when the session asked for speakers."""
+        self.voices = SessionVoices(self.id)
 
     # --- the loop ---------------------------------------------------------------------
 
@@ -388,7 +387,9 @@ class Session:
             self.live.finals -= 1
         if before is not None and not before.done():
             await asyncio.wait({before})
-        speaker = await self._speaker(samples) if "error" not in result else None
+        speaker = None
+        if "error" not in result:
+            speaker = await self.voices.of(samples, self.config, self.worker.diarizer)
         if "error" in result:
             await self.send(
                 {
@@ -421,21 +422,6 @@ class Session:
         if speaker is not None:
             completed["speaker"], completed["speaker_confidence"] = speaker[0], round(speaker[1], 4)
         await self.send_final(turn, completed)
-
-    async def _speaker(self, samples: np.ndarray) -> tuple[int, float] | None:
-        """The turn's speaker, when the session asked for them: assigned in the order the
-        turns were committed (this runs after the turn before it is answered)."""
-        if not self.config.diarize or self.worker.diarizer is None:
-            return None
-        if self.speakers is None:
-            self.speakers = LiveSpeakers(self.worker.diarizer, self.config.max_speakers)
-        try:
-            return await asyncio.to_thread(self.speakers.assign, samples)
-        except Exception as exc:  # the transcript still goes out, without its speaker
-            log.warning(
-                "session %s: a turn's speaker was not found (%s)", self.id, type(exc).__name__
-            )
-            return None
 
     async def send_final(self, turn: LiveItem, completed: dict[str, Any]) -> None:
         """A committed turn's transcript (OpenAI's ``completed`` event): sent as it is; a
