@@ -237,6 +237,7 @@ def test_any_transcript_request_is_a_job_or_a_refusal(body: Any) -> None:
                 "end_of_turn_confidence_threshold",
                 "vad_threshold",
                 "speaker_labels",
+                "max_speakers",
                 "min_end_of_turn_silence_when_confident",
                 "filter_profanity",
             ]
@@ -257,6 +258,29 @@ def test_any_streaming_query_is_a_session_or_a_refusal(query: dict[str, str]) ->
         assert str(exc)
         return
     assert session["type"] == "transcription" and isinstance(options, dict)
+    most = session["audio"]["input"]["transcription"].get("max_speakers")
+    assert most is None or (type(most) is int and 1 <= most <= 20)
+
+
+def test_speaker_labels_and_max_speakers_in_the_streaming_query() -> None:
+    """``speaker_labels`` asks the session for speakers; ``max_speakers`` is a whole number
+    from 1 to 20 (1.5 was taken as 1)."""
+    from handler.faces.assemblyai.live import configure
+    from handler.faces.realtime.protocol import SessionError
+
+    def transcription(**query: str) -> dict[str, Any]:
+        session, _ = configure({"sample_rate": "16000", **query}, ["tiny.en"])
+        return session["audio"]["input"]["transcription"]
+
+    assert transcription(speaker_labels="true", max_speakers="3") | {} == {
+        **transcription(),
+        "diarize": True,
+        "max_speakers": 3,
+    }
+    assert "diarize" not in transcription(speaker_labels="false", max_speakers="3")
+    for bad in ("1.5", "0", "21", "many"):
+        with pytest.raises(SessionError, match="max_speakers"):
+            transcription(speaker_labels="true", max_speakers=bad)
 
 
 @pytest.fixture(scope="module")

@@ -186,6 +186,10 @@ def configure(params: Any, loaded: list[str]) -> tuple[dict[str, Any], dict[str,
     if _truthy(params, "speaker_labels"):
         transcription["diarize"] = True  # each turn's end names its speaker
         most = _number(params, "max_speakers", 1, MAX_SPEAKERS)
+        if most is not None and most != int(most):
+            raise SessionError(
+                f"max_speakers: a whole number from 1 to {MAX_SPEAKERS}", "invalid_query"
+            )
         if most is not None:
             transcription["max_speakers"] = int(most)
     session = {
