@@ -588,7 +588,7 @@ def test_the_api_key_closes_every_route_but_health(keyed: Server) -> None:
     with open(JFK, "rb") as f, pytest.raises(openai.AuthenticationError) as info:
         keyed.client().audio.transcriptions.create(model="whisper-1", file=f)
     assert info.value.body["code"] == "invalid_api_key"
-    for path in ("/metrics", "/v1/models", "/v1/nothing"):
+    for path in ("/metrics", "/v1/models", "/v1/models/whisper-1", "/v1/nothing"):
         assert requests.get(keyed.url + path, timeout=30).status_code == 401, path
     assert requests.get(keyed.url + "/ping", timeout=30).status_code == 200
     assert requests.get(keyed.url + "/ready", timeout=30).status_code == 200
