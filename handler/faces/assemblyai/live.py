@@ -10,9 +10,10 @@ is this worker's model), ``language_code``, ``language_detection``, ``keyterms_p
 that end a turn, at least ``TURN_SILENCE_FLOOR_MS``; its older name
 ``min_end_of_turn_silence_when_confident`` too), ``max_turn_silence`` (the silence that ends
 a turn when ``end_of_turn_confidence_threshold`` is 1, the setting that turns AssemblyAI's
-semantic end of turn off) and ``vad_threshold``. Other options are taken as sent, but for
-what cannot be served, which refuses the connection: ``speaker_labels`` (no live
-diarization here), ``redact_pii``, ``webhook_url``, and containers (``opus``, ``aac``).
+semantic end of turn off), ``vad_threshold`` and ``speaker_labels`` with ``max_speakers``
+(each turn's end names its voice: handler.faces.realtime.voices). Other options are taken
+as sent, but for what cannot be served, which refuses the connection: ``redact_pii``,
+``webhook_url``, and containers (``opus``, ``aac``).
 
 The client sends binary PCM and ``ForceEndpoint`` (the turn under way ends now),
 ``UpdateConfiguration`` (``keyterms_prompt``, ``prompt``, ``format_turns``), ``KeepAlive``

@@ -8,7 +8,9 @@ name, Deepgram's ``nova-3`` included, is this worker's default model), ``languag
 (``en``, ``en-US``, ``multi``), ``interim_results``, ``endpointing`` (ms of silence that end a
 turn, at least ``ENDPOINTING_FLOOR_MS``; ``false``: turns end at ``NO_ENDPOINTING_MS`` and
 are never ``speech_final``), ``utterance_end_ms``, ``vad_events``, ``keywords`` and
-``keyterm`` (hotwords), ``profanity_filter``, ``extra`` (back in the closing ``Metadata``),
+``keyterm`` (hotwords), ``profanity_filter`` (every letter masked, as Deepgram does),
+``diarize`` (each final's words name the turn's voice: handler.faces.realtime.voices),
+``extra`` (back in the closing ``Metadata``),
 ``multichannel=true`` with ``channels`` (each channel of the interleaved audio heard on its
 own, a lane of its own on the same socket: ``channel_index`` says whose each result is;
 each channel takes a live session's slot). Formatting options (``punctuate``,
