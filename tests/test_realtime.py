@@ -662,6 +662,22 @@ def test_a_deeply_nested_event_is_refused_with_an_error_and_a_close_code(live: S
         events_until(ws, "session.created")
 
 
+def completed_events(conn: Any, audio: np.ndarray) -> list[Any]:
+    """The completed transcripts of ``audio`` (16 kHz) fed to a connection of the openai
+    SDK's realtime client as 24-kHz PCM, until the feeding is over and one has come."""
+    completed: list[Any] = []
+    feeder = threading.Thread(target=feed, args=(conn.input_audio_buffer.append, pcm24(audio)))
+    feeder.start()
+    deadline = time.time() + 120
+    while time.time() < deadline and not (completed and not feeder.is_alive()):
+        ev = conn.recv()
+        if ev.type == "conversation.item.input_audio_transcription.completed":
+            completed.append(ev)
+        assert ev.type != "error" or ev.error.code == "idle_timeout", ev
+    feeder.join()
+    return completed
+
+
 @pytest.mark.e2e
 def test_a_session_with_word_alignment_gets_timed_words_in_each_transcript(live: Server) -> None:
     """Our extension of the session: ``transcription.word_alignment`` makes each completed
@@ -671,7 +687,6 @@ def test_a_session_with_word_alignment_gets_timed_words_in_each_transcript(live:
     session = copy.deepcopy(SESSION)
     session["audio"]["input"]["transcription"]["word_alignment"] = "forced"  # type: ignore[index]
     client = live.client()
-    completed: list[dict[str, Any]] = []
     with client.realtime.connect(extra_query={"intent": "transcription"}) as conn:
         assert conn.recv().type == "session.created"
         conn.session.update(
@@ -682,15 +697,7 @@ def test_a_session_with_word_alignment_gets_timed_words_in_each_transcript(live:
         conn.session.update(session=session)  # type: ignore[arg-type]
         updated = conn.recv().model_dump()
         assert updated["session"]["audio"]["input"]["transcription"]["word_alignment"] == "forced"
-        feeder = threading.Thread(target=feed, args=(conn.input_audio_buffer.append, pcm24(audio)))
-        feeder.start()
-        deadline = time.time() + 120
-        while time.time() < deadline and not (completed and not feeder.is_alive()):
-            ev = conn.recv()
-            if ev.type == "conversation.item.input_audio_transcription.completed":
-                completed.append(ev.model_dump())
-            assert ev.type != "error" or ev.error.code == "idle_timeout", ev
-        feeder.join()
+        completed = [ev.model_dump() for ev in completed_events(conn, audio)]
     assert completed
     spoken = [w for c in completed for w in c["words"]]
     assert all(c["word_alignment"] == "forced" for c in completed)
@@ -815,21 +822,12 @@ def test_logprobs_in_each_completed_transcript_when_included(live: Server) -> No
     jfk = clips()[0]
     audio = np.concatenate([silence(0.5), jfk.samples, silence(1.5)])
     session = {**copy.deepcopy(SESSION), "include": ["item.input_audio_transcription.logprobs"]}
-    completed: list[Any] = []
     with live.client().realtime.connect(extra_query={"intent": "transcription"}) as conn:
         assert conn.recv().type == "session.created"
         conn.session.update(session=session)  # type: ignore[arg-type]
         updated = conn.recv().model_dump()
         assert updated["session"]["include"] == ["item.input_audio_transcription.logprobs"]
-        feeder = threading.Thread(target=feed, args=(conn.input_audio_buffer.append, pcm24(audio)))
-        feeder.start()
-        deadline = time.time() + 120
-        while time.time() < deadline and not (completed and not feeder.is_alive()):
-            ev = conn.recv()
-            if ev.type == "conversation.item.input_audio_transcription.completed":
-                completed.append(ev)
-            assert ev.type != "error" or ev.error.code == "idle_timeout", ev
-        feeder.join()
+        completed = completed_events(conn, audio)
     assert completed and all(c.logprobs for c in completed)
     for c in completed:
         said = "".join(lp.token for lp in c.logprobs)

@@ -72,7 +72,7 @@ def run(seed: int, n: int, sweep: bool) -> dict[str, Any]:
     grid = [(online.THRESHOLD, online.SHORT_S)]
     if sweep:
         grid = [(t, s) for t in (0.60, 0.65, 0.70, 0.75, 0.80) for s in (0.0, 1.0, 1.5, 2.0)]
-    rows = []
+    rows, chosen = [], (online.THRESHOLD, online.SHORT_S)
     for threshold, short in grid:
         online.THRESHOLD, online.SHORT_S = threshold, short
         scores, extra = [], []
@@ -91,6 +91,7 @@ def run(seed: int, n: int, sweep: bool) -> dict[str, Any]:
                 "speakers_found_minus_true": extra,
             }
         )
+    online.THRESHOLD, online.SHORT_S = chosen
     return {
         "seed": seed,
         "conversations": n,

@@ -30,13 +30,17 @@ def check_url(url: str, field: str = "webhook") -> None:
     parse_target(url, field)
 
 
+POST_TIMEOUT_S = 10.0
+"""How long one POST may take, connection to answer."""
+
+
 def post_json(
     url: str,
     body: bytes,
     settings: Settings,
     *,
     headers: dict[str, str] | None = None,
-    timeout_s: float = 10.0,
+    timeout_s: float = POST_TIMEOUT_S,
     method: str = "POST",
 ) -> int:
     """POST (or ``method``) ``body`` (JSON); the HTTP status. WorkerError when the URL is

@@ -49,6 +49,7 @@ from handler.faces.admission import loaded_models, run_admitted, settle
 from handler.faces.auth import ApiKey, BodyLimit, BodyTooLarge, ReceiveLimit
 from handler.faces.broker.gateway import BROKER_GONE, BrokerDown
 from handler.faces.metrics import Metrics, RequestMetrics
+from handler.faces.openai_errors import request_error
 from handler.faces.runpod_api import add_runpod_routes
 from handler.pipeline.job import run_job
 from handler.pipeline.runtime import Runtime
@@ -166,17 +167,7 @@ def add_job_routes(app: FastAPI, state: ServerState) -> None:
         if name in names or is_openai_model(name):  # OpenAI's names mean the default
             return JSONResponse(_model(name))
         message = f"The model '{name}' does not exist here; GET /v1/models lists them"
-        return JSONResponse(
-            {
-                "error": {
-                    "message": message[:300],
-                    "type": "invalid_request_error",
-                    "param": None,
-                    "code": "model_not_found",
-                }
-            },
-            status_code=404,
-        )
+        return JSONResponse(request_error(message[:300], "model_not_found"), status_code=404)
 
     async def audio_route(request: Request) -> Response:
         return await _audio(state, request)

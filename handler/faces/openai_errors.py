@@ -69,14 +69,22 @@ def error_body(error: Mapping[str, Any]) -> tuple[int, dict[str, Any]]:
 NOT_ROUTED = {404: "not_found", 405: "method_not_allowed"}
 
 
+def request_error(message: str, code: str) -> dict[str, Any]:
+    """OpenAI's body for a request it refuses (``invalid_request_error``)."""
+    return {
+        "error": {
+            "message": message,
+            "type": "invalid_request_error",
+            "param": None,
+            "code": code,
+        }
+    }
+
+
 def not_routed(method: str, path: str, status: int) -> dict[str, Any]:
     """OpenAI's error body for a path or method this server does not serve."""
     what = "unknown route" if status == 404 else f"method {method} not allowed on"
-    return {
-        "error": {
-            "message": f"{what} {path}; see /v1/models and /v1/audio/transcriptions",
-            "type": "invalid_request_error",
-            "param": None,
-            "code": NOT_ROUTED.get(status, "invalid_request"),
-        }
-    }
+    return request_error(
+        f"{what} {path}; see /v1/models and /v1/audio/transcriptions",
+        NOT_ROUTED.get(status, "invalid_request"),
+    )

@@ -28,7 +28,7 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, NamedTuple, Protocol
 
-from handler.audio.netpost import post_json
+from handler.audio.netpost import POST_TIMEOUT_S, post_json
 from handler.errors import WorkerError
 from handler.settings import Settings
 
@@ -84,9 +84,11 @@ Call = tuple[str, bytes, dict[str, str], str, Policy]
 
 
 def longest_s(settings: Settings) -> float:
-    """The longest a delivery's tries take, waits included (each try may wait 10 s)."""
+    """The longest a delivery's tries take: each try's answer and the waits between them."""
     retry = settings.webhook_retry_s
-    return max((p.tries - 1) * p.apart * retry + p.tries * 10 for p in POLICIES.values())
+    return max(
+        (p.tries - 1) * p.apart * retry + p.tries * POST_TIMEOUT_S for p in POLICIES.values()
+    )
 
 
 def _call(rec: Ended) -> Call:

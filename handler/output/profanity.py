@@ -166,6 +166,12 @@ def unlisted(languages: Iterable[str | None]) -> str | None:
     )
 
 
+def keeps_first(option: bool | str | None) -> bool:
+    """Whether a job's ``profanity_filter`` keeps each word's first letter (``"full"``:
+    Deepgram's every letter)."""
+    return option != "full"
+
+
 def segment(seg: Segment, language: str | None, keep_first: bool = True) -> Segment:
     """The segment with its text and words masked, checked in ``language`` (a copy, when
     anything was); a masked segment's ``tokens`` are emptied: they spell the words unmasked."""

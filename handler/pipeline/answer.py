@@ -42,7 +42,7 @@ def masked_stream(
     if stream is None:
         return None
     asked = "en" if plan.job.effective_task == "translate" else plan.kwargs.get("language")
-    keep_first = plan.job.profanity_filter != "full"
+    keep_first = profanity.keeps_first(plan.job.profanity_filter)
 
     def each(seg: Segment) -> None:
         lang = asked if asked == "en" else seg.get("language") or asked
@@ -63,7 +63,7 @@ def mask_profanity(plan: Plan, tr: transcribe.Transcript, call: Call) -> None:
             return "en"
         return seg.get("language") or by_channel.get(seg.get("channel", -1)) or tr.language
 
-    keep = plan.job.profanity_filter != "full"
+    keep = profanity.keeps_first(plan.job.profanity_filter)
     langs = [language(s) for s in tr.segments]
     tr.segments = [
         profanity.segment(s, lang, keep) for s, lang in zip(tr.segments, langs, strict=True)

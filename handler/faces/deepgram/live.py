@@ -414,10 +414,8 @@ class DeepgramSession(QueryAudioSession):
             for w in shape.whole_words(result.get("words", []))
         ]
         if "speaker" in completed:  # diarize: the turn's voice, on each of its words
-            who = {"speaker": completed["speaker"]}
-            words = [
-                {**w, **who, "speaker_confidence": completed["speaker_confidence"]} for w in words
-            ]
+            who = {k: completed[k] for k in ("speaker", "speaker_confidence")}
+            words = [{**w, **who} for w in words]
         message = self._results(
             completed["transcript"], words, turn.audio_from_ms, end_ms, True, result.get("language")
         )

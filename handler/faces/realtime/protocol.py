@@ -26,9 +26,10 @@ NOISE_REDUCTION = (None, "near_field", "far_field")
 """``noise_reduction.type`` values a client may send: accepted, none applied (no denoiser
 was measured to help Whisper's WER here: docs/http.md), and said so in session.updated."""
 DELAYS = ("minimal", "low", "medium", "high", "xhigh")
-LOGPROBS = "item.input_audio_transcription.logprobs"
 """``transcription.delay`` (OpenAI's gpt-realtime-whisper): accepted; interim text here
 comes at its own cadence (INTERIM_EVERY_S)."""
+LOGPROBS = "item.input_audio_transcription.logprobs"
+"""The ``include`` name that asks each completed transcript for its ``logprobs``."""
 SEMANTIC_SILENCE_MS = {"low": 1500, "medium": 800, "auto": 800, "high": 500}
 """``semantic_vad`` served as server VAD: its eagerness as the silence that ends a turn."""
 MAX_KEYWORDS_CHARS = 1000

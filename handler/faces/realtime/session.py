@@ -387,9 +387,6 @@ class Session:
             self.live.finals -= 1
         if before is not None and not before.done():
             await asyncio.wait({before})
-        speaker = None
-        if "error" not in result:
-            speaker = await self.voices.of(samples, self.config, self.worker.diarizer)
         if "error" in result:
             await self.send(
                 {
@@ -419,6 +416,7 @@ class Session:
             completed.update(turn.timed_words(result))
         if self.config.logprobs:
             completed["logprobs"] = logprobs(result.get("words") or [])
+        speaker = await self.voices.of(samples, self.config, self.worker.diarizer)
         if speaker is not None:
             completed["speaker"], completed["speaker_confidence"] = speaker[0], round(speaker[1], 4)
         await self.send_final(turn, completed)
