@@ -14,6 +14,7 @@ import asyncio
 import base64
 import copy
 import json
+import math
 import threading
 import time
 from collections.abc import Iterator
@@ -27,7 +28,7 @@ from hypothesis import strategies as st
 from handler.audio.live import LiveDecoder, chunk_bytes
 from handler.contract import SAMPLE_RATE
 from handler.errors import Code, WorkerError
-from handler.faces.realtime.item import LiveItem
+from handler.faces.realtime.item import LiveItem, delta_logprobs
 from handler.inference.live_vad import WINDOW_MS, TurnDetector, TurnRules
 from speech_assets.clips import JFK_TEXT, clips, long_clip, wer
 from tests.test_http import Server
@@ -104,6 +105,23 @@ def test_a_turns_deltas_add_up_to_its_transcript_when_the_final_decode_differs()
         first = item.agreed_delta("that agent is logged".split())
         last, text = item.final(final.split())
         assert first + last == text, final
+
+
+def test_a_deltas_logprobs_are_those_of_its_own_words() -> None:
+    def decode(text: str, probs: list[float]) -> dict[str, Any]:
+        words = [
+            {"word": " " + w, "probability": p} for w, p in zip(text.split(), probs, strict=True)
+        ]
+        return {"text": text, "words": words}
+
+    got = delta_logprobs(decode("and so my fellow", [0.9, 0.5, 1.0, 0.25]), 1, 3)
+    assert [p["token"] for p in got or []] == [" so", " my"]
+    assert [round(p["logprob"], 4) for p in got or []] == [round(math.log(0.5), 4), 0.0]
+    last = delta_logprobs(decode("and so my fellow", [0.9, 0.5, 1.0, 0.25]), -1, 0)
+    assert [p["token"] for p in last or []] == [" fellow"]
+    # Timed words that are not the text's words one for one: nothing to pair, none sent.
+    assert delta_logprobs({"text": "and so", "words": [{"word": " and so"}]}, 0, 1) is None
+    assert delta_logprobs({"text": "and so"}, 0, 1) is None
 
 
 @pytest.mark.model
@@ -665,9 +683,10 @@ def test_a_deeply_nested_event_is_refused_with_an_error_and_a_close_code(live: S
         events_until(ws, "session.created")
 
 
-def completed_events(conn: Any, audio: np.ndarray) -> list[Any]:
+def completed_events(conn: Any, audio: np.ndarray, deltas: list | None = None) -> list[Any]:
     """The completed transcripts of ``audio`` (16 kHz) fed to a connection of the openai
-    SDK's realtime client as 24-kHz PCM, until the feeding is over and one has come."""
+    SDK's realtime client as 24-kHz PCM, until the feeding is over and one has come (and
+    the delta events into ``deltas``, where given)."""
     completed: list[Any] = []
     feeder = threading.Thread(target=feed, args=(conn.input_audio_buffer.append, pcm24(audio)))
     feeder.start()
@@ -676,6 +695,8 @@ def completed_events(conn: Any, audio: np.ndarray) -> list[Any]:
         ev = conn.recv()
         if ev.type == "conversation.item.input_audio_transcription.completed":
             completed.append(ev)
+        elif ev.type == "conversation.item.input_audio_transcription.delta" and deltas is not None:
+            deltas.append(ev)
         assert ev.type != "error" or ev.error.code == "idle_timeout", ev
     feeder.join()
     return completed
@@ -821,7 +842,8 @@ def test_logprobs_in_each_completed_transcript_when_included(live: Server) -> No
     """The probe: ``include: ["item.input_audio_transcription.logprobs"]`` (Pipecat's
     realtime service sends it) was accepted and answered with no logprobs and
     ``include: null``. Now each completed transcript carries them, one per word, through
-    the openai SDK's own event type."""
+    the openai SDK's own event type, and each delta those of its words (they were on the
+    completed event alone: a client that reads a delta's confidence got none)."""
     jfk = clips()[0]
     audio = np.concatenate([silence(0.5), jfk.samples, silence(1.5)])
     session = {**copy.deepcopy(SESSION), "include": ["item.input_audio_transcription.logprobs"]}
@@ -830,8 +852,13 @@ def test_logprobs_in_each_completed_transcript_when_included(live: Server) -> No
         conn.session.update(session=session)  # type: ignore[arg-type]
         updated = conn.recv().model_dump()
         assert updated["session"]["include"] == ["item.input_audio_transcription.logprobs"]
-        completed = completed_events(conn, audio)
+        deltas: list[Any] = []
+        completed = completed_events(conn, audio, deltas)
     assert completed and all(c.logprobs for c in completed)
+    assert deltas and all(d.logprobs for d in deltas), deltas
+    for d in deltas:
+        assert len(d.logprobs) == len(d.delta.split()), d
+        assert wer(d.delta, "".join(lp.token for lp in d.logprobs)) < 0.2, d
     for c in completed:
         said = "".join(lp.token for lp in c.logprobs)
         assert wer(c.transcript, said) < 0.2, (c.transcript, said)

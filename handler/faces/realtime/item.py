@@ -7,6 +7,7 @@ import asyncio
 import difflib
 from typing import Any
 
+from handler.faces.openai_api import logprobs
 from handler.inference.loops import bare
 
 
@@ -83,6 +84,16 @@ class LiveItem:
             ],
             "word_alignment": result.get("word_alignment", "whisper"),
         }
+
+
+def delta_logprobs(result: dict[str, Any], start: int, end: int) -> list | None:
+    """A delta's ``logprobs``: those of a decode's words ``start:end`` (a negative ``start``:
+    its last words), one per word as a completed event's; none where the decode's timed
+    words are not its text's words one for one (nothing to pair them with)."""
+    words = result.get("words")
+    if not isinstance(words, list) or len(words) != len(result["text"].split()):
+        return None
+    return logprobs(words[start:end] if start >= 0 else words[start:])
 
 
 def _end_of(sent: list[str], words: list[str]) -> int:

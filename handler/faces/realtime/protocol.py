@@ -29,7 +29,7 @@ DELAYS = ("minimal", "low", "medium", "high", "xhigh")
 """``transcription.delay`` (OpenAI's gpt-realtime-whisper): accepted; interim text here
 comes at its own cadence (INTERIM_EVERY_S)."""
 LOGPROBS = "item.input_audio_transcription.logprobs"
-"""The ``include`` name that asks each completed transcript for its ``logprobs``."""
+"""The ``include`` name that asks each delta and completed transcript for its ``logprobs``."""
 SEMANTIC_SILENCE_MS = {"low": 1500, "medium": 800, "auto": 800, "high": 500}
 """``semantic_vad`` served as server VAD: its eagerness as the silence that ends a turn."""
 MAX_KEYWORDS_CHARS = 1000
@@ -322,9 +322,9 @@ def _strings(value: Any, where: str, most: int) -> list[str] | None:
 
 
 def _include(value: Any, before: bool) -> bool:
-    """``include``: whether each completed transcript carries its ``logprobs`` (OpenAI's
-    ``item.input_audio_transcription.logprobs``; one per word, as the file route gives
-    them: handler.faces.openai_api.logprobs). Other names are taken and change nothing;
+    """``include``: whether each delta and completed transcript carries its ``logprobs``
+    (OpenAI's ``item.input_audio_transcription.logprobs``; one per word, as the file route
+    gives them: handler.faces.openai_api.logprobs). Other names are taken and change nothing;
     absent, the session's choice stands."""
     if value is None:
         return before

@@ -21,7 +21,7 @@ from handler.contract import SAMPLE_RATE
 from handler.errors import WorkerError
 from handler.faces.openai_api import logprobs
 from handler.faces.realtime.buffer import LiveBuffer
-from handler.faces.realtime.item import LiveItem
+from handler.faces.realtime.item import LiveItem, delta_logprobs
 from handler.faces.realtime.protocol import (
     MAX_EVENT_DEPTH,
     MIN_COMMIT_S,
@@ -358,19 +358,25 @@ class Session:
         result = await self._transcribe(samples, turn.item_id)
         if "error" in result or self.turn is not turn:
             return  # a failed interim decode is not reported; the final one is
+        sent = len(turn.emitted)
         delta = turn.agreed_delta(result["text"].split())
         if delta:
-            await self._delta(turn, delta)
+            await self._delta(turn, delta, self._logprobs(result, sent, len(turn.emitted)))
 
-    async def _delta(self, turn: LiveItem, delta: str) -> None:
-        await self.send(
-            {
-                "type": "conversation.item.input_audio_transcription.delta",
-                "item_id": turn.item_id,
-                "content_index": 0,
-                "delta": delta,
-            }
-        )
+    async def _delta(self, turn: LiveItem, delta: str, probs: list | None = None) -> None:
+        event = {
+            "type": "conversation.item.input_audio_transcription.delta",
+            "item_id": turn.item_id,
+            "content_index": 0,
+            "delta": delta,
+        }
+        if probs is not None:
+            event["logprobs"] = probs
+        await self.send(event)
+
+    def _logprobs(self, result: dict[str, Any], start: int, end: int) -> list | None:
+        """A delta's ``logprobs``, where the session's ``include`` asks for them."""
+        return delta_logprobs(result, start, end) if self.config.logprobs else None
 
     async def _final(
         self, turn: LiveItem, samples: np.ndarray, before: asyncio.Task | None
@@ -402,9 +408,11 @@ class Session:
                 }
             )
             return
+        sent = len(turn.emitted)
         delta, text = turn.final(result["text"].split())
         if delta:
-            await self._delta(turn, delta)
+            # The final decode's last words are the ones this delta adds.
+            await self._delta(turn, delta, self._logprobs(result, sent - len(turn.emitted), 0))
         completed = {
             "type": "conversation.item.input_audio_transcription.completed",
             "item_id": turn.item_id,
