@@ -76,6 +76,8 @@ def _flags_to_job(args: argparse.Namespace, job: dict[str, Any]) -> None:
         job["multichannel"] = True
     if args.profanity_filter:
         job["profanity_filter"] = True
+    if args.redact:
+        job["redact"] = [k.strip() for k in args.redact.split(",")]
 
 
 def cmd_transcribe(args: argparse.Namespace) -> int:
@@ -239,6 +241,11 @@ def _transcribe_parser(sub: Any, common: argparse.ArgumentParser) -> None:
         "--profanity-filter",
         action="store_true",
         help='mask profane words as their first letter and asterisks ("s***")',
+    )
+    t.add_argument(
+        "--redact",
+        metavar="KINDS",
+        help="mask numbers (runs of three numerals or more): numbers, pci or ssn, comma-separated",
     )
     t.add_argument(
         "--stream", action="store_true", help="print each segment as it is decoded, with its times"

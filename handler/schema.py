@@ -151,9 +151,14 @@ class JobInput(BaseModel):
 
     profanity_filter: bool | Literal["full"] | None = None
     """Mask profane words wherever the transcript is returned (text, segments, words,
-    subtitles, streamed segments): ``true``, the first letter kept and the rest as asterisks
-    ("s***", AssemblyAI's and Google's way); ``"full"``, every letter ("****", Deepgram's).
-    Checked in English and in the transcript's language (handler.output.profanity)."""
+    subtitles, streams): ``true``, the first letter kept, the rest as asterisks ("s***", as
+    AssemblyAI and Google do); ``"full"``, every letter ("****", Deepgram's). Checked in
+    English and in the transcript's language (handler.output.profanity)."""
+
+    redact: list[Literal["numbers", "pci", "ssn"]] | None = Field(None, max_length=3)
+    """Mask numbers wherever the transcript is returned: each run of three numerals or more
+    as asterisks (Deepgram's ``numbers``; ``pci`` and ``ssn`` by the same rule, a superset of
+    both: handler.output.redact)."""
 
     min_language_probability: float | None = Field(None, ge=0, le=1)
     """Fail the job (LANGUAGE_UNCERTAIN) when the language it detects has a lower
@@ -413,6 +418,7 @@ DECODING_OPTIONS: frozenset[str] = frozenset(
         "loop_guard",
         "multichannel",
         "profanity_filter",
+        "redact",
         "min_language_probability",
         "min_speech_ratio",
     }
@@ -487,15 +493,13 @@ def typed_form(fields: dict[str, Any]) -> dict[str, Any]:
 
 
 SCALAR_KINDS = _scalar_kinds()
-TEXT_LISTS = frozenset({"output", "languages"})
+TEXT_LISTS = frozenset({"output", "languages", "redact"})
 """Fields that take a list of names: one form field may give them comma-separated."""
 
 
 def parse_job_input(data: Any, *, audio_given: bool = False) -> JobInput:
-    """Validate ``job["input"]``; any problem becomes INVALID_INPUT naming field and rule.
-
-    ``audio_given``: the audio arrives beside the input (an HTTP upload), not in it.
-    """
+    """Validate ``job["input"]`` (``audio_given``: its audio comes beside it, an HTTP
+    upload); any problem becomes INVALID_INPUT naming field and rule."""
     try:
         job = JobInput.model_validate(data, context={"audio_given": audio_given})
     except ValidationError as exc:

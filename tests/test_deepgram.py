@@ -337,7 +337,8 @@ def test_refusals_say_what_to_send(server: Server) -> None:
         ("encoding=linear16&sample_rate=16000&language=zz", "invalid_value"),
         (LONG_KEYWORDS, "invalid_value"),  # each fine, 1530 characters in all
         # Taken before and ignored: a stream asked to be redacted came back unredacted.
-        ("encoding=linear16&sample_rate=16000&redact=pci", "invalid_value"),
+        # Numbers are redacted now (tests/test_redact.py); names and places are not.
+        ("encoding=linear16&sample_rate=16000&redact=pii", "invalid_value"),
         ("encoding=linear16&sample_rate=16000&detect_entities=true", "invalid_value"),
         ("encoding=linear16&sample_rate=16000&diarize=true", "unsupported"),  # no diarizer here
         ("encoding=linear16&sample_rate=16000&search=hello", "unsupported"),
@@ -468,8 +469,8 @@ def test_the_deepgram_sdk_transcribes_a_file_and_a_url(server: Server, audio_sit
 @pytest.mark.e2e
 def test_search_and_replace_and_what_is_not_served_through_the_sdk(server: Server) -> None:
     """``replace`` rewrites words and transcript; ``search`` finds words and phrases with
-    their times; redaction, entities, sentiment, topics, intents and summaries are refused
-    (they came back as if done before)."""
+    their times; redaction of names (pii), entities, sentiment, topics, intents and summaries
+    are refused (they came back as if done before)."""
     from deepgram.core.api_error import ApiError
 
     media = sdk_media(server, KEY)
@@ -492,7 +493,7 @@ def test_search_and_replace_and_what_is_not_served_through_the_sdk(server: Serve
     ask = found["ask not"][0]
     assert ask.snippet.lower().startswith("ask not") and 0 < ask.start < ask.end < 11.1
     for options, says in (
-        ({"redact": "pci"}, "redaction"),
+        ({"redact": "pii"}, "redact: pii is not served"),
         ({"detect_entities": True}, "entity"),
         ({"sentiment": True}, "sentiment"),
         ({"summarize": "v2"}, "summar"),

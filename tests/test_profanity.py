@@ -184,9 +184,10 @@ def test_a_job_masks_its_text_segments_words_subtitles_and_stream(worker) -> Non
 # --- the faces: Deepgram, AssemblyAI, OpenAI over HTTP and live ---------------------
 
 
-@pytest.fixture(scope="module")
-def server() -> Iterator[Server]:
-    srv = Server(
+def faces_server() -> Server:
+    """A server for the faces' clients: an API key, two live sessions (tests/test_redact.py
+    starts one of its own)."""
+    return Server(
         {
             "WHISPER_API_KEY": KEY,
             "WHISPER_MAX_CONCURRENCY": "2",
@@ -194,6 +195,11 @@ def server() -> Iterator[Server]:
             "WHISPER_REALTIME_IDLE_S": "10",
         }
     )
+
+
+@pytest.fixture(scope="module")
+def server() -> Iterator[Server]:
+    srv = faces_server()
     yield srv
     srv.stop()
 

@@ -9,7 +9,7 @@ from typing import Any
 
 from handler.contract import Segment
 from handler.inference import transcribe
-from handler.output import formats, profanity, speakers
+from handler.output import formats, profanity, redact, speakers
 from handler.output.cues import Layout
 from handler.output.offload import deliver
 from handler.pipeline import words
@@ -38,17 +38,31 @@ def masked_stream(
 ) -> transcribe.SegmentCallback | None:
     """``profanity_filter``: each streamed segment masked, in the language the job named
     (its part's with ``"language": "multi"``; English alone when it detects one: the
-    language is known to the answer, not yet to the stream)."""
+    language is known to the answer, not yet to the stream). ``redact``: its numbers too."""
     if stream is None:
         return None
     asked = "en" if plan.job.effective_task == "translate" else plan.kwargs.get("language")
     keep_first = profanity.keeps_first(plan.job.profanity_filter)
+    profane, numbers = bool(plan.job.profanity_filter), bool(plan.job.redact)
 
     def each(seg: Segment) -> None:
         lang = asked if asked == "en" else seg.get("language") or asked
-        stream(profanity.segment(seg, lang, keep_first))
+        seg = profanity.segment(seg, lang, keep_first) if profane else seg
+        stream(redact.segment(seg) if numbers else seg)
 
     return each
+
+
+def redact_numbers(tr: transcribe.Transcript, call: Call) -> None:
+    """``redact``: the numbers of the whole transcript masked (after stitching and word
+    alignment, as profanity is), of each channel's text and of the warnings."""
+    tr.segments = [redact.segment(s) for s in tr.segments]
+    if call.channels is not None:  # each channel's text: its segments', masked as they are
+        call.channels = [
+            {**c, "text": formats.to_text([s for s in tr.segments if s.get("channel") == n])}
+            for n, c in ((c.get("same_as", c["channel"]), c) for c in call.channels)
+        ]
+    call.warnings[:] = [redact.text(w) for w in call.warnings]
 
 
 def mask_profanity(plan: Plan, tr: transcribe.Transcript, call: Call) -> None:

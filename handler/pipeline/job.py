@@ -78,7 +78,7 @@ def _run(raw_input: Any, worker: Runtime, call: Call) -> dict[str, Any]:
     """The pipeline, step by step: each step is a function below, in this order."""
     job = parse_job_input(raw_input, audio_given=call.audio is not None or call.samples is not None)
     plan = _plan(job, worker)
-    if job.profanity_filter:
+    if job.profanity_filter or job.redact:
         call.on_segment = answer.masked_stream(plan, call.on_segment)
     if job.known_speakers and worker.diarizer is not None:
         call.references = speakers.references(job, worker.settings, worker.diarizer, call)
@@ -97,6 +97,8 @@ def _run(raw_input: Any, worker: Runtime, call: Call) -> dict[str, Any]:
     del audio  # its samples may be gigabytes: not kept while the result is shaped
     if job.profanity_filter:
         answer.mask_profanity(plan, tr, call)
+    if job.redact:
+        answer.redact_numbers(tr, call)
     output = answer.answer(plan, tr, duration, worker, call)
     answer.log_done(call, duration, plan)
     return output

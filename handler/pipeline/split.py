@@ -237,9 +237,9 @@ def _piece_input(plan: Plan) -> dict[str, Any]:
     job, kwargs = plan.job, plan.kwargs
     child = job.model_dump(
         exclude_unset=True,
-        # profanity_filter: the whole is masked once stitched and its words aligned
+        # profanity_filter, redact: the whole is masked once stitched and its words aligned
         exclude={"audio_base64", "audio_url", "split", "piece", "output", "batch_size"}
-        | {"profanity_filter"},
+        | {"profanity_filter", "redact"},
     )
     child = {k: v for k, v in child.items() if v is not None}
     child["output"] = ["segments"]

@@ -9,6 +9,7 @@ name, Deepgram's ``nova-3`` included, is this worker's default model), ``languag
 turn, at least ``ENDPOINTING_FLOOR_MS``; ``false``: turns end at ``NO_ENDPOINTING_MS`` and
 are never ``speech_final``), ``utterance_end_ms``, ``vad_events``, ``keywords`` and
 ``keyterm`` (hotwords), ``profanity_filter`` (every letter masked, as Deepgram does),
+``redact`` (numbers, in interim and final results: handler.output.redact),
 ``diarize`` (each final's words name the turn's voice: handler.faces.realtime.voices),
 ``extra`` (back in the closing ``Metadata``),
 ``multichannel=true`` with ``channels`` (each channel of the interleaved audio heard on its
@@ -43,6 +44,7 @@ from handler.faces.deepgram.query import (
     flag,
     keywords,
     number,
+    redaction,
     refuse_unserved,
     served_model,
 )
@@ -150,6 +152,8 @@ def _configure(params: Any, loaded: list[str]) -> tuple[dict[str, Any], dict[str
         transcription["keywords"] = terms
     if flag(params, "profanity_filter"):
         transcription["profanity_filter"] = "full"  # Deepgram writes every letter: "****"
+    if kinds := redaction(params):
+        transcription["redact"] = kinds
     if flag(params, "diarize"):
         transcription["diarize"] = True  # each final's words name their speaker
     session = {

@@ -11,9 +11,10 @@ Options: ``model`` (a model loaded here by name; any other name is the default m
 ``multichannel`` (each channel transcribed on its own: one entry of ``results.channels``
 per channel, utterances with their ``channel``), ``replace`` and ``search`` (over the
 words as written); formatting options are accepted (Whisper punctuates as it
-transcribes), ``profanity_filter``. ``callback`` (``callback_method`` post or put): the
+transcribes), ``profanity_filter``, ``redact`` (numbers: handler.faces.deepgram.query.redaction).
+``callback`` (``callback_method`` post or put): the
 job is queued and ``{"request_id"}`` answered at once; the response (or Deepgram's error
-body) is sent there when it ends. The analyses this worker does not run (``redact``,
+body) is sent there when it ends. The analyses this worker does not run (``redact=pii``,
 ``sentiment``, ``summarize``, ...) are refused with a sentence.
 """
 
@@ -40,6 +41,7 @@ from handler.faces.deepgram.query import (
     extra,
     flag,
     keywords,
+    redaction,
     refuse_unserved,
     replacements,
     searches,
@@ -89,6 +91,8 @@ def _job_input(params: Any, loaded: list[str]) -> tuple[dict[str, Any], str]:
         job["multichannel"] = True
     if flag(params, "profanity_filter"):
         job["profanity_filter"] = "full"  # Deepgram writes every letter: "****"
+    if kinds := redaction(params):
+        job["redact"] = kinds
     flag(params, "utterances")  # checked now: answer() reads them after the job
     flag(params, "paragraphs")
     terms = keywords(params)

@@ -63,7 +63,6 @@ NOT_SERVED = {
     "topics": "topic detection",
     "intents": "intent recognition",
     "detect_entities": "entity detection",
-    "redact": "redaction",
     "custom_topic": "topic detection",
     "custom_intent": "intent recognition",
 }
@@ -71,6 +70,29 @@ NOT_SERVED = {
 (a transcript that should have been redacted must not come back as if it had been)."""
 MAX_TERMS = 100
 MAX_PHRASE_WORDS = 5
+
+
+REDACT_AS = {"true": "numbers", "numbers": "numbers", "aggressive_numbers": "numbers"}
+REDACT_AS.update({"pci": "pci", "ssn": "ssn"})
+
+
+def redaction(params: Any) -> list[str]:
+    """``redact`` (repeated, or comma-separated): the job's ``redact`` kinds. ``true``,
+    ``numbers``, ``aggressive_numbers``, ``pci`` and ``ssn`` are served (one rule:
+    handler.output.redact); ``pii``, ``phi`` and single entities need a recognizer this
+    worker has not: refused, never answered unredacted."""
+    kinds: list[str] = []
+    for value in params.getlist("redact"):
+        for name in (v.strip().lower() for v in value.split(",")):
+            if name in ("", "false"):
+                continue
+            if name not in REDACT_AS:
+                raise QueryError(
+                    f"redact: {name[:40]} is not served by this worker (numbers, pci, ssn are)",
+                    "invalid_value",
+                )
+            kinds.append(REDACT_AS[name])
+    return list(dict.fromkeys(kinds))
 
 
 def refuse_unserved(params: Any) -> None:

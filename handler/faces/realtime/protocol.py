@@ -15,6 +15,7 @@ from handler.inference import align, language
 from handler.inference.live_vad import TurnRules
 from handler.inference.models import ModelPool
 from handler.inference.speakers.online import MAX_SPEAKERS as MAX_LIVE_SPEAKERS
+from handler.output import redact
 from handler.settings import Settings
 
 MIN_COMMIT_S = 0.1
@@ -81,6 +82,8 @@ class Config:
         """Our extension: completed transcripts carry their timed ``words``."""
         self.profanity_filter: bool | str = False
         """Our extension: profane words masked in deltas and transcripts alike."""
+        self.redact: list[str] | None = None
+        """Our extension: numbers masked in deltas and transcripts (handler.output.redact)."""
         self.logprobs = False
         """OpenAI's ``include: ["item.input_audio_transcription.logprobs"]``."""
         self.diarize = False
@@ -125,6 +128,7 @@ class Config:
                             if self.profanity_filter
                             else {}
                         ),
+                        **({"redact": self.redact} if self.redact else {}),
                     },
                     "turn_detection": turn,
                 }
@@ -202,6 +206,14 @@ class Config:
             raise SessionError(f"{where}.max_speakers: from 1 to {MAX_LIVE_SPEAKERS}")
         self.diarize, self.max_speakers = diarize, most
 
+    def _redaction(self, t: dict[str, Any], where: str) -> None:
+        kinds = t.get("redact", self.redact)
+        if kinds is not None and not (
+            isinstance(kinds, list) and 1 <= len(kinds) <= 3 and set(kinds) <= set(redact.KINDS)
+        ):
+            raise SessionError(f"{where}.redact: a list of {', '.join(redact.KINDS)}")
+        self.redact = kinds
+
     def _transcription(self, t: dict[str, Any], where: str) -> None:
         model = t.get("model", self.model)
         try:
@@ -226,6 +238,7 @@ class Config:
         if type(masked) is not bool and masked != "full":
             raise SessionError(f'{where}.profanity_filter: true, false or "full"')
         self._speakers(t, where)
+        self._redaction(t, where)
         if lang is None and langs and len(langs) == 1:
             lang = langs[0]  # detection among one language is that language
         self._languages_served(model, lang, langs, where)
@@ -299,6 +312,8 @@ class Config:
             job["output"] = ["text", "words"]
         if self.profanity_filter:
             job["profanity_filter"] = self.profanity_filter
+        if self.redact:
+            job["redact"] = self.redact
         return job
 
 

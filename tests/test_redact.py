@@ -1,0 +1,257 @@
+"""``redact``: numbers masked ("**** ****") in everything a job returns.
+
+Pure tier: the rule (runs of three numerals or more; a run of digits at a segment's edge)
+and generated inputs. Job tier: the real tiny.en on real speech (tests/data/en_numbers.flac,
+espeak-ng reading a card number and a security code), through the pipeline, its stream
+included. Faces: the real ``python -m handler serve`` on 127.0.0.1, driven by Deepgram's and
+OpenAI's SDKs, a raw WebSocket on Deepgram's live route (its interim results too) and the
+openai SDK's realtime client.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import re
+import threading
+import time
+from collections.abc import Iterator
+from typing import Any
+
+import numpy as np
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from handler.errors import Code, WorkerError
+from handler.output import redact
+from handler.pipeline.job import run_job
+from handler.schema import parse_job_input, typed_form
+from tests.helpers import DATA
+from tests.test_http import Server
+from tests.test_profanity import KEY, faces_server
+from tests.voice import pcm16
+
+CLIP = DATA / "en_numbers.flac"
+RATE = 16000
+DIGIT = re.compile(r"\d")
+MASKED = re.compile(r"\*(?:[ \-./,:]{0,2}\*){2,}")
+"""Three masked numerals in a row (the clip's digits come as "4-1-1-1" or "4111")."""
+
+
+def test_runs_of_three_numerals_are_masked_in_place() -> None:
+    said = "My card is 4111 1111 1111 1111, expires 12/27, code 123. Call 555-0199."
+    assert redact.text(said) == (
+        "My card is **** **** **** ****, expires **/**, code ***. Call ***-****."
+    )
+    assert redact.text("four one one one, please") == "**** *** *** ***, please"
+    # Fewer than three numerals inside a text: left alone; words that are not numerals too.
+    for clean in ("I have 2 cats and 45 dogs here.", "One of them, one or two.", "No numbers."):
+        assert redact.text(clean) == clean
+    # At a segment's edge a run of digits may go on in the next segment: masked.
+    assert redact.text(" The code is 12", edges=True) == " The code is **"
+    assert redact.text("34 and then", edges=True) == "** and then"
+    assert redact.text(" One of them", edges=True) == " One of them"  # number words: 3 or more
+
+
+NUMBERISH = st.one_of(
+    st.from_regex(r"\d{1,6}", fullmatch=True),
+    st.sampled_from(["one", "Two", "nine", "forty", "hundred", "cats", "the", "code", "is"]),
+)
+SEPARATORS = st.sampled_from([" ", "-", ", ", ". ", "/", " and ", "  ", ": "])
+
+
+@given(st.lists(st.tuples(NUMBERISH, SEPARATORS), max_size=12))
+def test_no_three_digits_in_a_row_survive(parts: list[tuple[str, str]]) -> None:
+    text = "".join(a + b for a, b in parts)
+    out = redact.text(text, edges=True)
+    assert len(out) == len(text)
+    # Only letters and digits change, and only to asterisks.
+    assert all(a == b or (a.isalnum() and b == "*") for a, b in zip(text, out, strict=True))
+    # No three digits joined by at most two separators are left, and no digit at an end.
+    assert not re.search(r"\d(?:[ \-./,:]{0,2}\d){2,}", out), (text, out)
+    assert not re.match(r"[\W_]*\d", out) and not re.search(r"\d[\W_]*$", out), (text, out)
+
+
+def test_a_segments_words_still_spell_its_text() -> None:
+    seg: Any = {
+        "id": 1,
+        "text": " Card 4111 1111, thanks.",
+        "tokens": [1, 2, 3],
+        "words": [{"word": w, "start": 0.0, "end": 1.0} for w in (" Card", " 4111", " 1111,")]
+        + [{"word": " thanks.", "start": 1.0, "end": 1.5}],
+    }
+    out = redact.segment(seg)
+    assert out["text"] == " Card **** ****, thanks." and out["tokens"] == []
+    assert "".join(w["word"] for w in out["words"]) == out["text"]
+    assert seg["text"] == " Card 4111 1111, thanks."  # the segment given is not changed
+    plain: Any = {"id": 2, "text": " Nothing here.", "tokens": [4]}
+    assert redact.segment(plain) is plain
+
+
+def test_what_cannot_be_redacted_is_refused_by_name() -> None:
+    for bad in (["pii"], ["numbers", "pci", "ssn", "numbers"], "pci", [1]):
+        with pytest.raises(WorkerError) as info:
+            parse_job_input({"audio_url": "https://x.test/a.wav", "redact": bad})
+        assert info.value.code is Code.INVALID_INPUT and "redact" in info.value.message
+    # A form field is text: a comma list, as the OpenAI route's multipart form sends it.
+    assert typed_form({"redact": "pci, ssn"})["redact"] == ["pci", "ssn"]
+
+
+@pytest.mark.e2e
+def test_a_job_masks_its_text_segments_words_subtitles_and_stream(worker) -> None:
+    audio = base64.b64encode(CLIP.read_bytes()).decode()
+    job = {"audio_base64": audio, "output": ["text", "segments", "words", "srt", "vtt"]}
+    plain = run_job({**job, "word_timestamps": True}, worker)
+    assert len(DIGIT.findall(plain["text"])) >= 12, plain["text"]  # the clip says them
+    streamed: list[Any] = []
+    got = run_job(
+        {**job, "word_timestamps": True, "redact": ["pci"], "transcription": "srt"},
+        worker,
+        on_segment=streamed.append,
+    )
+    assert "error" not in got, got
+    cues = [line for line in got["srt"].splitlines() if "-->" not in line and not line.isdigit()]
+    vtt = [line for line in got["vtt"].splitlines() if "-->" not in line]
+    for where in (
+        got["text"],
+        " ".join(cues),
+        " ".join(vtt),
+        " ".join(s["text"] for s in got["segments"]),
+        " ".join(w["word"] for w in got["words"]),
+        " ".join(s["text"] for s in streamed),
+    ):
+        assert not DIGIT.search(where) and MASKED.search(where), where
+    # Only the numbers changed: the rest of the transcript is the same, timed as it was.
+    assert redact.text(plain["text"], edges=True) == got["text"]
+    assert [w["start"] for w in got["words"]] == [w["start"] for w in plain["words"]]
+    assert "security" in got["text"].lower()
+    assert all(s["tokens"] == [] for s in got["segments"] if "*" in s["text"])
+
+
+# --- the faces: Deepgram and OpenAI over HTTP and live -------------------------------
+
+
+@pytest.fixture(scope="module")
+def server() -> Iterator[Server]:
+    srv = faces_server()
+    yield srv
+    srv.stop()
+
+
+@pytest.mark.e2e
+def test_the_deepgram_and_openai_sdks_get_files_redacted(server: Server) -> None:
+    from openai import OpenAI
+
+    from tests.test_deepgram import sdk_media
+
+    data = CLIP.read_bytes()
+    media = sdk_media(server, KEY)
+    got = media.transcribe_file(request=data, model="nova-3", redact=["pci", "ssn"])
+    alt = got.results.channels[0].alternatives[0]
+    words = " ".join(f"{w.word} {w.punctuated_word}" for w in alt.words)
+    assert not DIGIT.search(alt.transcript + words) and MASKED.search(alt.transcript), alt
+    clear = media.transcribe_file(request=data, model="nova-3")  # asked for nothing: as said
+    assert DIGIT.search(clear.results.channels[0].alternatives[0].transcript)
+
+    client = OpenAI(base_url=server.url + "/v1", api_key=KEY)
+    with CLIP.open("rb") as f:
+        verbose = client.audio.transcriptions.create(
+            model="whisper-1",
+            file=f,
+            response_format="verbose_json",
+            timestamp_granularities=["word", "segment"],
+            extra_body={"redact": "numbers"},
+        )
+    said = verbose.text + " ".join(w.word for w in verbose.words or [])
+    said += " ".join(s.text for s in verbose.segments or [])
+    assert not DIGIT.search(said) and MASKED.search(verbose.text), verbose.text
+
+
+def _clip_pcm() -> bytes:
+    from faster_whisper import decode_audio
+
+    samples = decode_audio(str(CLIP))
+    return pcm16(np.concatenate([samples, np.zeros(2 * RATE, np.float32)]))
+
+
+def _feed(send: Any, pcm: bytes, done: Any = None) -> threading.Thread:
+    def feed() -> None:
+        chunk = RATE * 2 // 10
+        for i in range(0, len(pcm), chunk):
+            send(pcm[i : i + chunk])
+            time.sleep(0.025)  # 4x real time
+        if done is not None:
+            send(json.dumps(done))
+
+    thread = threading.Thread(target=feed)
+    thread.start()
+    return thread
+
+
+@pytest.mark.e2e
+def test_live_deepgram_redacts_interim_and_final_results(server: Server) -> None:
+    """Every result a live client sees is redacted: a number never flashes in an interim
+    result (a part of it sent before the rest would be the number given away)."""
+    from websockets.sync.client import connect
+
+    ws_url = server.url.replace("http://", "ws://")
+    query = (
+        "/v1/listen?model=nova-3&encoding=linear16&sample_rate=16000&interim_results=true"
+        "&redact=pci&redact=true"
+    )
+    auth = {"Authorization": f"Token {KEY}"}
+    with connect(ws_url + query, additional_headers=auth, open_timeout=30) as ws:
+        feeder = _feed(ws.send, _clip_pcm(), {"type": "CloseStream"})
+        got: list[dict[str, Any]] = []
+        deadline = time.monotonic() + 120
+        while not got or got[-1].get("type") != "Metadata":
+            got.append(json.loads(ws.recv(timeout=deadline - time.monotonic())))
+        feeder.join()
+    results = [m for m in got if m.get("type") == "Results"]
+    texts = [r["channel"]["alternatives"][0]["transcript"] for r in results]
+    words = [w["word"] for r in results for w in r["channel"]["alternatives"][0]["words"]]
+    finals = " ".join(t for r, t in zip(results, texts, strict=True) if r["is_final"])
+    assert not DIGIT.search(" ".join(texts + words)) and MASKED.search(finals), texts
+
+
+@pytest.mark.e2e
+def test_a_realtime_session_redacts_its_deltas_and_transcripts(server: Server) -> None:
+    from faster_whisper import decode_audio
+    from openai import OpenAI
+
+    from tests.test_realtime import SESSION, pcm24
+
+    samples = np.concatenate([decode_audio(str(CLIP)), np.zeros(2 * RATE, np.float32)])
+    session: Any = json.loads(json.dumps(SESSION))
+    session["audio"]["input"]["transcription"]["redact"] = ["pci"]
+    client = OpenAI(base_url=server.url + "/v1", api_key=KEY)
+    said: list[str] = []
+    with client.realtime.connect(extra_query={"intent": "transcription"}) as conn:
+        assert conn.recv().type == "session.created"
+        conn.session.update(session=session)
+        updated = conn.recv().model_dump()
+        assert updated["session"]["audio"]["input"]["transcription"]["redact"] == ["pci"]
+        pcm = pcm24(samples)
+        feeder = _feed(
+            lambda b: conn.input_audio_buffer.append(audio=base64.b64encode(b).decode()), pcm
+        )
+        deadline = time.monotonic() + 120
+        completed = 0
+        while time.monotonic() < deadline and not (completed and not feeder.is_alive()):
+            ev = conn.recv()
+            if ev.type.endswith("transcription.delta"):
+                said.append(ev.delta)
+            elif ev.type.endswith("transcription.completed"):
+                said.append(ev.transcript)
+                completed += 1
+        feeder.join()
+        conn.session.update(
+            session={
+                "type": "transcription",
+                "audio": {"input": {"transcription": {"redact": ["pii"]}}},
+            }
+        )
+        refused = conn.recv()
+    assert completed and not DIGIT.search(" ".join(said)) and MASKED.search(" ".join(said)), said
+    assert refused.type == "error" and "redact" in refused.error.message
