@@ -118,7 +118,8 @@ def test_a_request_becomes_a_job_and_what_cannot_be_served_is_refused() -> None:
     assert "language" not in detect and detect["languages"] == ["en", "es"]
     refusals = {
         "summarization": "summaries",
-        "redact_pii": "PII",
+        "redact_pii": "redact_pii_policies",  # numbers are served (tests/test_redact.py)
+        "redact_pii_audio": "PII redaction of the audio",
         "no_such_option": "not an option",
     }
     for name, said in refusals.items():

@@ -3,9 +3,9 @@
 Pure tier: the rule (runs of three numerals or more; a run of digits at a segment's edge)
 and generated inputs. Job tier: the real tiny.en on real speech (tests/data/en_numbers.flac,
 espeak-ng reading a card number and a security code), through the pipeline, its stream
-included. Faces: the real ``python -m handler serve`` on 127.0.0.1, driven by Deepgram's and
-OpenAI's SDKs, a raw WebSocket on Deepgram's live route (its interim results too) and the
-openai SDK's realtime client.
+included. Faces: the real ``python -m handler serve`` on 127.0.0.1, driven by Deepgram's,
+OpenAI's and AssemblyAI's SDKs, a raw WebSocket on Deepgram's live route (its interim
+results too) and the openai SDK's realtime client.
 """
 
 from __future__ import annotations
@@ -54,6 +54,16 @@ def test_runs_of_three_numerals_are_masked_in_place() -> None:
     assert redact.text(" One of them", edges=True) == " One of them"  # number words: 3 or more
 
 
+def test_a_warning_keeps_its_times_and_masks_what_it_quotes() -> None:
+    said = "repetition loop at 125.3-140.0 s ('card 4111 1' x40): collapsed to one"
+    assert redact.quoted(said) == (
+        "repetition loop at 125.3-140.0 s ('card **** *' x40): collapsed to one"
+    )
+    assert redact.quoted("ran sequentially instead of batched: 1234") == (
+        "ran sequentially instead of batched: 1234"
+    )
+
+
 NUMBERISH = st.one_of(
     st.from_regex(r"\d{1,6}", fullmatch=True),
     st.sampled_from(["one", "Two", "nine", "forty", "hundred", "cats", "the", "code", "is"]),
@@ -96,6 +106,23 @@ def test_what_cannot_be_redacted_is_refused_by_name() -> None:
         assert info.value.code is Code.INVALID_INPUT and "redact" in info.value.message
     # A form field is text: a comma list, as the OpenAI route's multipart form sends it.
     assert typed_form({"redact": "pci, ssn"})["redact"] == ["pci", "ssn"]
+
+
+def test_assemblyais_number_policies_are_served_and_the_others_refused() -> None:
+    from handler.faces.assemblyai import request as aai_request
+
+    asked = {"audio_url": "u", "redact_pii": True, "redact_pii_sub": "hash"}
+    job, echo = aai_request.job_for(
+        {**asked, "redact_pii_policies": ["credit_card_number", "us_social_security_number"]}, []
+    )
+    assert job["redact"] == ["numbers"] and echo["redact_pii_policies"][0] == "credit_card_number"
+    for bad, said in (
+        ({"redact_pii_policies": ["credit_card_number", "person_name"]}, "person_name"),
+        ({"redact_pii_policies": []}, "redact_pii_policies"),
+        ({"redact_pii_policies": ["phone_number"], "redact_pii_sub": "entity_name"}, "hash"),
+    ):
+        with pytest.raises(aai_request.Refused, match=said):
+            aai_request.job_for({**asked, **bad}, [])
 
 
 @pytest.mark.e2e
@@ -166,6 +193,39 @@ def test_the_deepgram_and_openai_sdks_get_files_redacted(server: Server) -> None
     said = verbose.text + " ".join(w.word for w in verbose.words or [])
     said += " ".join(s.text for s in verbose.segments or [])
     assert not DIGIT.search(said) and MASKED.search(verbose.text), verbose.text
+
+
+@pytest.mark.e2e
+def test_assemblyais_sdk_gets_its_transcript_and_subtitles_redacted(server: Server) -> None:
+    import assemblyai as aai
+
+    saved = aai.settings.model_copy()
+    try:
+        aai.settings.base_url, aai.settings.api_key = server.url, KEY
+        aai.settings.polling_interval = 0.2
+        config = aai.TranscriptionConfig().set_redact_pii(
+            policies=[
+                aai.PIIRedactionPolicy.credit_card_number,
+                aai.PIIRedactionPolicy.credit_card_cvv,
+            ]
+        )
+        transcript = aai.Transcriber(config=config).transcribe(str(CLIP))
+        assert transcript.status == "completed", transcript.error
+        srt = transcript.export_subtitles_srt().splitlines()
+        cues = [line for line in srt if "-->" not in line and not line.isdigit()]
+        said = [transcript.text, *(w.text for w in transcript.words), *cues]
+        said += [s.text for s in transcript.get_sentences()]
+        assert not DIGIT.search(" ".join(said)), said
+        assert MASKED.search(transcript.text), transcript.text
+        assert transcript.json_response["redact_pii"] is True  # echoed, as AssemblyAI's
+        person = aai.TranscriptionConfig().set_redact_pii(
+            policies=[aai.PIIRedactionPolicy.person_name]
+        )
+        with pytest.raises(aai.types.TranscriptError, match="person_name is not served"):
+            aai.Transcriber(config=person).transcribe(str(CLIP))  # a 400, never unredacted
+    finally:
+        for name in ("base_url", "api_key", "polling_interval"):
+            setattr(aai.settings, name, getattr(saved, name))
 
 
 def _clip_pcm() -> bytes:

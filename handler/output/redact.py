@@ -84,6 +84,18 @@ def text(said: str, char: str = "*", edges: bool = False) -> str:
     return mask(said, spans(said, edges), char)
 
 
+_QUOTED = re.compile(r"'[^']*'|\"[^\"]*\"")
+
+
+def quoted(said: str) -> str:
+    """A warning with what it quotes of the transcript masked (its runs of digits, whatever
+    their length: a quote may cut a number), its own times and counts left as they are:
+    "repetition loop at 125.3-140.0 s ('4111 1' x40)" -> "... ('**** *' x40)"."""
+    return _QUOTED.sub(
+        lambda m: m.group()[0] + text(m.group()[1:-1], edges=True) + m.group()[0], said
+    )
+
+
 def segment(seg: Segment, char: str = "*") -> Segment:
     """The segment with its text and words masked (a copy, when anything was); a masked
     segment's ``tokens`` are emptied: they spell the numbers."""

@@ -55,14 +55,14 @@ def masked_stream(
 
 def redact_numbers(tr: transcribe.Transcript, call: Call) -> None:
     """``redact``: the numbers of the whole transcript masked (after stitching and word
-    alignment, as profanity is), of each channel's text and of the warnings."""
+    alignment, as profanity is), of each channel's text and of what a warning quotes."""
     tr.segments = [redact.segment(s) for s in tr.segments]
     if call.channels is not None:  # each channel's text: its segments', masked as they are
         call.channels = [
             {**c, "text": formats.to_text([s for s in tr.segments if s.get("channel") == n])}
             for n, c in ((c.get("same_as", c["channel"]), c) for c in call.channels)
         ]
-    call.warnings[:] = [redact.text(w) for w in call.warnings]
+    call.warnings[:] = [redact.quoted(w) for w in call.warnings]
 
 
 def mask_profanity(plan: Plan, tr: transcribe.Transcript, call: Call) -> None:

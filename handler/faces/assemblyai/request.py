@@ -14,7 +14,9 @@ ends, through the same guard and tries as every webhook), ``multichannel`` (or t
 ``format_text``, ``disfluencies`` and ``boost_param`` are taken (Whisper punctuates and
 formats as it transcribes). What this worker cannot do is refused with 400 and a
 sentence, never ignored: the audio-intelligence features (summaries, chapters, entities,
-PII redaction, ...) and ``multichannel`` with ``speaker_labels``.
+PII redaction but of numbers, ...) and ``multichannel`` with ``speaker_labels``.
+``redact_pii`` with number policies only (card numbers, security codes, expiry dates, social
+security and phone numbers, number sequences) masks numbers as the job's ``redact`` does.
 """
 
 from __future__ import annotations
@@ -37,8 +39,7 @@ NOT_SERVED = {
     "content_safety": "content moderation",
     "entity_detection": "entity detection",
     "iab_categories": "topic detection",
-    "redact_pii": "PII redaction",
-    "redact_pii_audio": "PII redaction",
+    "redact_pii_audio": "PII redaction of the audio",
     "sentiment_analysis": "sentiment analysis",
     "summarization": "summaries",
 }
@@ -55,8 +56,6 @@ TAKEN = {
     "domain",
     "remove_audio_tags",
     "webhook_auth_header_value",
-    "redact_pii_policies",
-    "redact_pii_sub",
     "redact_pii_audio_quality",
     "redact_pii_audio_options",
     "redact_pii_return_unredacted",
@@ -93,6 +92,9 @@ ECHOED = (
     "multichannel",
     "dual_channel",
     "filter_profanity",
+    "redact_pii",
+    "redact_pii_policies",
+    "redact_pii_sub",
     "language_confidence_threshold",
     "speech_threshold",
 )
@@ -127,6 +129,7 @@ def job_for(body: Any, loaded: list[str]) -> tuple[dict[str, Any], dict[str, Any
     job.update(_thresholds(body))
     if _bool(body, "filter_profanity"):
         job["profanity_filter"] = True  # masked as AssemblyAI masks: "s***"
+    job.update(_redaction(body))
     spelling(body.get("custom_spelling"))  # checked now: the answers apply it
     echo = {k: body[k] for k in ECHOED if body.get(k) is not None}
     if len(json.dumps(echo)) > MAX_ECHO_BYTES:  # kept beside the job for its answers
@@ -143,6 +146,38 @@ def _refuse_unserved(body: dict[str, Any]) -> None:
     unknown = sorted(set(body) - set(ECHOED) - set(NOT_SERVED) - TAKEN)
     if unknown:
         raise Refused(f"{unknown[0]}: not an option of AssemblyAI's transcript request")
+
+
+NUMBER_POLICIES = frozenset(
+    {
+        "credit_card_number",
+        "credit_card_cvv",
+        "credit_card_expiration",
+        "us_social_security_number",
+        "phone_number",
+        "number_sequence",
+    }
+)
+"""``redact_pii_policies`` that are numbers: served by the job's ``redact`` (each run of
+three numerals or more masked, handler.output.redact). The others (names, places, ...)
+need a recognizer this worker has not: refused, never answered unredacted."""
+
+
+def _redaction(body: dict[str, Any]) -> dict[str, Any]:
+    if not _bool(body, "redact_pii"):
+        return {}
+    policies = body.get("redact_pii_policies")
+    if not (isinstance(policies, list) and policies and all(isinstance(p, str) for p in policies)):
+        raise Refused("redact_pii_policies: the list of what to redact, with redact_pii")
+    unserved = sorted(set(policies) - NUMBER_POLICIES)
+    if unserved:
+        raise Refused(
+            f"redact_pii_policies: {unserved[0][:40]} is not served by this worker "
+            f"(numbers are: {', '.join(sorted(NUMBER_POLICIES))})"
+        )
+    if body.get("redact_pii_sub") not in (None, "hash"):
+        raise Refused("redact_pii_sub: hash (numbers are masked as asterisks), not entity_name")
+    return {"redact": ["numbers"]}
 
 
 THRESHOLDS = {
