@@ -71,6 +71,8 @@ COMMANDS: tuple[Command, ...] = (
             "stereo calls: each channel alone against mixed down; WER, crosstalk, cost"),
     Command("profanity", "bench.accuracy.profanity",
             "profanity_filter on clean speech: false positives, cost"),
+    Command("redact", "bench.accuracy.redact",
+            "redact on clean speech: what it hides, digits left, cost"),
     Command("corpus", "bench.common.eval_corpus",
             "fetch and check the evaluation corpus (real speech, five languages)"),
     # Speed and memory.

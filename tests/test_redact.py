@@ -51,7 +51,8 @@ def test_runs_of_three_numerals_are_masked_in_place() -> None:
     # At a segment's edge a run of digits may go on in the next segment: masked.
     assert redact.text(" The code is 12", edges=True) == " The code is **"
     assert redact.text("34 and then", edges=True) == "** and then"
-    assert redact.text(" One of them", edges=True) == " One of them"  # number words: 3 or more
+    assert redact.text(" One of them", edges=True) == " One of them"  # a word, most often
+    assert redact.text(" my card is four one", edges=True) == " my card is **** ***"
 
 
 def test_a_warning_keeps_its_times_and_masks_what_it_quotes() -> None:

@@ -8,11 +8,11 @@ between them.
 
 ``pci`` (card numbers, expiry dates, security codes) and ``ssn`` are served by the same
 rule, a superset of both: each of them is a run of three numerals or more. A run of digits
-that touches the start or the end of a segment is masked whatever its length: it may go on
-in the next segment, or (live) in the next decode of the same turn, and a part of a number
-sent must never be followed by the rest of it unmasked. Names, places and other entities
-need a recognizer this worker does not have: ``pii`` and ``phi`` are refused, never
-answered unredacted.
+(or of two number words or more) that touches the start or the end of a segment is masked
+whatever its length: it may go on in the next segment, or (live) in the next decode of the
+same turn, and a part of a number sent must never be followed by the rest of it unmasked.
+Names, places and other entities need a recognizer this worker does not have: ``pii`` and
+``phi`` are refused, never answered unredacted.
 """
 
 from __future__ import annotations
@@ -59,11 +59,12 @@ def _runs(text: str) -> list[tuple[int, int, int, bool]]:
 
 def spans(text: str, edges: bool = True) -> list[tuple[int, int]]:
     """[start, end) of each run of ``text`` to mask: three numerals or more, or (``edges``)
-    a run of digits at the start or the end of the text."""
+    a run at the start or the end of the text that has a digit or two number words (a
+    lone "one" there is a word more often than a digit: "One of them")."""
     out = []
     for start, end, count, digits in _runs(text):
         at_edge = _EDGE.fullmatch(text, 0, start) or _EDGE.fullmatch(text, end)
-        if count >= MIN_RUN or (edges and digits and at_edge):
+        if count >= MIN_RUN or (edges and (digits or count > 1) and at_edge):
             out.append((start, end))
     return out
 
