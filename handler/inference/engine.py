@@ -56,6 +56,8 @@ class EngineJob:
     """Seconds each window waited from submission to the start of its batch."""
     batch_sizes: list[int] = field(default_factory=list)
     """The size of each batch this job's windows rode in."""
+    batches_before: int | None = None
+    """How many batches the scheduler ran before this job's first: its place in line."""
 
     @property
     def pending(self) -> int:
@@ -179,6 +181,8 @@ class Scheduler:
         for job, _ in batch:
             job.waits.append(started - job.submitted)
             job.batch_sizes.append(len(batch))
+            if job.batches_before is None:
+                job.batches_before = self.batches
         self.batches += 1
         self.histogram[len(batch)] = self.histogram.get(len(batch), 0) + 1
         outcomes: list[list[dict[str, Any]] | BaseException]
