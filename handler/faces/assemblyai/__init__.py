@@ -263,6 +263,8 @@ class AssemblyAI:
             return done
         result, echo = done
         spelling = aai_request.spelling(echo.get("custom_spelling"))
+        if echo.get("redact_pii"):
+            result = shape.hashed(result)
         text = shape.subtitles(result, kind, None if chars is None else int(chars), spelling)
         return PlainTextResponse(text, media_type="text/vtt" if kind == "vtt" else "text/plain")
 

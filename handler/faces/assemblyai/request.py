@@ -176,7 +176,7 @@ def _redaction(body: dict[str, Any]) -> dict[str, Any]:
             f"(numbers are: {', '.join(sorted(NUMBER_POLICIES))})"
         )
     if body.get("redact_pii_sub") not in (None, "hash"):
-        raise Refused("redact_pii_sub: hash (numbers are masked as asterisks), not entity_name")
+        raise Refused("redact_pii_sub: hash (each character of a number as #), not entity_name")
     return {"redact": ["numbers"]}
 
 

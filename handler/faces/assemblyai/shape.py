@@ -5,6 +5,7 @@ sentences, its paragraphs and its subtitles. Times are milliseconds, speakers ``
 from __future__ import annotations
 
 import datetime
+import re
 from typing import Any
 
 from handler.faces.deepgram.shape import whole_words
@@ -174,10 +175,36 @@ def list_item(
     }
 
 
+_MASKED_NUMBER = re.compile(r"(?<![\w*])\*+")
+
+
+def hashed(result: dict[str, Any]) -> dict[str, Any]:
+    """A result redacted (``redact_pii``, AssemblyAI's default ``hash`` substitution) with its
+    masked numbers written as AssemblyAI writes them, ``#`` for each character (the job
+    writes ``*``; a profane word keeps its first letter, so a run of ``*`` after no letter
+    is a number's): its text, words and segments."""
+
+    def sub(text: str) -> str:
+        return _MASKED_NUMBER.sub(lambda m: "#" * len(m.group()), text)
+
+    def words(raw: Any) -> Any:
+        return [{**w, "word": sub(w["word"])} for w in raw] if raw else raw
+
+    out = {**result, "text": sub(str(result.get("text", "")))}
+    out["words"] = words(result.get("words"))
+    out["segments"] = [
+        {**seg, "text": sub(seg["text"]), "words": words(seg.get("words"))}
+        for seg in result.get("segments") or []
+    ]
+    return out
+
+
 def completed(result: dict[str, Any], echo: dict[str, Any]) -> dict[str, Any]:
     """The fields a completed transcript adds."""
     from handler.faces.assemblyai.request import spelling
 
+    if echo.get("redact_pii"):
+        result = hashed(result)
     spell = spelling(echo.get("custom_spelling"))
     words = words_of(result.get("words") or [], letters(result), spell)
     text = " ".join(w["text"] for w in words) if spell else str(result.get("text", ""))
