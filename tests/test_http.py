@@ -11,6 +11,7 @@ import os
 import socket
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 from collections.abc import Iterator
@@ -917,14 +918,17 @@ def test_a_weak_api_key_is_refused_in_plain_words() -> None:
 
 
 def serve_refusal(env: dict[str, str], *prefix: str) -> str:
-    """What ``python -m handler serve`` says when it cannot listen; it must exit 1."""
-    done = subprocess.run(
-        [*prefix, sys.executable, "-m", "handler", "serve"],
-        env={**os.environ, **env},
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
+    """What ``python -m handler serve`` says when it cannot listen; it must exit 1. Its
+    own empty TMPDIR: a stale job folder another test left in the shared one is swept at
+    start with a line of its own (CI saw it: two lines where one was wanted)."""
+    with tempfile.TemporaryDirectory() as tmp:
+        done = subprocess.run(
+            [*prefix, sys.executable, "-m", "handler", "serve"],
+            env={**os.environ, "TMPDIR": tmp, **env},
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
     out = done.stdout + done.stderr
     assert done.returncode == 1, out
     assert "Traceback" not in out and len(out.strip().splitlines()) == 1, out
