@@ -14,6 +14,7 @@ import json
 import threading
 import time
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -252,22 +253,26 @@ def test_the_deepgram_assemblyai_and_openai_sdks_get_files_masked(server: Server
             setattr(aai.settings, name, getattr(saved, name))
 
 
-def _clip_pcm() -> bytes:
+def clip_pcm(path: Path = CLIP) -> bytes:
+    """A clip as 16-kHz 16-bit PCM, 2 s of silence after it (the turn ends)."""
     from faster_whisper import decode_audio
 
-    samples = decode_audio(str(CLIP))
+    samples = decode_audio(str(path))
     return pcm16(np.concatenate([samples, np.zeros(2 * RATE, np.float32)]))
 
 
-def _stream(ws: Any, pcm: bytes, done: dict[str, Any]) -> threading.Thread:
-    def feed() -> None:
+def feed(send: Any, pcm: bytes, done: Any = None) -> threading.Thread:
+    """``pcm`` sent in 100-ms chunks at 4x real time from a thread, then ``done`` (JSON)."""
+
+    def run() -> None:
         chunk = RATE * 2 // 10
         for i in range(0, len(pcm), chunk):
-            ws.send(pcm[i : i + chunk])
+            send(pcm[i : i + chunk])
             time.sleep(0.025)  # 4x real time
-        ws.send(json.dumps(done))
+        if done is not None:
+            send(json.dumps(done))
 
-    thread = threading.Thread(target=feed)
+    thread = threading.Thread(target=run)
     thread.start()
     return thread
 
@@ -286,14 +291,14 @@ def test_live_deepgram_and_assemblyai_mask_interim_and_final_text(server: Server
     AssemblyAI's partial and final Turns (the profanity never flashes in a partial)."""
     from websockets.sync.client import connect
 
-    pcm, ws_url = _clip_pcm(), server.url.replace("http://", "ws://")
+    pcm, ws_url = clip_pcm(), server.url.replace("http://", "ws://")
     query = (
         "/v1/listen?model=nova-3&encoding=linear16&sample_rate=16000&interim_results=true"
         "&profanity_filter=true"
     )
     auth = {"Authorization": f"Token {KEY}"}
     with connect(ws_url + query, additional_headers=auth, open_timeout=30) as ws:
-        feeder = _stream(ws, pcm, {"type": "CloseStream"})
+        feeder = feed(ws.send, pcm, {"type": "CloseStream"})
         results = [m for m in _messages(ws, "Metadata") if m.get("type") == "Results"]
         feeder.join()
     texts = [r["channel"]["alternatives"][0]["transcript"] for r in results]
@@ -303,7 +308,7 @@ def test_live_deepgram_and_assemblyai_mask_interim_and_final_text(server: Server
     query = "/v3/ws?sample_rate=16000&encoding=pcm_s16le&filter_profanity=true"
     with connect(ws_url + query, additional_headers={"Authorization": KEY}, open_timeout=30) as ws:
         assert json.loads(ws.recv(timeout=30))["type"] == "Begin"
-        feeder = _stream(ws, pcm, {"type": "Terminate"})
+        feeder = feed(ws.send, pcm, {"type": "Terminate"})
         turns = [m for m in _messages(ws, "Termination") if m["type"] == "Turn"]
         feeder.join()
     said = " ".join(m["transcript"] + " ".join(w["text"] for w in m["words"]) for m in turns)

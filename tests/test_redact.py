@@ -13,7 +13,6 @@ from __future__ import annotations
 import base64
 import json
 import re
-import threading
 import time
 from collections.abc import Iterator
 from typing import Any
@@ -29,8 +28,7 @@ from handler.pipeline.job import run_job
 from handler.schema import parse_job_input, typed_form
 from tests.helpers import DATA
 from tests.test_http import Server
-from tests.test_profanity import KEY, faces_server
-from tests.voice import pcm16
+from tests.test_profanity import KEY, clip_pcm, faces_server, feed
 
 CLIP = DATA / "en_numbers.flac"
 RATE = 16000
@@ -238,27 +236,6 @@ def test_assemblyais_sdk_gets_its_transcript_and_subtitles_redacted(server: Serv
             setattr(aai.settings, name, getattr(saved, name))
 
 
-def _clip_pcm() -> bytes:
-    from faster_whisper import decode_audio
-
-    samples = decode_audio(str(CLIP))
-    return pcm16(np.concatenate([samples, np.zeros(2 * RATE, np.float32)]))
-
-
-def _feed(send: Any, pcm: bytes, done: Any = None) -> threading.Thread:
-    def feed() -> None:
-        chunk = RATE * 2 // 10
-        for i in range(0, len(pcm), chunk):
-            send(pcm[i : i + chunk])
-            time.sleep(0.025)  # 4x real time
-        if done is not None:
-            send(json.dumps(done))
-
-    thread = threading.Thread(target=feed)
-    thread.start()
-    return thread
-
-
 @pytest.mark.e2e
 def test_live_deepgram_redacts_interim_and_final_results(server: Server) -> None:
     """Every result a live client sees is redacted: a number never flashes in an interim
@@ -272,7 +249,7 @@ def test_live_deepgram_redacts_interim_and_final_results(server: Server) -> None
     )
     auth = {"Authorization": f"Token {KEY}"}
     with connect(ws_url + query, additional_headers=auth, open_timeout=30) as ws:
-        feeder = _feed(ws.send, _clip_pcm(), {"type": "CloseStream"})
+        feeder = feed(ws.send, clip_pcm(CLIP), {"type": "CloseStream"})
         got: list[dict[str, Any]] = []
         deadline = time.monotonic() + 120
         while not got or got[-1].get("type") != "Metadata":
@@ -303,7 +280,7 @@ def test_a_realtime_session_redacts_its_deltas_and_transcripts(server: Server) -
         updated = conn.recv().model_dump()
         assert updated["session"]["audio"]["input"]["transcription"]["redact"] == ["pci"]
         pcm = pcm24(samples)
-        feeder = _feed(
+        feeder = feed(
             lambda b: conn.input_audio_buffer.append(audio=base64.b64encode(b).decode()), pcm
         )
         deadline = time.monotonic() + 120

@@ -40,21 +40,21 @@ _EDGE = re.compile(r"[\s\W_]*")
 def _runs(text: str) -> list[tuple[int, int, int, bool]]:
     """(start, end, numerals, has digits) of each run of numerals in ``text``."""
     runs: list[tuple[int, int, int, bool]] = []
-    current: list[Any] | None = None
+    joined_to: int | None = None  # where the run before ends, while a numeral may join it
     for m in _TOKEN.finditer(text):
         token = m.group()
         digits = token.isdigit()
         if not digits and token.lower() not in NUMBER_WORDS:
-            current = None
+            joined_to = None
             continue
         count = len(token) if digits else 1
-        if current is not None and _GAP.fullmatch(text, current[1], m.start()):
-            current[1], current[2] = m.end(), current[2] + count
-            current[3] = current[3] or digits
-            continue
-        current = [m.start(), m.end(), count, digits]
-        runs.append(current)  # type: ignore[arg-type]
-    return [tuple(r) for r in runs]  # type: ignore[misc]
+        if joined_to is not None and _GAP.fullmatch(text, joined_to, m.start()):
+            start, _, before, had = runs.pop()
+            runs.append((start, m.end(), before + count, had or digits))
+        else:
+            runs.append((m.start(), m.end(), count, digits))
+        joined_to = m.end()
+    return runs
 
 
 def spans(text: str, edges: bool = True) -> list[tuple[int, int]]:

@@ -72,8 +72,13 @@ MAX_TERMS = 100
 MAX_PHRASE_WORDS = 5
 
 
-REDACT_AS = {"true": "numbers", "numbers": "numbers", "aggressive_numbers": "numbers"}
-REDACT_AS.update({"pci": "pci", "ssn": "ssn"})
+REDACT_AS = {
+    "true": "numbers",
+    "numbers": "numbers",
+    "aggressive_numbers": "numbers",
+    "pci": "pci",
+    "ssn": "ssn",
+}
 
 
 def redaction(params: Any) -> list[str]:
