@@ -19,6 +19,24 @@ hypothesis_settings.register_profile("explore", derandomize=False)
 hypothesis_settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci"))
 
 
+@pytest.fixture(scope="session", autouse=True)
+def own_temporary_folder(tmp_path_factory):
+    """Every temporary file of the run, the servers' and workers' logs and job folders
+    included, under pytest's own base folder (it keeps the last three runs), not the shared
+    /tmp: a run left hundreds of logs there, and a stale job folder one run left was swept,
+    with a log line of its own, by a later server."""
+    folder = tmp_path_factory.mktemp("tmp")
+    before = os.environ.get("TMPDIR")
+    os.environ["TMPDIR"] = str(folder)
+    tempfile.tempdir = None  # gettempdir() reads TMPDIR again
+    yield folder
+    if before is None:
+        os.environ.pop("TMPDIR", None)
+    else:
+        os.environ["TMPDIR"] = before
+    tempfile.tempdir = None
+
+
 @pytest.fixture(scope="session")
 def tiny_pool():
     from handler.startup import start_worker

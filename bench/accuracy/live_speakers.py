@@ -9,6 +9,11 @@ speech whose turn got its voice's label (the labels mapped one to one onto the v
 best way: Hungarian), and the speakers found minus the voices that spoke. ``--sweep`` runs
 the thresholds around the chosen ones on the same embeddings; ``--seed`` picks the
 conversations (seed 1 chose the thresholds, seed 0 held them out).
+
+``--snr DB`` plays them under pink noise that many dB below the speech (the diarization
+bench's ``with_noise``); ``--overlap S`` lets the next speaker barge in: the first S
+seconds of the next turn, when another voice says it, are mixed over the last S seconds
+of this one (a turn a live VAD cut around crosstalk holds both voices).
 """
 
 from __future__ import annotations
@@ -21,7 +26,7 @@ from typing import Any
 
 import numpy as np
 
-from bench.accuracy.diarization import RATE, conversations, voices
+from bench.accuracy.diarization import RATE, Conversation, conversations, voices, with_noise
 from handler.inference.speakers import diarizer as speaker_diarizer
 from handler.inference.speakers import online
 from speech_assets.diarization import diarizer_dir
@@ -50,12 +55,32 @@ def _score(labels: list[int | None], truth: list[str], seconds: list[float]) -> 
     return float(grid[rows, cols].sum() / sum(seconds)), len(found) - len(voices_)
 
 
-def run(seed: int, n: int, sweep: bool) -> dict[str, Any]:
+def turn_pieces(conv: Conversation, overlap_s: float = 0.0) -> list[np.ndarray]:
+    """Each turn's samples; with ``overlap_s``, the next turn's first seconds mixed over
+    this one's last when another voice says it (a barge-in)."""
+    pieces = [conv.samples[int(s * RATE) : int(e * RATE)].copy() for s, e, _ in conv.turns]
+    n = int(overlap_s * RATE)
+    if n <= 0:
+        return pieces
+    for i, (piece, nxt) in enumerate(zip(pieces, pieces[1:], strict=False)):
+        if conv.turns[i][2] == conv.turns[i + 1][2]:
+            continue
+        k = min(n, len(piece), len(nxt))
+        piece[len(piece) - k :] += nxt[:k]
+        piece /= max(1.0, float(np.abs(piece).max()) / 0.9)
+    return pieces
+
+
+def run(
+    seed: int, n: int, sweep: bool, snr_db: float | None = None, overlap_s: float = 0.0
+) -> dict[str, Any]:
     diarizer = speaker_diarizer.load(str(diarizer_dir()), threads=2)
     convs = conversations(n, voices(), seed=seed)
+    if snr_db is not None:
+        convs = [with_noise(c, snr_db, i) for i, c in enumerate(convs)]
     started, turns = time.perf_counter(), []
     for conv in convs:
-        pieces = [conv.samples[int(s * RATE) : int(e * RATE)] for s, e, _ in conv.turns]
+        pieces = turn_pieces(conv, overlap_s)
         turns.append(
             (
                 [
@@ -95,6 +120,8 @@ def run(seed: int, n: int, sweep: bool) -> dict[str, Any]:
     return {
         "seed": seed,
         "conversations": n,
+        "snr_db": snr_db,
+        "overlap_s": overlap_s,
         "turns": count,
         "embed_ms_per_turn": round(1000 * embed_s / max(1, count), 1),
         "rows": rows,
@@ -102,9 +129,11 @@ def run(seed: int, n: int, sweep: bool) -> dict[str, Any]:
 
 
 def table(report: dict[str, Any]) -> str:
+    noise = "" if report.get("snr_db") is None else f", pink noise {report['snr_db']:g} dB below"
+    barge = f", {report['overlap_s']:g} s barge-ins" if report.get("overlap_s") else ""
     lines = [
         f"seed {report['seed']}: {report['conversations']} conversations, {report['turns']} "
-        f"turns, {report['embed_ms_per_turn']} ms to embed a turn",
+        f"turns{noise}{barge}, {report['embed_ms_per_turn']} ms to embed a turn",
         "",
         "| threshold | shorter turns join the nearest (s) | attribution, mean | worst "
         "| speakers found - true |",
@@ -123,9 +152,15 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--conversations", type=int, default=20)
     parser.add_argument("--sweep", action="store_true")
+    parser.add_argument("--snr", type=float, default=None, help="pink noise, dB below speech")
+    parser.add_argument(
+        "--overlap", type=float, default=0.0, help="seconds of the next voice over a turn's end"
+    )
     parser.add_argument("--out", type=Path, default=None)
     args = parser.parse_args(argv)
-    report = run(args.seed, args.conversations, args.sweep)
+    if not 0.0 <= args.overlap <= 5.0:
+        parser.error("--overlap: 0 to 5 seconds")
+    report = run(args.seed, args.conversations, args.sweep, args.snr, args.overlap)
     print(table(report))
     if args.out:
         args.out.write_text(json.dumps(report, indent=1))
