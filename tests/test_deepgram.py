@@ -77,15 +77,37 @@ def test_words_languages_and_metadata_are_deepgrams_shapes() -> None:
     assert [w["punctuated_word"] for w in shape.replaced(said, table)] == ["an", "nation."]
 
 
+def test_the_live_query_reads_deepgrams_current_names() -> None:
+    """``diarize_model`` (``diarize`` is deprecated in Deepgram's SDK) and ``language_hint``
+    were taken and ignored on the live route: no speakers, detection among every language."""
+    from starlette.datastructures import QueryParams
+
+    from handler.faces.deepgram.live import configure
+
+    def transcription(query: str) -> dict:  # type: ignore[type-arg]
+        base = "encoding=linear16&sample_rate=16000&"
+        session, _ = configure(QueryParams(base + query), ["tiny.en"])
+        return session["audio"]["input"]["transcription"]  # type: ignore[no-any-return]
+
+    assert transcription("diarize_model=latest")["diarize"] is True
+    assert transcription("diarize_model=v1&diarize=false")["diarize"] is True
+    assert "diarize" not in transcription("diarize=false")
+    hinted = transcription("language=multi&language_hint=en-GB&language_hint=ES&language_hint=en")
+    assert hinted["languages"] == ["en", "es"]
+    assert "languages" not in transcription("language=en&language_hint=es")  # as Deepgram
+
+
 QUERY_KEYS = st.sampled_from(
     ["encoding", "sample_rate", "channels", "multichannel", "extra", "profanity_filter",
      "callback", "callback_method", "replace", "search", "keywords", "language", "model",
-     "endpointing", "utterance_end_ms", "interim_results", "diarize", "redact", "paragraphs"]
+     "endpointing", "utterance_end_ms", "interim_results", "diarize", "redact", "paragraphs",
+     "diarize_model", "utt_split", "language_hint", "measurements", "utterances"]
 )  # fmt: skip
 VALUES = st.one_of(
     st.text(max_size=24),
-    st.sampled_from(["true", "false", "2", "8", "9", "16000", "linear16", "mulaw", "a:b",
-                     "http://127.0.0.1/x", "ftp://x", "put", "get", "x" * 3000]),
+    st.sampled_from(["true", "false", "2", "8", "9", "16000", "linear16", "mulaw", "a:b", "v2",
+                     "multi", "0.5", "nan", "es", "http://127.0.0.1/x", "ftp://x", "put", "get",
+                     "x" * 3000]),
 )  # fmt: skip
 
 
@@ -341,6 +363,10 @@ def test_refusals_say_what_to_send(server: Server) -> None:
         ("encoding=linear16&sample_rate=16000&redact=pii", "invalid_value"),
         ("encoding=linear16&sample_rate=16000&detect_entities=true", "invalid_value"),
         ("encoding=linear16&sample_rate=16000&diarize=true", "unsupported"),  # no diarizer here
+        # Deepgram's current name for it (diarize is deprecated): was taken and ignored, a
+        # stream asked for speakers came back without them.
+        ("encoding=linear16&sample_rate=16000&diarize_model=latest", "unsupported"),
+        ("encoding=linear16&sample_rate=16000&diarize_model=v2", "invalid_value"),  # files only
         ("encoding=linear16&sample_rate=16000&search=hello", "unsupported"),
     ):
         with _raw(server, query) as ws:
@@ -444,6 +470,17 @@ def test_the_deepgram_sdk_transcribes_a_file_and_a_url(server: Server, audio_sit
     assert abs(got.metadata.duration - 11.0) < 0.1 and len(got.metadata.sha256) == 64
     utterances = got.results.utterances
     assert utterances and " ".join(u.transcript for u in utterances) == alt.transcript
+    # utt_split: an utterance ends at a pause between words that long (was ignored: one
+    # utterance per segment, pauses of a second inside them).
+    split = media.transcribe_file(request=wav, language="en", utterances=True, utt_split=0.2)
+    cut = split.results.utterances
+    assert len(cut) > len(utterances), [u.transcript for u in cut]
+    assert " ".join(u.transcript for u in cut) == alt.transcript
+    for u, after in zip(cut, cut[1:], strict=False):
+        assert after.words[0].start - u.words[-1].end >= 0.2, (u.transcript, after.transcript)
+    for u in cut:
+        assert all(b.start - a.end < 0.2 for a, b in zip(u.words, u.words[1:], strict=False))
+        assert (u.start, u.end) == (u.words[0].start, u.words[-1].end)
     by_url = media.transcribe_url(url=audio_site, model="nova-2", detect_language=True)
     channel = by_url.results.channels[0]
     assert channel.detected_language == "en"
@@ -452,6 +489,11 @@ def test_the_deepgram_sdk_transcribes_a_file_and_a_url(server: Server, audio_sit
         ({"callback": "ftp://example.com/hook"}, "callback"),
         ({"callback": "https://example.com/hook", "callback_method": "get"}, "callback"),
         ({"diarize": True}, "diariz"),  # this worker loads no diarizer
+        ({"diarize_model": "latest"}, "diariz"),  # was ignored: an answer without speakers
+        ({"diarize_model": "v9"}, "diarize_model"),
+        ({"utt_split": -1.0}, "utt_split"),
+        ({"measurements": "yes"}, "measurements"),  # accepted, and checked as live checks it
+        ({"language": "multi", "language_hint": "zz"}, "zz"),
         ({"language": "zz"}, "zz"),
         ({"utterances": "yes"}, "utterances"),
         ({"extra": "no-colon"}, "extra"),  # was read only after the job ran: a 500

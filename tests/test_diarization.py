@@ -862,6 +862,17 @@ def test_deepgrams_prerecorded_route_numbers_the_speakers(dserver) -> None:
     assert {u["speaker"] for u in utterances} == {0, 1}
     for u in utterances:  # the diarizer cuts segments where the speaker changes
         assert {w["speaker"] for w in u["words"]} == {u["speaker"]}, u
+    # Deepgram's SDK now asks with diarize_model (diarize is deprecated there); it was
+    # ignored, and the same file came back without a speaker.
+    from tests.test_deepgram import sdk_media
+
+    alt = (
+        sdk_media(dserver, "unused")
+        .transcribe_file(request=wav.read_bytes(), model="nova-3", diarize_model="latest")
+        .results.channels[0]
+        .alternatives[0]
+    )
+    assert [(w.word, w.speaker) for w in alt.words] == [(w["word"], w["speaker"]) for w in words]
 
 
 def test_assemblyais_speaker_labels_letter_the_speakers(dserver) -> None:
@@ -1059,7 +1070,8 @@ def test_live_speakers_through_deepgrams_diarize(dserver) -> None:
     diarizer still refuses it at connect: tests/test_deepgram.py)."""
     audio, who, starts = two_voice_call()
     base = dserver.url.replace("http", "ws") + "/v1/listen?encoding=linear16&sample_rate=16000"
-    got = streamed(base + "&diarize=true", audio, "CloseStream", "Metadata")
+    # diarize_model, Deepgram's current name for it (was taken and ignored: no speakers)
+    got = streamed(base + "&diarize_model=latest", audio, "CloseStream", "Metadata")
     finals = [m for m in got if m["type"] == "Results" and m["is_final"]]
     words = [m["channel"]["alternatives"][0]["words"] for m in finals]
     assert any(words)

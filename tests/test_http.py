@@ -876,6 +876,30 @@ def test_a_multilingual_model_over_http_translates_and_switches_language(base_mo
         assert langs[0] == "en" and "es" in langs, langs
         assert "madrid" in mixed.text.lower() and "americans" in mixed.text.lower()
 
+        # The same through Deepgram's SDK (nova-3's language=multi): each word's language
+        # and the alternative's, most words first, were missing; language_hint was ignored.
+        from tests.test_deepgram import sdk_media
+
+        media_ = sdk_media(srv, "unused")
+        alt = (
+            media_.transcribe_file(request=code_switched(), model="nova-3", language="multi")
+            .results.channels[0]
+            .alternatives[0]
+        )
+        by_word = [w.language for w in alt.words]
+        assert by_word[0] == "en" and "es" in by_word, by_word
+        assert alt.languages == sorted(set(by_word), key=lambda x: -by_word.count(x))
+        assert alt.languages_hinted == []
+        hinted = (
+            media_.transcribe_file(
+                request=code_switched(), language="multi", language_hint=["en", "IT"]
+            )
+            .results.channels[0]
+            .alternatives[0]
+        )
+        assert hinted.languages_hinted == ["en", "it"]
+        assert {w.language for w in hinted.words} <= {"en", "it"}, hinted.languages
+
         with open(DATA / CLIPS["de"][0], "rb") as f:
             res = srv.client().audio.translations.create(model="whisper-1", file=f)
         english = {"good", "morning", "weather", "berlin", "park", "today", "afternoon"}

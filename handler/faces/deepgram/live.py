@@ -38,11 +38,14 @@ from starlette.websockets import WebSocketDisconnect
 from handler.contract import SAMPLE_RATE
 from handler.faces.deepgram import shape
 from handler.faces.deepgram.query import (
+    ACCEPTED,
     MAX_KEYWORDS,
     QueryError,
+    diarization,
     extra,
     flag,
     keywords,
+    language_hints,
     number,
     redaction,
     refuse_unserved,
@@ -62,9 +65,6 @@ NO_ENDPOINTING_MS = 1000
 """``endpointing=false``: turns still end at this much silence (as ``is_final`` results
 that are not ``speech_final``), so a session's audio never waits without bound."""
 FORMATS = {"linear16": "audio/pcm", "mulaw": "audio/pcmu", "alaw": "audio/pcma"}
-IGNORED = ("punctuate", "smart_format", "numerals", "filler_words")
-"""Boolean options accepted and checked, with nothing to change: Whisper punctuates and
-formats as it transcribes."""
 
 
 def _format(params: Any) -> dict[str, Any]:
@@ -134,7 +134,7 @@ def configure(params: Any, loaded: list[str]) -> tuple[dict[str, Any], dict[str,
 
 
 def _configure(params: Any, loaded: list[str]) -> tuple[dict[str, Any], dict[str, Any]]:
-    for name in IGNORED:
+    for name in ACCEPTED:
         flag(params, name)
     refuse_unserved(params)  # a stream asked to be redacted must not come back as if it was
     for name in ("replace", "search"):
@@ -150,11 +150,13 @@ def _configure(params: Any, loaded: list[str]) -> tuple[dict[str, Any], dict[str
     }
     if terms:
         transcription["keywords"] = terms
+    if hints := language_hints(params):
+        transcription["languages"] = hints  # language=multi: each turn detected among them
     if flag(params, "profanity_filter"):
         transcription["profanity_filter"] = "full"  # Deepgram writes every letter: "****"
     if kinds := redaction(params):
         transcription["redact"] = kinds
-    if flag(params, "diarize"):
+    if diarization(params, live=True):
         transcription["diarize"] = True  # each final's words name their speaker
     session = {
         "type": "transcription",

@@ -37,15 +37,19 @@ from handler.faces.admission import loaded_models, run_admitted
 from handler.faces.broker.gateway import BROKER_GONE, BrokerDown
 from handler.faces.deepgram import shape
 from handler.faces.deepgram.query import (
+    ACCEPTED,
     QueryError,
+    diarization,
     extra,
     flag,
     keywords,
+    language_hints,
     redaction,
     refuse_unserved,
     replacements,
     searches,
     served_model,
+    utt_split,
 )
 from handler.faces.deepgram.response import answer
 from handler.faces.jobs import StoreFull, call_store
@@ -75,6 +79,8 @@ def _job_input(params: Any, loaded: list[str]) -> tuple[dict[str, Any], str]:
     if params.get("channels") not in (None, "1"):
         raise Refused("channels describes raw audio; send a file with a header (WAV, FLAC, ...)")
     refuse_unserved(params)
+    for name in ACCEPTED:
+        flag(params, name)
     replacements(params)  # checked now: answer() applies them after the job
     extra(params)  # and carries these back in its metadata
     searches(params)
@@ -85,7 +91,9 @@ def _job_input(params: Any, loaded: list[str]) -> tuple[dict[str, Any], str]:
     language = shape.language_of(params.get("language"))
     if language and not flag(params, "detect_language"):
         job["language"] = language
-    if flag(params, "diarize"):
+    if hints := language_hints(params):
+        job["languages"] = hints  # language=multi: each part detected among them
+    if diarization(params):
         job["diarize"] = True
     if flag(params, "multichannel"):
         job["multichannel"] = True
@@ -94,6 +102,7 @@ def _job_input(params: Any, loaded: list[str]) -> tuple[dict[str, Any], str]:
     if kinds := redaction(params):
         job["redact"] = kinds
     flag(params, "utterances")  # checked now: answer() reads them after the job
+    utt_split(params)
     flag(params, "paragraphs")
     terms = keywords(params)
     if terms:

@@ -51,10 +51,66 @@ def keywords(params: Any) -> list[str]:
     return terms
 
 
+def language_hints(params: Any) -> list[str]:
+    """``language_hint`` (repeated, at most 100): with ``language=multi``, the languages
+    each part's (live: each turn's) detection picks among, as Whisper codes (``en-GB`` ->
+    ``en``), in the order first given. Deepgram biases its detection toward them; this
+    worker detects among them only. Ignored with any other ``language``, as Deepgram does."""
+    hints = [h.strip() for h in _bounded(params, "language_hint")]
+    if any(not h.replace("-", "").replace("_", "").isalpha() for h in hints):
+        raise QueryError("language_hint: language codes such as en or es", "invalid_value")
+    if params.get("language") != "multi":
+        return []
+    return list(dict.fromkeys(h.replace("_", "-").split("-")[0].lower() for h in hints))
+
+
+UTT_SPLIT_S = (0.0, 30.0)
+"""``utt_split``'s bounds (s)."""
+
+
+def utt_split(params: Any) -> float | None:
+    """``utt_split``: the pause (s) between two words that ends an utterance; absent: None
+    (an utterance is a segment)."""
+    value = params.get("utt_split")
+    if value is None:
+        return None
+    try:
+        seconds = float(value)
+    except ValueError:
+        seconds = float("nan")
+    lo, hi = UTT_SPLIT_S
+    if not lo <= seconds <= hi:  # nan too
+        raise QueryError(f"utt_split: seconds from {lo:g} to {hi:g}", "invalid_value")
+    return seconds
+
+
+DIARIZE_MODELS = ("latest", "v1", "v2")
+LIVE_DIARIZE_MODELS = ("latest", "v1")
+
+
+def diarization(params: Any, live: bool = False) -> bool:
+    """Speakers asked for: ``diarize=true``, or ``diarize_model`` (Deepgram's current name
+    for it, ``diarize`` being deprecated: ``latest``, ``v1``, ``v2``; live ``latest`` and
+    ``v1``, as Deepgram takes them). Any version is this worker's one diarizer."""
+    version = params.get("diarize_model")
+    if version is None:
+        return flag(params, "diarize")
+    served = LIVE_DIARIZE_MODELS if live else DIARIZE_MODELS
+    if version.lower() not in served:
+        where = "live" if live else "files"
+        raise QueryError(f"diarize_model: {', '.join(served)} ({where})", "invalid_value")
+    return True
+
+
 def served_model(asked: str, loaded: list[str]) -> str:
     """The model a ``model`` name stands for: itself when loaded here, else (``nova-3`` and
     every other Deepgram name) the default model."""
     return asked if asked in loaded else (loaded[0] if loaded else "whisper")
+
+
+ACCEPTED = ("punctuate", "smart_format", "numerals", "filler_words", "measurements", "mip_opt_out")
+"""Boolean options accepted and checked, with nothing to change: Whisper punctuates and
+formats as it transcribes; nothing here is sent to a model-improvement programme."""
 
 
 NOT_SERVED = {

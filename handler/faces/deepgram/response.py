@@ -11,7 +11,14 @@ from typing import Any
 from starlette.datastructures import QueryParams
 
 from handler.faces.deepgram import shape
-from handler.faces.deepgram.query import extra, flag, replacements, searches
+from handler.faces.deepgram.query import (
+    extra,
+    flag,
+    language_hints,
+    replacements,
+    searches,
+    utt_split,
+)
 from handler.faces.deepgram.shape import whole_words
 
 
@@ -50,7 +57,15 @@ def answer(
     heard = result.get("channels") or [whole]
     words_of = Words(replacements(params), flag(params, "paragraphs"))
     terms = searches(params)
+    if multi := shape.language_of(params.get("language")) == "multi":
+        result = {**result, "words": _in_their_languages(result)}
     channels = [_channel(result, entry, words_of, detected, terms) for entry in heard]
+    if multi:  # as nova-3's language=multi answers: the languages by words, the hints
+        for channel in channels:
+            alt = channel["alternatives"][0]
+            said = [w["language"] for w in alt["words"] if w.get("language")]
+            alt["languages"] = sorted(dict.fromkeys(said), key=lambda x: -said.count(x))
+            alt["languages_hinted"] = language_hints(params)
     meta = shape.metadata(
         request_id or str(uuid.uuid4()), model, float(result.get("duration", 0.0))
     )
@@ -60,10 +75,52 @@ def answer(
     meta["channels"] = len(channels)
     body: dict[str, Any] = {"metadata": meta, "results": {"channels": channels}}
     if flag(params, "utterances"):
-        body["results"]["utterances"] = [
-            _utterance(seg, words_of) for seg in result.get("segments", []) if seg["text"].strip()
-        ]
+        body["results"]["utterances"] = utterances(result, words_of, utt_split(params))
     return body
+
+
+def utterances(
+    result: dict[str, Any], words_of: Words, split: float | None
+) -> list[dict[str, Any]]:
+    """Deepgram's ``utterances``: one per segment, or with ``utt_split`` runs of words
+    broken where the pause between two words is that long or more, or the channel or
+    the speaker changes (as Deepgram breaks them)."""
+    if split is None:
+        segments = result.get("segments") or []
+        return [_utterance(s, words_of) for s in segments if s["text"].strip()]
+    runs: list[list[dict[str, Any]]] = []
+    for w in whole_words(result.get("words") or []):
+        last = runs[-1][-1] if runs else None
+        if (
+            last is None
+            or float(w["start"]) - float(last["end"]) >= split
+            or (w.get("channel"), w.get("speaker")) != (last.get("channel"), last.get("speaker"))
+        ):
+            runs.append([])
+        runs[-1].append(w)
+    return [_utterance(_run_segment(run), words_of) for run in runs]
+
+
+def _run_segment(run: list[dict[str, Any]]) -> dict[str, Any]:
+    """A run of words as the segment it stands for: its times, channel and text."""
+    text = " ".join(w["word"].strip() for w in run)
+    return {
+        "start": run[0]["start"],
+        "end": run[-1]["end"],
+        "text": text,
+        "words": run,
+        "channel": run[0].get("channel", 0),
+    }
+
+
+def _in_their_languages(result: dict[str, Any]) -> list[dict[str, Any]]:
+    """The job's words, each with its segment's language (``language=multi``: each part
+    decoded in its own); the words are the segments' words in order."""
+    words = result.get("words") or []
+    said = [s.get("language") for s in result.get("segments") or [] for _ in s.get("words") or []]
+    if len(said) != len(words):
+        return list(words)
+    return [{**w, "language": lang} if lang else w for w, lang in zip(words, said, strict=True)]
 
 
 def _channel(

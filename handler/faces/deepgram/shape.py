@@ -32,6 +32,8 @@ def word(
     }
     if speaker is not None:
         out["speaker"] = speaker
+    if w.get("language"):
+        out["language"] = w["language"]  # language=multi: its part's
     return out
 
 
