@@ -684,3 +684,57 @@ def test_a_live_call_in_stereo_gets_each_channels_turns(server: Server, tmp_path
     assert right and 3.0 <= right[0]["start"] and right[-1]["end"] <= 9.5, right
     assert {m["channel"][0] for m in messages if m["type"] == "SpeechStarted"} == {0, 1}
     assert messages[-1]["channels"] == 2 and abs(messages[-1]["duration"] - 15.0) < 0.1
+
+
+def test_dictation_turns_spoken_commands_into_marks() -> None:
+    """The rule on words as Whisper writes dictation: the said mark replaces Whisper's
+    guess; a command that reads as a word (after a determiner, "period of time", "Colon
+    cancer") stays one."""
+    from handler.faces.deepgram import dictation
+
+    said = (
+        "Dear John comma thank you for your letter period. I will call you tomorrow question "
+        "mark, new paragraph. please write. It was a long period of time. The colon is "
+        "long. Colon cancer is rare exclamation point"
+    )
+    words = [{"word": shape.plain(w), "punctuated_word": w} for w in said.split()]
+    assert dictation.transcript(dictation.apply(words)) == (
+        "Dear John, thank you for your letter. I will call you tomorrow?\n\nPlease write. "
+        "It was a long period of time. The colon is long. Colon cancer is rare!"
+    )
+    assert dictation.apply([]) == []
+    assert dictation.transcript(dictation.apply(words[:3])) == "Dear John,"
+
+
+@pytest.mark.e2e
+def test_dictation_through_the_sdk_and_the_live_route(server: Server) -> None:
+    """``dictation=true`` (Deepgram's; LiveKit's Deepgram plugin has it as an option) was
+    taken and ignored: "letter period. ... tomorrow question mark" came back as said. Now
+    the marks are written, on files and live; "a long period of time" stays words."""
+    flac = (DATA / "en_dictation.flac").read_bytes()
+    media = sdk_media(server, KEY)
+    plain = media.transcribe_file(request=flac, punctuate=True).results.channels[0]
+    assert "question mark" in plain.alternatives[0].transcript.lower()  # Whisper's words
+    got = media.transcribe_file(request=flac, punctuate=True, dictation=True, utterances=True)
+    alt = got.results.channels[0].alternatives[0]
+    said = alt.transcript
+    assert "letter." in said and "tomorrow?" in said and "\n\n" in said and "!" in said, said
+    assert not {"question", "mark", "exclamation", "paragraph"} & set(said.lower().split())
+    assert "period of time" in said and "letter period" not in said.lower(), said
+    assert " ".join(w.punctuated_word for w in alt.words).replace("\n ", "\n") == said
+    assert all("question" not in u.transcript.lower() for u in got.results.utterances)
+
+    from tests.test_profanity import clip_pcm
+
+    pcm = clip_pcm(DATA / "en_dictation.flac")
+    finals: list[str] = []
+    with _raw(server, "encoding=linear16&sample_rate=16000&dictation=true&punctuate=true") as ws:
+        for i in range(0, len(pcm), 6400):
+            ws.send(pcm[i : i + 6400])
+        ws.send(json.dumps({"type": "CloseStream"}))
+        for m in until(ws, "Metadata"):
+            if m["type"] == "Results" and m["is_final"]:
+                finals.append(m["channel"]["alternatives"][0]["transcript"])
+    live = " ".join(finals)
+    assert "tomorrow?" in live and "period of time" in live, finals
+    assert "question" not in live.lower() and "paragraph" not in live.lower(), finals

@@ -36,7 +36,7 @@ import numpy as np
 from starlette.websockets import WebSocketDisconnect
 
 from handler.contract import SAMPLE_RATE
-from handler.faces.deepgram import shape
+from handler.faces.deepgram import dictation, shape
 from handler.faces.deepgram.query import (
     ACCEPTED,
     MAX_KEYWORDS,
@@ -172,6 +172,7 @@ def _configure(params: Any, loaded: list[str]) -> tuple[dict[str, Any], dict[str
         "channels": _channels(params),
         "model": served_model(model, loaded),
         "interim_results": flag(params, "interim_results"),
+        "dictation": flag(params, "dictation"),
         "vad_events": flag(params, "vad_events"),
         "utterance_end_ms": number(params, "utterance_end_ms", 1000, 5000),
         "speech_final": speech_final,
@@ -474,6 +475,9 @@ class DeepgramSession(QueryAudioSession):
         language: str | None = None,
     ) -> dict[str, Any]:
         model = self.options["model"]
+        if self.options.get("dictation"):
+            words = dictation.apply(words)
+            text = dictation.transcript(words)
         return {
             "type": "Results",
             "channel_index": list(self.channel),

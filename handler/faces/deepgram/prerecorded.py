@@ -4,10 +4,12 @@ Deepgram's response (``metadata``, ``results.channels[0].alternatives[0]`` with 
 transcript, confidence and words, ``utterances`` when asked).
 
 Options: ``model`` (a model loaded here by name; any other name is the default model),
-``language`` (``en``, ``en-US``, ``multi``), ``detect_language`` (the channel then says
-``detected_language`` and ``language_confidence``), ``diarize`` (a worker with
-``WHISPER_DIARIZATION``: each word's ``speaker``; otherwise refused as a file job is),
-``utterances`` (one per segment), ``keywords`` and ``keyterm`` (hotwords),
+``language`` (``en``, ``en-US``, ``multi``: each word's language, with ``language_hint``
+the languages detected among), ``detect_language`` (the channel then says
+``detected_language`` and ``language_confidence``), ``diarize`` or ``diarize_model`` (a
+worker with ``WHISPER_DIARIZATION``: each word's ``speaker``; otherwise refused as a file
+job is), ``utterances`` (one per segment, or broken at pauses of ``utt_split``),
+``dictation`` (spoken punctuation as marks), ``keywords`` and ``keyterm`` (hotwords),
 ``multichannel`` (each channel transcribed on its own: one entry of ``results.channels``
 per channel, utterances with their ``channel``), ``replace`` and ``search`` (over the
 words as written); formatting options are accepted (Whisper punctuates as it
@@ -104,6 +106,7 @@ def _job_input(params: Any, loaded: list[str]) -> tuple[dict[str, Any], str]:
     flag(params, "utterances")  # checked now: answer() reads them after the job
     utt_split(params)
     flag(params, "paragraphs")
+    flag(params, "dictation")
     terms = keywords(params)
     if terms:
         job["hotwords"] = ", ".join(terms)

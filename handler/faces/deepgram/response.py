@@ -10,7 +10,7 @@ from typing import Any
 
 from starlette.datastructures import QueryParams
 
-from handler.faces.deepgram import shape
+from handler.faces.deepgram import dictation, shape
 from handler.faces.deepgram.query import (
     extra,
     flag,
@@ -26,11 +26,13 @@ class Words:
     """A job's words as Deepgram's: whole words, speakers numbered by first word,
     ``replace``'s table applied."""
 
-    def __init__(self, table: dict[str, str], paragraphs: bool) -> None:
+    def __init__(self, table: dict[str, str], paragraphs: bool, dictated: bool = False) -> None:
         self.table = table
         self.speakers: dict[str, int] = {}
         self.paragraphs = paragraphs
         """``paragraphs=true``: each alternative gets its paragraphs."""
+        self.dictated = dictated
+        """``dictation=true``: spoken punctuation commands as their marks."""
 
     def speaker(self, w: dict[str, Any]) -> int | None:
         label = w.get("speaker")
@@ -38,11 +40,13 @@ class Words:
 
     def __call__(self, raw: list[dict[str, Any]]) -> list[dict[str, Any]]:
         words = [shape.word(w, 0.0, self.speaker(w)) for w in whole_words(raw)]
-        return shape.replaced(words, self.table)
+        words = shape.replaced(words, self.table)
+        return dictation.apply(words) if self.dictated else words
 
     def said(self, text: str, words: list[dict[str, Any]]) -> str:
-        """The transcript: the job's text, or with ``replace`` its words as it left them."""
-        return " ".join(w["punctuated_word"] for w in words) if self.table else text
+        """The transcript: the job's text, or with ``replace`` or ``dictation`` its words as
+        they left them."""
+        return dictation.transcript(words) if self.table or self.dictated else text
 
 
 def answer(
@@ -55,7 +59,7 @@ def answer(
     whole = {"channel": None, "text": result["text"], "language": result.get("language")}
     whole["language_probability"] = result.get("language_probability")
     heard = result.get("channels") or [whole]
-    words_of = Words(replacements(params), flag(params, "paragraphs"))
+    words_of = Words(replacements(params), flag(params, "paragraphs"), flag(params, "dictation"))
     terms = searches(params)
     if multi := shape.language_of(params.get("language")) == "multi":
         result = {**result, "words": _in_their_languages(result)}
