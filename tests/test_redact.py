@@ -302,3 +302,53 @@ def test_a_realtime_session_redacts_its_deltas_and_transcripts(server: Server) -
         refused = conn.recv()
     assert completed and not DIGIT.search(" ".join(said)) and MASKED.search(" ".join(said)), said
     assert refused.type == "error" and "redact" in refused.error.message
+
+
+@pytest.mark.e2e
+def test_assemblyais_streaming_client_gets_every_turn_redacted(server: Server) -> None:
+    """AssemblyAI's streaming ``redact_pii`` (its SDK's StreamingParameters have it) was
+    refused at connect. Number policies are served now as on files: no digit in any
+    partial or final turn, formatted or not, numbers written as ``#``; a policy that is
+    not numbers is still refused (3006), never answered unredacted."""
+    import threading
+
+    from assemblyai.streaming.v3 import (
+        StreamingClient,
+        StreamingClientOptions,
+        StreamingEvents,
+        StreamingParameters,
+    )
+    from websockets.exceptions import ConnectionClosed
+    from websockets.sync.client import connect
+
+    host = server.url.replace("http", "ws")
+    client = StreamingClient(
+        StreamingClientOptions(api_key=KEY, api_host=host, terminate_timeout=120)
+    )
+    turns: list[Any] = []
+    errors: list[Any] = []
+    ended = threading.Event()
+    client.on(StreamingEvents.Turn, lambda _c, e: turns.append(e))
+    client.on(StreamingEvents.Error, lambda _c, e: errors.append(e))
+    client.on(StreamingEvents.Termination, lambda _c, e: ended.set())
+    client.connect(
+        StreamingParameters(
+            sample_rate=16000,
+            format_turns=True,
+            redact_pii=True,
+            redact_pii_policies=["credit_card_number", "credit_card_cvv"],
+        )
+    )
+    feed(client.stream, clip_pcm(CLIP)).join()
+    client.disconnect(terminate=True)
+    assert ended.wait(120) and not errors, errors
+    said = [t.transcript for t in turns] + [w.text for t in turns for w in t.words]
+    assert turns and not DIGIT.search(" ".join(said)), said
+    assert "#" in " ".join(t.transcript for t in turns if t.end_of_turn), said
+    assert "*" not in " ".join(said), said  # as AssemblyAI's hash substitution writes them
+    query = 'sample_rate=16000&redact_pii=true&redact_pii_policies=["person_name"]'
+    with connect(f"{host}/v3/ws?{query}", additional_headers={"Authorization": KEY}) as ws:
+        message = json.loads(ws.recv(timeout=30))
+        assert message["type"] == "Error" and "person_name" in message["error"], message
+        with pytest.raises(ConnectionClosed):
+            ws.recv(timeout=30)

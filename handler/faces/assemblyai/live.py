@@ -12,8 +12,10 @@ that end a turn, at least ``TURN_SILENCE_FLOOR_MS``; its older name
 a turn when ``end_of_turn_confidence_threshold`` is 1, the setting that turns AssemblyAI's
 semantic end of turn off), ``vad_threshold`` and ``speaker_labels`` with ``max_speakers``
 (each turn's end names its voice: handler.faces.realtime.voices). Other options are taken
-as sent, but for what cannot be served, which refuses the connection: ``redact_pii``,
-``webhook_url``, and containers (``opus``, ``aac``).
+as sent, but for what cannot be served, which refuses the connection: ``webhook_url``,
+``redact_pii`` with a policy that is not numbers (number policies are served as on files:
+every partial and final turn masked, ``#`` for each character), and containers (``opus``,
+``aac``).
 
 The client sends binary PCM and ``ForceEndpoint`` (the turn under way ends now),
 ``UpdateConfiguration`` (``keyterms_prompt``, ``prompt``, ``format_turns``), ``KeepAlive``
@@ -36,7 +38,8 @@ from typing import Any
 from starlette.websockets import WebSocketDisconnect
 
 from handler.contract import SAMPLE_RATE
-from handler.faces.assemblyai.request import language_of
+from handler.faces.assemblyai.request import Refused, language_of, number_redaction
+from handler.faces.assemblyai.shape import sub as hashes
 from handler.faces.realtime.binary import QueryAudioSession
 from handler.faces.realtime.item import LiveItem
 from handler.faces.realtime.protocol import MAX_KEYWORDS_CHARS, MIN_COMMIT_S, SessionError
@@ -52,7 +55,6 @@ DEFAULT_SILENCE_MS = 400
 DEFAULT_MAX_SILENCE_MS = 1280
 """``max_turn_silence`` when none is asked (AssemblyAI's default)."""
 REFUSED = {
-    "redact_pii": "PII redaction is not served here",
     "webhook_url": "a streaming webhook is not served here",
 }
 MAX_TERMS = 100
@@ -184,6 +186,8 @@ def configure(params: Any, loaded: list[str]) -> tuple[dict[str, Any], dict[str,
         transcription["prompt"] = prompt
     if _truthy(params, "filter_profanity"):
         transcription["profanity_filter"] = True  # partial and final turns alike
+    if _truthy(params, "redact_pii"):  # numbers, as on files; partial turns too
+        transcription["redact"] = _redaction(params)
     if _truthy(params, "speaker_labels"):
         transcription["diarize"] = True  # each turn's end names its speaker
         most = _number(params, "max_speakers", 1, MAX_SPEAKERS)
@@ -204,10 +208,24 @@ def configure(params: Any, loaded: list[str]) -> tuple[dict[str, Any], dict[str,
         },
     }
     options = {
+        "hashed": "redact" in transcription,
         "format_turns": bool(_flag(params, "format_turns")),
         "language_detection": bool(_flag(params, "language_detection")),
     }
     return session, options
+
+
+def _redaction(params: Any) -> list[str]:
+    """``redact_pii`` with ``redact_pii_policies`` (a JSON list, as the SDK sends it) and
+    ``redact_pii_sub``: the job's ``redact`` (numbers), or the refusal files get."""
+    try:
+        policies = json.loads(params.get("redact_pii_policies") or "null")
+    except ValueError:
+        policies = None
+    try:
+        return number_redaction(policies, params.get("redact_pii_sub"))
+    except Refused as exc:
+        raise SessionError(str(exc), "invalid_query") from None
 
 
 def error_message(message: str, code: int = INPUT_ERROR) -> dict[str, Any]:
@@ -391,6 +409,9 @@ class AssemblyAISession(QueryAudioSession):
         if item not in self.orders:
             self.orders[item] = self.next_order
             self.next_order += 1
+        if self.options.get("hashed"):  # redact_pii: numbers as AssemblyAI writes them
+            text = hashes(text)
+            words = [{**w, "text": hashes(w["text"])} for w in words]
         return {
             "type": "Turn",
             "turn_order": self.orders[item],

@@ -166,7 +166,12 @@ need a recognizer this worker has not: refused, never answered unredacted."""
 def _redaction(body: dict[str, Any]) -> dict[str, Any]:
     if not _bool(body, "redact_pii"):
         return {}
-    policies = body.get("redact_pii_policies")
+    return {"redact": number_redaction(body.get("redact_pii_policies"), body.get("redact_pii_sub"))}
+
+
+def number_redaction(policies: Any, sub: Any) -> list[str]:
+    """The job's ``redact`` for ``redact_pii`` with these policies and substitution (files
+    and streaming): numbers; Refused for a policy that is not numbers, or ``entity_name``."""
     if not (isinstance(policies, list) and policies and all(isinstance(p, str) for p in policies)):
         raise Refused("redact_pii_policies: the list of what to redact, with redact_pii")
     unserved = sorted(set(policies) - NUMBER_POLICIES)
@@ -175,9 +180,9 @@ def _redaction(body: dict[str, Any]) -> dict[str, Any]:
             f"redact_pii_policies: {unserved[0][:40]} is not served by this worker "
             f"(numbers are: {', '.join(sorted(NUMBER_POLICIES))})"
         )
-    if body.get("redact_pii_sub") not in (None, "hash"):
+    if sub not in (None, "hash"):
         raise Refused("redact_pii_sub: hash (each character of a number as #), not entity_name")
-    return {"redact": ["numbers"]}
+    return ["numbers"]
 
 
 THRESHOLDS = {

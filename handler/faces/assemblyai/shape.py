@@ -178,14 +178,16 @@ def list_item(
 _MASKED_NUMBER = re.compile(r"(?<![\w*])\*+")
 
 
+def sub(text: str) -> str:
+    """Masked numbers (``*``) as AssemblyAI's ``hash`` substitution writes them (``#``)."""
+    return _MASKED_NUMBER.sub(lambda m: "#" * len(m.group()), text)
+
+
 def hashed(result: dict[str, Any]) -> dict[str, Any]:
     """A result redacted (``redact_pii``, AssemblyAI's default ``hash`` substitution) with its
     masked numbers written as AssemblyAI writes them, ``#`` for each character (the job
     writes ``*``; a profane word keeps its first letter, so a run of ``*`` after no letter
     is a number's): its text, words and segments."""
-
-    def sub(text: str) -> str:
-        return _MASKED_NUMBER.sub(lambda m: "#" * len(m.group()), text)
 
     def words(raw: Any) -> Any:
         return [{**w, "word": sub(w["word"])} for w in raw] if raw else raw
