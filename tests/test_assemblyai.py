@@ -702,6 +702,8 @@ def test_force_endpoint_ends_a_turn_and_refusals_close_with_a_reason(server: Ser
         ("encoding=opus", "pcm_s16le"),
         ("encoding=pcm_s16le", "sample_rate"),
         ("sample_rate=16000&keyterms_prompt=notjson", "keyterms_prompt"),
+        # An LLM run on the turns (the SDK's llm_gateway) was taken and never answered.
+        (f"sample_rate=16000&llm_gateway={quote(json.dumps({'model': 'x'}))}", "llm_gateway"),
         ("sample_rate=16000&language_code=zz", "language_code: language 'zz'"),
         (
             f"sample_rate=16000&keyterms_prompt={quote(json.dumps(['a'] * 101))}",

@@ -13,6 +13,7 @@ a turn when ``end_of_turn_confidence_threshold`` is 1, the setting that turns As
 semantic end of turn off), ``vad_threshold`` and ``speaker_labels`` with ``max_speakers``
 (each turn's end names its voice: handler.faces.realtime.voices). Other options are taken
 as sent, but for what cannot be served, which refuses the connection: ``webhook_url``,
+``llm_gateway``,
 ``redact_pii`` with a policy that is not numbers (number policies are served as on files:
 every partial and final turn masked, ``#`` for each character), and containers (``opus``,
 ``aac``).
@@ -56,6 +57,7 @@ DEFAULT_MAX_SILENCE_MS = 1280
 """``max_turn_silence`` when none is asked (AssemblyAI's default)."""
 REFUSED = {
     "webhook_url": "a streaming webhook is not served here",
+    "llm_gateway": "an LLM run on the turns is not served here",
 }
 MAX_TERMS = 100
 MAX_PROMPT_CHARS = 2000
@@ -167,7 +169,7 @@ def configure(params: Any, loaded: list[str]) -> tuple[dict[str, Any], dict[str,
     """(OpenAI's session object, AssemblyAI's own options) from the connection's query."""
     for name, why in REFUSED.items():
         value = params.get(name)
-        if value and value.lower() not in ("false", "0", ""):
+        if value and value.lower() not in ("false", "0", "", "null", "{}"):
             raise SessionError(f"{name}: {why}", "unsupported")
     model = params.get("speech_model") or ""
     codes = _terms(params.get("language_codes"), "language_codes")
