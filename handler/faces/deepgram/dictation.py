@@ -38,6 +38,14 @@ DETERMINERS = frozenset(
     "one another same whole".split()
 )
 TRAILING = ",.;:!?"
+
+
+def _marked(text: str) -> bool:
+    """Whisper ended this word with a mark of its own."""
+    mark = text.strip()[-1:]
+    return bool(mark) and mark in TRAILING
+
+
 ENDS = (".", "?", "!", "\n")
 
 
@@ -45,8 +53,8 @@ def _matches(words: list[dict[str, Any]], i: int) -> tuple[tuple[str, ...], str]
     """The command (its words, its mark) starting at ``words[i]``, the longest first."""
     for size in (2, 1):
         said = tuple(plain(w["punctuated_word"]) for w in words[i : i + size])
-        inner = [w["punctuated_word"].strip() for w in words[i : i + size - 1]]
-        if len(said) == size and said in COMMANDS and not any(x[-1:] in TRAILING for x in inner):
+        inner = [w["punctuated_word"] for w in words[i : i + size - 1]]
+        if len(said) == size and said in COMMANDS and not any(_marked(x) for x in inner):
             return said, COMMANDS[said]
     return None
 
@@ -54,7 +62,7 @@ def _matches(words: list[dict[str, Any]], i: int) -> tuple[tuple[str, ...], str]
 def _strict(words: list[dict[str, Any]], end: int) -> bool:
     """A command ending at ``words[end - 1]`` where a sentence would end: Whisper marked
     it, it is the last word, or the next word begins with a capital."""
-    if words[end - 1]["punctuated_word"].strip()[-1:] in TRAILING or end == len(words):
+    if _marked(words[end - 1]["punctuated_word"]) or end == len(words):
         return True
     return words[end]["punctuated_word"].strip()[:1].isupper()
 
