@@ -368,6 +368,8 @@ def test_refusals_say_what_to_send(server: Server) -> None:
         ("encoding=linear16&sample_rate=16000&diarize_model=latest", "unsupported"),
         ("encoding=linear16&sample_rate=16000&diarize_model=v2", "invalid_value"),  # files only
         ("encoding=linear16&sample_rate=16000&search=hello", "unsupported"),
+        # Deepgram's live callback (results posted to a URL) was taken and never called.
+        ("encoding=linear16&sample_rate=16000&callback=https://example.com/x", "unsupported"),
     ):
         with _raw(server, query) as ws:
             message = json.loads(ws.recv(timeout=30))

@@ -137,7 +137,7 @@ def _configure(params: Any, loaded: list[str]) -> tuple[dict[str, Any], dict[str
     for name in ACCEPTED:
         flag(params, name)
     refuse_unserved(params)  # a stream asked to be redacted must not come back as if it was
-    for name in ("replace", "search"):
+    for name in ("replace", "search", "callback"):
         if params.getlist(name):
             raise QueryError(f"{name}: served on files (POST /v1/listen), not live", "unsupported")
     model = params.get("model") or ""
