@@ -427,6 +427,9 @@ def test_usage_in_json_verbose_json_and_the_streams_done_event(server: Server) -
         res = client.audio.transcriptions.create(model="whisper-1", file=f)
     assert res.usage is not None and res.usage.type == "duration"
     assert res.usage.seconds == pytest.approx(11.0, abs=0.1)
+    # The detected language, as OpenAI's json answers it now (LiveKit's OpenAI plugin reads
+    # it as the transcript's language): was missing, only verbose_json said it.
+    assert [x.code for x in res.languages or []] == ["en"], res
     with open(JFK, "rb") as f:
         verbose = client.audio.transcriptions.create(
             model="whisper-1", file=f, response_format="verbose_json"
@@ -434,6 +437,7 @@ def test_usage_in_json_verbose_json_and_the_streams_done_event(server: Server) -
     assert verbose.usage is not None and verbose.usage.seconds == pytest.approx(11.0, abs=0.1)
     with open(JFK, "rb") as f:
         events = list(client.audio.transcriptions.create(model="whisper-1", file=f, stream=True))
+    assert [x.code for x in events[-1].languages or []] == ["en"], events[-1]
     usage = events[-1].usage  # the SDK types it as token usage; the server sends duration
     assert usage is not None and usage.type == "duration"
     assert usage.model_dump(exclude_none=True) == {
@@ -874,6 +878,10 @@ def test_a_multilingual_model_over_http_translates_and_switches_language(base_mo
         )
         langs = [seg["language"] for seg in mixed.model_dump()["segments"]]
         assert langs[0] == "en" and "es" in langs, langs
+        short = srv.client().audio.transcriptions.create(
+            model="gpt-transcribe", file=("mixed.wav", code_switched()), language="multi"
+        )
+        assert [x.code for x in short.languages or []] == ["en", "es"], short  # most first
         assert "madrid" in mixed.text.lower() and "americans" in mixed.text.lower()
 
         # The same through Deepgram's SDK (nova-3's language=multi): each word's language

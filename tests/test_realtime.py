@@ -209,6 +209,8 @@ def test_the_openai_sdks_realtime_client_gets_turns_and_transcripts(live: Server
             if ev.type == "conversation.item.input_audio_transcription.completed":
                 transcripts[item] = ev.transcript
                 assert ev.usage.type == "duration" and ev.usage.seconds > 0  # type: ignore[union-attr]
+                # The turn's language (LiveKit's OpenAI plugin reads it): was missing.
+                assert [x.code for x in ev.languages or []] == ["en"], ev
                 # A turn's deltas add up to its transcript (OpenAI's behaviour).
                 assert deltas.get(item, "") == ev.transcript, (deltas.get(item), ev.transcript)
             finished = (

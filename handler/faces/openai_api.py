@@ -10,7 +10,7 @@ What differs from OpenAI's API, and why (docs/openai.md lists every field):
   ``gpt-4o-mini-transcribe``, ``gpt-transcribe``, ...: ``whisper-1`` or any ``gpt-*``
   name with ``transcribe`` in it) means this worker's default model; any other name must
   be one the worker loaded.
-- ``response_format=json`` answers ``{"text", "usage"}`` as OpenAI does; ``verbose_json``
+- ``response_format=json`` answers ``{"text", "languages", "usage"}`` as OpenAI does; ``verbose_json``
   adds our segment fields (tokens, avg_logprob, ...) as whisper-1 does. ``usage`` is
   ``{"type": "duration", "seconds": ...}``: the seconds of audio decoded.
 - ``chunking_strategy`` maps to the VAD (``auto``: the default VAD; ``server_vad``: its
@@ -211,6 +211,8 @@ def build_request(
         "diarized_json": ["diarized_json"],
     }
     job.setdefault("output", outputs.get(fmt, ["verbose_json", *(["words"] if want_words else [])]))
+    if fmt == "json" and job.get("language") == "multi" and isinstance(job["output"], list):
+        job["output"] = [*job["output"], "segments"]  # each part's language, for languages
     if want_logprobs:
         _with_words(job)
     return OpenAIRequest(task, job, fmt, stream, granularities, want_logprobs)
@@ -410,6 +412,20 @@ def _strings(name: str, value: Any) -> list[str]:
     return [v.strip() for v in items]
 
 
+def languages(output: Mapping[str, Any]) -> list[dict[str, str]]:
+    """OpenAI's ``languages`` (what ``gpt-transcribe`` answers, and LiveKit's OpenAI plugin
+    reads as a transcript's language): each language heard, the one with the most speech
+    first (with ``"language": "multi"`` each part's); empty when nothing was said."""
+    share: dict[str, float] = {}
+    for seg in output.get("segments") or []:
+        if isinstance(seg, Mapping) and seg.get("language") and str(seg.get("text", "")).strip():
+            span = max(0.0, float(seg.get("end", 0)) - float(seg.get("start", 0)))
+            share[str(seg["language"])] = share.get(str(seg["language"]), 0.0) + span
+    if not share and output.get("language") and str(output.get("text", "")).strip():
+        share[str(output["language"])] = 1.0
+    return [{"code": code} for code in sorted(share, key=lambda c: -share[c])]
+
+
 def usage(output: Mapping[str, Any]) -> dict[str, Any]:
     """OpenAI's duration usage: what LiteLLM and the SDKs read to price a request."""
     return {"type": "duration", "seconds": float(output.get("duration") or 0.0)}
@@ -435,6 +451,8 @@ def response_body(req: OpenAIRequest, output: Mapping[str, Any]) -> tuple[Any, s
     fmt = req.response_format
     if fmt == "json":
         body: dict[str, Any] = {"text": output["text"]}
+        if req.task == "transcribe":
+            body["languages"] = languages(output)
         if req.logprobs:
             body["logprobs"] = logprobs(output.get("words") or [])
         return {**body, "usage": usage(output)}, "application/json"
@@ -465,6 +483,7 @@ def done_event(output: Mapping[str, Any], with_logprobs: bool = False) -> dict[s
     """The stream's last event: the whole text (every word's ``logprobs`` when asked) and
     the usage."""
     event: dict[str, Any] = {"type": "transcript.text.done", "text": output["text"]}
+    event["languages"] = languages(output)
     if with_logprobs:
         event["logprobs"] = logprobs(output.get("words") or [])
     return {**event, "usage": usage(output)}
@@ -484,4 +503,5 @@ __all__ = [
     "response_body",
     "done_event",
     "usage",
+    "languages",
 ]

@@ -19,7 +19,7 @@ from starlette.websockets import WebSocket, WebSocketDisconnect
 from handler.audio.live import LiveDecoder, chunk_bytes
 from handler.contract import SAMPLE_RATE
 from handler.errors import WorkerError
-from handler.faces.openai_api import logprobs
+from handler.faces.openai_api import languages, logprobs
 from handler.faces.realtime.buffer import LiveBuffer
 from handler.faces.realtime.item import LiveItem, delta_logprobs
 from handler.faces.realtime.protocol import (
@@ -420,6 +420,7 @@ class Session:
             "transcript": text,
             "usage": {"type": "duration", "seconds": round(len(samples) / SAMPLE_RATE, 3)},
         }
+        completed["languages"] = languages(result)  # the turn's (LiveKit reads it)
         if "words" in result and self.config.word_alignment:
             completed.update(turn.timed_words(result))
         if self.config.logprobs:
