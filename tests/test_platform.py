@@ -323,7 +323,8 @@ def test_openai_passthrough_job_through_runsync(shared):
     if status["status"] not in ("COMPLETED", "FAILED"):
         status = em.wait_job(status["id"], JOB_S)
     assert status["status"] == "COMPLETED", status
-    assert set(status["output"]) == {"text", "usage"}  # OpenAI's json body, nothing else
+    assert set(status["output"]) == {"text", "languages", "usage"}  # OpenAI's json body
+    assert status["output"]["languages"] == [{"code": "en"}]
     assert wer(JFK_TEXT, status["output"]["text"]) <= 0.05
     text = em.wait_job(
         em.submit({**job, "openai_input": {**job["openai_input"], "response_format": "srt"}}),

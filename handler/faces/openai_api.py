@@ -10,9 +10,9 @@ What differs from OpenAI's API, and why (docs/openai.md lists every field):
   ``gpt-4o-mini-transcribe``, ``gpt-transcribe``, ...: ``whisper-1`` or any ``gpt-*``
   name with ``transcribe`` in it) means this worker's default model; any other name must
   be one the worker loaded.
-- ``response_format=json`` answers ``{"text", "languages", "usage"}`` as OpenAI does; ``verbose_json``
-  adds our segment fields (tokens, avg_logprob, ...) as whisper-1 does. ``usage`` is
-  ``{"type": "duration", "seconds": ...}``: the seconds of audio decoded.
+- ``response_format=json`` answers ``{"text", "languages", "usage"}`` as OpenAI does;
+  ``verbose_json`` adds our segment fields (tokens, avg_logprob, ...) as whisper-1 does.
+  ``usage`` is ``{"type": "duration", "seconds": ...}``: the seconds of audio decoded.
 - ``chunking_strategy`` maps to the VAD (``auto``: the default VAD; ``server_vad``: its
   ``threshold``, ``prefix_padding_ms`` as the speech padding, ``silence_duration_ms`` as the
   least silence between speech), ``keywords[]`` to ``hotwords``, ``languages[]`` to the
