@@ -740,3 +740,90 @@ def test_dictation_through_the_sdk_and_the_live_route(server: Server) -> None:
     live = " ".join(finals)
     assert "tomorrow?" in live and "period of time" in live, finals
     assert "question" not in live.lower() and "paragraph" not in live.lower(), finals
+
+
+@pytest.mark.e2e
+def test_deepgrams_flux_turns_through_the_sdk(server: Server) -> None:
+    """Deepgram's Flux (``/v2/listen``: the turn-based live API that Pipecat's
+    DeepgramFluxSTTService and LiveKit's Deepgram STTv2 speak) was not served: the socket
+    was refused. Now the SDK's ``listen.v2`` client gets Connected, then per turn
+    StartOfTurn, Updates with the words so far, and EndOfTurn with the turn's transcript;
+    sequence ids count every message; ForceEndTurn ends a turn at once (trigger manual)."""
+    from deepgram import DeepgramClient
+    from deepgram.environment import DeepgramClientEnvironment
+
+    spoken = clips()[:3]
+    audio = np.concatenate([silence(0.5)] + [x for c in spoken for x in (c.samples, silence(1.5))])
+    env = DeepgramClientEnvironment(
+        base=server.url, production=_ws_url(server), agent="", agent_rest=""
+    )
+    client = DeepgramClient(api_key=KEY, environment=env)
+    messages: list[Any] = []
+    with client.listen.v2.connect(
+        model="flux-general-en", encoding="linear16", sample_rate=str(RATE), eot_threshold="0.7"
+    ) as conn:
+
+        def feed() -> None:
+            pcm = pcm16(audio)
+            for i in range(0, len(pcm), CHUNK):
+                conn.send_media(pcm[i : i + CHUNK])
+                time.sleep(PACE_S)
+            conn.send_close_stream()
+
+        feeder = threading.Thread(target=feed)
+        feeder.start()
+        for message in conn:  # until the server closes after CloseStream
+            messages.append(message)
+        feeder.join()
+    kinds = [m.type for m in messages]
+    assert kinds[0] == "Connected" and "Error" not in kinds, kinds
+    assert [m.sequence_id for m in messages] == list(range(len(messages)))
+    infos = [m for m in messages if m.type == "TurnInfo"]
+    ends = [m for m in infos if m.event == "EndOfTurn"]
+    assert len(ends) >= 3, [(m.event, m.transcript) for m in infos]
+    text = " ".join(m.transcript for m in ends)
+    assert wer(" ".join(c.text for c in spoken), text) < 0.25, text
+    assert [m.turn_index for m in ends] == list(range(len(ends)))
+    for end in ends:
+        turn = [m for m in infos if m.turn_index == end.turn_index]
+        assert turn[0].event == "StartOfTurn" and turn[-1] is end, [m.event for m in turn]
+        assert " ".join(w.word for w in end.words) == end.transcript and end.trigger == "model"
+        assert end.audio_window_start <= end.words[0].start <= end.words[-1].end
+    assert any(m.event == "Update" and m.transcript for m in infos), kinds
+
+    jfk = clips()[0].samples[: int(10.2 * RATE)]  # still speaking when it is cut
+    with client.listen.v2.connect(
+        model="flux-general-en", encoding="linear16", sample_rate=str(RATE)
+    ) as conn:
+        pcm = pcm16(jfk)
+        for i in range(0, len(pcm), CHUNK):
+            conn.send_media(pcm[i : i + CHUNK])
+        conn.send_force_end_turn()
+        forced = None
+        for message in conn:
+            if message.type == "TurnInfo" and message.event == "EndOfTurn":
+                forced = message
+                if message.trigger == "manual":
+                    break
+    assert forced is not None and forced.trigger == "manual", forced
+
+
+@pytest.mark.e2e
+def test_pipecats_deepgram_flux_service_with_its_defaults(server: Server) -> None:
+    """Pipecat's DeepgramFluxSTTService as its docs show it, inside a real pipeline, with
+    only ``url`` pointed here (it could not connect before: /v2/listen was not served):
+    every turn heard from Flux's EndOfTurn events, no error."""
+    pytest.importorskip("pipecat", reason="pip install '.[dev]' (pipecat-ai)")
+    from pipecat.services.deepgram.flux.stt import DeepgramFluxSTTService
+
+    spoken = clips()[:2]
+    before = len(server.logs())
+    finals, errors = pipecat_turns(
+        lambda: DeepgramFluxSTTService(api_key=KEY, url=_ws_url(server) + "/v2/listen"),
+        lambda stt: stt._websocket is not None,
+        spoken,
+    )
+    assert errors == [], errors
+    text = " ".join(finals)
+    assert wer(" ".join(c.text for c in spoken), text) < 0.25, text
+    no_error_logged(server.logs()[before:])

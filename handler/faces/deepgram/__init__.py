@@ -18,6 +18,7 @@ from typing import Any
 
 from fastapi import FastAPI, Request, Response, WebSocket
 
+from handler.faces.deepgram.flux import FluxSession
 from handler.faces.deepgram.live import DeepgramSession
 from handler.faces.deepgram.prerecorded import listen as listen_to_a_file
 
@@ -33,3 +34,7 @@ def add_routes(app: FastAPI, state: Any) -> None:
     @app.websocket("/v1/listen")
     async def listen(ws: WebSocket) -> None:
         await serve_on(ws, state, DeepgramSession)
+
+    @app.websocket("/v2/listen")
+    async def flux(ws: WebSocket) -> None:
+        await serve_on(ws, state, FluxSession)

@@ -67,7 +67,7 @@ that are not ``speech_final``), so a session's audio never waits without bound."
 FORMATS = {"linear16": "audio/pcm", "mulaw": "audio/pcmu", "alaw": "audio/pcma"}
 
 
-def _format(params: Any) -> dict[str, Any]:
+def audio_format(params: Any) -> dict[str, Any]:
     encoding = params.get("encoding")
     if encoding not in FORMATS:
         raise SessionError(
@@ -162,7 +162,7 @@ def _configure(params: Any, loaded: list[str]) -> tuple[dict[str, Any], dict[str
         "type": "transcription",
         "audio": {
             "input": {
-                "format": _format(params),
+                "format": audio_format(params),
                 "transcription": transcription,
                 "turn_detection": turns,
             }

@@ -51,7 +51,7 @@ def keywords(params: Any) -> list[str]:
     return terms
 
 
-def language_hints(params: Any) -> list[str]:
+def language_hints(params: Any, multi: bool | None = None) -> list[str]:
     """``language_hint`` (repeated, at most 100): with ``language=multi``, the languages
     each part's (live: each turn's) detection picks among, as Whisper codes (``en-GB`` ->
     ``en``), in the order first given. Deepgram biases its detection toward them; this
@@ -59,7 +59,7 @@ def language_hints(params: Any) -> list[str]:
     hints = [h.strip() for h in _bounded(params, "language_hint")]
     if any(not h.replace("-", "").replace("_", "").isalpha() for h in hints):
         raise QueryError("language_hint: language codes such as en or es", "invalid_value")
-    if params.get("language") != "multi":
+    if not (params.get("language") == "multi" if multi is None else multi):
         return []
     return list(dict.fromkeys(h.replace("_", "-").split("-")[0].lower() for h in hints))
 
