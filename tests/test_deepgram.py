@@ -827,3 +827,29 @@ def test_pipecats_deepgram_flux_service_with_its_defaults(server: Server) -> Non
     text = " ".join(finals)
     assert wer(" ".join(c.text for c in spoken), text) < 0.25, text
     no_error_logged(server.logs()[before:])
+
+
+@pytest.mark.e2e
+def test_livekits_deepgram_flux_plugin_streams_every_turn(server: Server) -> None:
+    """LiveKit Agents' Deepgram ``STTv2`` (Flux) as its docs show it, with only ``base_url``
+    pointed here: its final transcripts come from EndOfTurn, its start of speech from
+    StartOfTurn."""
+    pytest.importorskip("livekit.plugins.deepgram", reason="pip install '.[dev]'")
+    from livekit.agents import stt as agents_stt
+    from livekit.plugins import deepgram as lk_deepgram
+
+    spoken = clips()[:3]
+    audio = np.concatenate([x for c in spoken for x in (c.samples, silence(1.5))])
+    reference = " ".join(c.text for c in spoken)
+    before = len(server.logs())
+    events = livekit_events(
+        lambda: lk_deepgram.STTv2(api_key=KEY, base_url=_ws_url(server) + "/v2/listen"),
+        audio,
+        reference,
+    )
+    kinds = [e.type for e in events]
+    final = agents_stt.SpeechEventType.FINAL_TRANSCRIPT
+    text = " ".join(e.alternatives[0].text for e in events if e.type == final)
+    assert wer(reference, text) < 0.25, text
+    assert agents_stt.SpeechEventType.START_OF_SPEECH in kinds
+    no_error_logged(server.logs()[before:])

@@ -1,6 +1,6 @@
 """Deepgram's Flux (``/v2/listen``), the turn-based live API voice agents use (Pipecat's
-``DeepgramFluxSTTService``, LiveKit's Deepgram ``STTv2``, the SDK's ``listen.v2``): a
-live session of handler.faces.realtime answered in Flux's messages.
+``DeepgramFluxSTTService``, LiveKit's Deepgram ``STTv2``, the SDK's ``listen.v2``, each
+tested): a live session of handler.faces.realtime answered in Flux's messages.
 
 The query: ``model`` (``flux-general-en``: English; ``flux-general-multi``: each turn's
 language detected, among ``language_hint`` when given; a model loaded here by name is
