@@ -809,13 +809,14 @@ def test_deepgrams_flux_turns_through_the_sdk(server: Server) -> None:
 
 
 @pytest.mark.e2e
-def test_pipecats_deepgram_flux_service_with_its_defaults(server: Server) -> None:
+def test_pipecats_deepgram_flux_service_with_its_defaults(patient_server: Server) -> None:
     """Pipecat's DeepgramFluxSTTService as its docs show it, inside a real pipeline, with
     only ``url`` pointed here (it could not connect before: /v2/listen was not served):
     every turn heard from Flux's EndOfTurn events, no error."""
     pytest.importorskip("pipecat", reason="pip install '.[dev]' (pipecat-ai)")
     from pipecat.services.deepgram.flux.stt import DeepgramFluxSTTService
 
+    server = patient_server
     spoken = clips()[:2]
     before = len(server.logs())
     finals, errors = pipecat_turns(
@@ -829,11 +830,22 @@ def test_pipecats_deepgram_flux_service_with_its_defaults(server: Server) -> Non
     no_error_logged(server.logs()[before:])
 
 
+@pytest.fixture(scope="module")
+def patient_server() -> Iterator[Server]:
+    """A server whose live sessions wait a minute for a first message (the module's waits
+    10 s: beside stress-ng a voice framework's pipeline took longer than that between
+    opening its socket and its first audio, and the session was closed as idle)."""
+    srv = Server({"WHISPER_API_KEY": KEY, "WHISPER_REALTIME_IDLE_S": "60"})
+    yield srv
+    srv.stop()
+
+
 @pytest.mark.e2e
-def test_livekits_deepgram_flux_plugin_streams_every_turn(server: Server) -> None:
+def test_livekits_deepgram_flux_plugin_streams_every_turn(patient_server: Server) -> None:
     """LiveKit Agents' Deepgram ``STTv2`` (Flux) as its docs show it, with only ``base_url``
     pointed here: its final transcripts come from EndOfTurn, its start of speech from
     StartOfTurn."""
+    server = patient_server
     pytest.importorskip("livekit.plugins.deepgram", reason="pip install '.[dev]'")
     from livekit.agents import stt as agents_stt
     from livekit.plugins import deepgram as lk_deepgram
@@ -853,3 +865,41 @@ def test_livekits_deepgram_flux_plugin_streams_every_turn(server: Server) -> Non
     assert wer(reference, text) < 0.25, text
     assert agents_stt.SpeechEventType.START_OF_SPEECH in kinds
     no_error_logged(server.logs()[before:])
+
+
+def test_flux_turns_never_overlap_when_a_transcript_is_late() -> None:
+    """Flux's turns never overlap: a turn that began while the one before it was still being
+    transcribed waits (its latest update kept) until that one's EndOfTurn is sent. Beside
+    stress-ng, LiveKit's STTv2 got the second StartOfTurn first and lost the first turn's
+    end; a failed turn lets the next go on."""
+    import asyncio
+
+    from handler.faces.deepgram.flux import FluxSession
+
+    session = FluxSession.__new__(FluxSession)
+    session.order, session.held, sent = [], {}, []
+
+    async def send_json(message: dict[str, Any]) -> None:
+        sent.append((message["item"], message["event"]))
+
+    session.send_json = send_json  # type: ignore[method-assign]
+
+    def info(item: str, event: str) -> dict[str, Any]:
+        return {"item": item, "event": event}
+
+    async def run() -> None:
+        for item, event in [
+            ("a", "StartOfTurn"), ("b", "StartOfTurn"), ("b", "Update"), ("b", "Update"),
+            ("a", "EndOfTurn"), ("c", "StartOfTurn"), ("c", "EndOfTurn"), ("b", "EndOfTurn"),
+            ("d", "StartOfTurn"),
+        ]:  # fmt: skip
+            await session._emit(item, info(item, event))
+        await session._ended("d")  # failed
+        await session._emit("e", info("e", "StartOfTurn"))
+
+    asyncio.run(run())
+    assert sent == [
+        ("a", "StartOfTurn"), ("a", "EndOfTurn"), ("b", "StartOfTurn"), ("b", "Update"),
+        ("b", "EndOfTurn"), ("c", "StartOfTurn"), ("c", "EndOfTurn"), ("d", "StartOfTurn"),
+        ("e", "StartOfTurn"),
+    ]  # fmt: skip

@@ -120,6 +120,10 @@ class FluxSession(QueryAudioSession):
         self.starts: dict[str, int] = {}
         self.interims: dict[str, str] = {}
         self.manual: set[str] = set()
+        self.order: list[str] = []
+        """Turns not yet ended, in the order they began: Flux's turns never overlap, so a
+        turn's events wait while the one before it has not ended (its transcript pending)."""
+        self.held: dict[str, list[dict[str, Any]]] = {}
 
     @staticmethod
     def refusal(message: str, code: str) -> dict[str, Any]:
@@ -193,16 +197,17 @@ class FluxSession(QueryAudioSession):
         kind, item = event["type"], event.get("item_id", "")
         if kind == "input_audio_buffer.speech_started":
             self.starts[item] = event["audio_start_ms"]
-            await self.send_json(self._info(item, "StartOfTurn", "", []))
+            await self._emit(item, self._info(item, "StartOfTurn", "", []))
         elif kind == "conversation.item.input_audio_transcription.delta":
             self.interims[item] = self.interims.get(item, "") + event["delta"]
             said = self.interims[item].strip()
             timed, offset = self.partial(item, len(said.split()))
             words = [self._word(w, offset / 1000) for w in timed]
-            await self.send_json(self._info(item, "Update", said, words))
+            await self._emit(item, self._info(item, "Update", said, words))
         elif kind == "conversation.item.input_audio_transcription.failed":
             error = event["error"]
             await self.send_json(self.refusal(error["message"], error["code"]))
+            await self._ended(item)  # no EndOfTurn will come for it
         elif kind == "error":
             await self.send_json(self.refusal(event["error"]["message"], event["error"]["code"]))
 
@@ -217,11 +222,43 @@ class FluxSession(QueryAudioSession):
         ended["trigger"] = "manual" if item in self.manual else "model"
         if self.options.get("multi") and result.get("language") and text:
             ended["languages"] = [result["language"]]
-        await self.send_json(ended)
+        await self._emit(item, ended)
         for table in (self.turns, self.starts, self.interims):
             table.pop(item, None)
         self.manual.discard(item)
         self.forget(item)
+
+    async def _emit(self, item: str, message: dict[str, Any]) -> None:
+        """A turn's event now, or (an earlier turn not ended yet) when that one has ended; of
+        a waiting turn's updates only the latest is kept."""
+        if item not in self.order:
+            self.order.append(item)
+        if self.order[0] != item:
+            kept = self.held.setdefault(item, [])
+            if kept and kept[-1]["event"] == message["event"] == "Update":
+                kept[-1] = message
+            else:
+                kept.append(message)
+            return
+        await self.send_json(message)
+        if message["event"] == "EndOfTurn":
+            await self._ended(item)
+
+    async def _ended(self, item: str) -> None:
+        """``item``'s turn is over (ended, or failed): the next turns' waiting events go
+        out, up to a turn that has not ended."""
+        head = bool(self.order) and self.order[0] == item
+        if item in self.order:
+            self.order.remove(item)
+        if not head:
+            self.held.pop(item, None)  # a later turn that failed: its events never go out
+        while head and self.order:
+            waiting = self.held.pop(self.order[0], [])
+            for m in waiting:
+                await self.send_json(m)
+            if not any(m["event"] == "EndOfTurn" for m in waiting):
+                return
+            self.order.pop(0)
 
     def _info(
         self, item: str, event: str, text: str, words: list[Any], confidence: float = 0.0
