@@ -413,10 +413,13 @@ def test_pipecats_deepgram_service_with_its_defaults(server: Server) -> None:
 
 
 @pytest.mark.e2e
-def test_livekits_deepgram_plugin_streams_every_turn(server: Server) -> None:
-    """LiveKit Agents' Deepgram plugin (1.8.9) as its docs show it, with only ``base_url``
-    pointed here: its defaults (nova-3, en-US, interim results, 25-ms endpointing,
-    filler_words, no_delay), 20-ms frames as LiveKit's rooms deliver them."""
+@pytest.mark.parametrize(("plugin", "route"), [("STT", "/v1/listen"), ("STTv2", "/v2/listen")])
+def test_livekits_deepgram_plugin_streams_every_turn(server: Server, plugin: str, route: str):
+    """LiveKit Agents' Deepgram plugins (1.8.9) as their docs show them, with only
+    ``base_url`` pointed here, 20-ms frames as LiveKit's rooms deliver them: ``STT`` with its
+    defaults (nova-3, en-US, interim results, 25-ms endpointing, filler_words, no_delay) on
+    ``/v1/listen``; ``STTv2`` on Flux's ``/v2/listen`` (finals from EndOfTurn, the start of
+    speech from StartOfTurn)."""
     pytest.importorskip("livekit.plugins.deepgram", reason="pip install '.[dev]'")
     from livekit.agents import stt as agents_stt
     from livekit.plugins import deepgram as lk_deepgram
@@ -426,7 +429,7 @@ def test_livekits_deepgram_plugin_streams_every_turn(server: Server) -> None:
     reference = " ".join(c.text for c in spoken)
     before = len(server.logs())
     events = livekit_events(
-        lambda: lk_deepgram.STT(api_key=KEY, base_url=_ws_url(server) + "/v1/listen"),
+        lambda: getattr(lk_deepgram, plugin)(api_key=KEY, base_url=_ws_url(server) + route),
         audio,
         reference,
     )
@@ -435,7 +438,7 @@ def test_livekits_deepgram_plugin_streams_every_turn(server: Server) -> None:
     text = " ".join(e.alternatives[0].text for e in events if e.type == final)
     assert wer(reference, text) < 0.25, text
     assert agents_stt.SpeechEventType.START_OF_SPEECH in kinds
-    assert agents_stt.SpeechEventType.END_OF_SPEECH in kinds  # from speech_final
+    assert agents_stt.SpeechEventType.END_OF_SPEECH in kinds  # speech_final; EndOfTurn
     no_error_logged(server.logs()[before:])
 
 
@@ -809,14 +812,13 @@ def test_deepgrams_flux_turns_through_the_sdk(server: Server) -> None:
 
 
 @pytest.mark.e2e
-def test_pipecats_deepgram_flux_service_with_its_defaults(patient_server: Server) -> None:
+def test_pipecats_deepgram_flux_service_with_its_defaults(server: Server) -> None:
     """Pipecat's DeepgramFluxSTTService as its docs show it, inside a real pipeline, with
     only ``url`` pointed here (it could not connect before: /v2/listen was not served):
     every turn heard from Flux's EndOfTurn events, no error."""
     pytest.importorskip("pipecat", reason="pip install '.[dev]' (pipecat-ai)")
     from pipecat.services.deepgram.flux.stt import DeepgramFluxSTTService
 
-    server = patient_server
     spoken = clips()[:2]
     before = len(server.logs())
     finals, errors = pipecat_turns(
@@ -827,43 +829,6 @@ def test_pipecats_deepgram_flux_service_with_its_defaults(patient_server: Server
     assert errors == [], errors
     text = " ".join(finals)
     assert wer(" ".join(c.text for c in spoken), text) < 0.25, text
-    no_error_logged(server.logs()[before:])
-
-
-@pytest.fixture(scope="module")
-def patient_server() -> Iterator[Server]:
-    """A server whose live sessions wait a minute for a first message (the module's waits
-    10 s: beside stress-ng a voice framework's pipeline took longer than that between
-    opening its socket and its first audio, and the session was closed as idle)."""
-    srv = Server({"WHISPER_API_KEY": KEY, "WHISPER_REALTIME_IDLE_S": "60"})
-    yield srv
-    srv.stop()
-
-
-@pytest.mark.e2e
-def test_livekits_deepgram_flux_plugin_streams_every_turn(patient_server: Server) -> None:
-    """LiveKit Agents' Deepgram ``STTv2`` (Flux) as its docs show it, with only ``base_url``
-    pointed here: its final transcripts come from EndOfTurn, its start of speech from
-    StartOfTurn."""
-    server = patient_server
-    pytest.importorskip("livekit.plugins.deepgram", reason="pip install '.[dev]'")
-    from livekit.agents import stt as agents_stt
-    from livekit.plugins import deepgram as lk_deepgram
-
-    spoken = clips()[:3]
-    audio = np.concatenate([x for c in spoken for x in (c.samples, silence(1.5))])
-    reference = " ".join(c.text for c in spoken)
-    before = len(server.logs())
-    events = livekit_events(
-        lambda: lk_deepgram.STTv2(api_key=KEY, base_url=_ws_url(server) + "/v2/listen"),
-        audio,
-        reference,
-    )
-    kinds = [e.type for e in events]
-    final = agents_stt.SpeechEventType.FINAL_TRANSCRIPT
-    text = " ".join(e.alternatives[0].text for e in events if e.type == final)
-    assert wer(reference, text) < 0.25, text
-    assert agents_stt.SpeechEventType.START_OF_SPEECH in kinds
     no_error_logged(server.logs()[before:])
 
 

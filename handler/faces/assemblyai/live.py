@@ -41,7 +41,7 @@ from starlette.websockets import WebSocketDisconnect
 from handler.contract import SAMPLE_RATE
 from handler.faces.assemblyai.request import Refused, language_of, number_redaction
 from handler.faces.assemblyai.shape import sub as hashes
-from handler.faces.realtime.binary import QueryAudioSession
+from handler.faces.realtime.binary import QueryAudioSession, query_number
 from handler.faces.realtime.item import LiveItem
 from handler.faces.realtime.protocol import MAX_KEYWORDS_CHARS, MIN_COMMIT_S, SessionError
 from handler.inference.speakers.online import MAX_SPEAKERS
@@ -82,19 +82,6 @@ def _truthy(params: Any, name: str) -> bool:
     return value in ("true", "1", "yes")
 
 
-def _number(params: Any, name: str, lo: float, hi: float) -> float | None:
-    value = params.get(name)
-    if value is None:
-        return None
-    try:
-        number = float(value)
-    except ValueError:
-        number = float("nan")
-    if not lo <= number <= hi:
-        raise SessionError(f"{name}: a number from {lo:g} to {hi:g}", "invalid_query")
-    return number
-
-
 def _terms(value: Any, name: str) -> list[str] | None:
     """A list of hotwords (a JSON list in the query; a list in a message), bounded as the
     live config bounds them, so the refusal names AssemblyAI's option and not ours."""
@@ -126,7 +113,7 @@ def _prompt(value: Any) -> str | None:
 
 def _format(params: Any) -> dict[str, Any]:
     encoding = params.get("encoding") or "pcm_s16le"
-    rate = _number(params, "sample_rate", 8000, 48000)
+    rate = query_number(params, "sample_rate", 8000, 48000)
     if encoding == "pcm_s16le":
         if rate is None:
             raise SessionError("sample_rate: required with pcm_s16le", "invalid_query")
@@ -144,11 +131,11 @@ def _format(params: Any) -> dict[str, Any]:
 
 def _turns(params: Any) -> dict[str, Any]:
     """OpenAI's server VAD for AssemblyAI's turn silences."""
-    low = _number(params, "min_turn_silence", 0, 10_000)
+    low = query_number(params, "min_turn_silence", 0, 10_000)
     if low is None:
-        low = _number(params, "min_end_of_turn_silence_when_confident", 0, 10_000)
-    high = _number(params, "max_turn_silence", 0, 10_000)
-    semantic = _number(params, "end_of_turn_confidence_threshold", 0, 1)
+        low = query_number(params, "min_end_of_turn_silence_when_confident", 0, 10_000)
+    high = query_number(params, "max_turn_silence", 0, 10_000)
+    semantic = query_number(params, "end_of_turn_confidence_threshold", 0, 1)
     if semantic is not None and semantic >= 1:  # AssemblyAI's own end of turn is off
         silence = high if high is not None else DEFAULT_MAX_SILENCE_MS
     else:
@@ -159,7 +146,7 @@ def _turns(params: Any) -> dict[str, Any]:
         "type": "server_vad",
         "silence_duration_ms": int(max(TURN_SILENCE_FLOOR_MS, silence)),
     }
-    threshold = _number(params, "vad_threshold", 0, 1)
+    threshold = query_number(params, "vad_threshold", 0, 1)
     if threshold is not None:
         turns["threshold"] = threshold
     return turns
@@ -192,7 +179,7 @@ def configure(params: Any, loaded: list[str]) -> tuple[dict[str, Any], dict[str,
         transcription["redact"] = _redaction(params)
     if _truthy(params, "speaker_labels"):
         transcription["diarize"] = True  # each turn's end names its speaker
-        most = _number(params, "max_speakers", 1, MAX_SPEAKERS)
+        most = query_number(params, "max_speakers", 1, MAX_SPEAKERS)
         if most is not None and most != int(most):
             raise SessionError(
                 f"max_speakers: a whole number from 1 to {MAX_SPEAKERS}", "invalid_query"
@@ -305,17 +292,8 @@ class AssemblyAISession(QueryAudioSession):
         prompt = _prompt(event.get("prompt"))
         if terms is None and prompt is None:
             return
-        c = self.config
-        transcription = {
-            "model": c.model,
-            "language": c.language,
-            "languages": c.languages,
-            "keywords": c.keywords if terms is None else terms,
-            "prompt": c.prompt if prompt is None else prompt,
-            "word_alignment": c.word_alignment,
-        }
-        self.config = c.update(
-            {"type": "transcription", "audio": {"input": {"transcription": transcription}}}
+        self.config = self.config.with_keywords(
+            self.config.keywords if terms is None else terms, prompt
         )
 
     async def _terminate(self) -> None:

@@ -36,7 +36,7 @@ from handler.faces.deepgram.query import (
     redaction,
     served_model,
 )
-from handler.faces.realtime.binary import QueryAudioSession
+from handler.faces.realtime.binary import QueryAudioSession, query_number
 from handler.faces.realtime.item import LiveItem
 from handler.faces.realtime.protocol import MIN_COMMIT_S, SessionError
 from handler.output.formats import whole_words
@@ -48,23 +48,10 @@ at Flux's default 0.7): a surer end of turn waits longer. Whisper needs whole ph
 ACCEPTED = ("numerals", "mip_opt_out")
 
 
-def _number(params: Any, name: str, lo: float, hi: float) -> float | None:
-    value = params.get(name)
-    if value is None:
-        return None
-    try:
-        number = float(value)
-    except ValueError:
-        number = float("nan")
-    if not lo <= number <= hi:
-        raise SessionError(f"{name}: a number from {lo:g} to {hi:g}", "INVALID_QUERY")
-    return number
-
-
 def _silence_ms(params: Any) -> int:
-    threshold = _number(params, "eot_threshold", 0.5, 0.9)
-    _number(params, "eager_eot_threshold", 0.3, 0.9)
-    timeout = _number(params, "eot_timeout_ms", 500, 10_000)
+    threshold = query_number(params, "eot_threshold", 0.5, 0.9, "INVALID_QUERY")
+    query_number(params, "eager_eot_threshold", 0.3, 0.9, "INVALID_QUERY")
+    timeout = query_number(params, "eot_timeout_ms", 500, 10_000, "INVALID_QUERY")
     lo, hi = TURN_SILENCE_MS
     silence = lo + (hi - lo) * ((0.7 if threshold is None else threshold) - 0.5) / 0.4
     if timeout is not None:
@@ -75,7 +62,7 @@ def _silence_ms(params: Any) -> int:
 def configure(params: Any, loaded: list[str]) -> tuple[dict[str, Any], dict[str, Any]]:
     """(OpenAI's session object, Flux's own options) from the connection's query."""
     try:
-        for name in (*ACCEPTED, "profanity_filter"):
+        for name in ACCEPTED:
             flag(params, name)
         model = params.get("model") or ""
         multi = model.endswith("-multi")
@@ -162,17 +149,7 @@ class FluxSession(QueryAudioSession):
     def _keyterms(self, terms: Any) -> None:
         if not isinstance(terms, list) or not all(isinstance(t, str) for t in terms):
             raise SessionError("keyterms: a list of words or phrases", "INVALID_MESSAGE")
-        c = self.config
-        transcription = {
-            "model": c.model,
-            "language": c.language,
-            "languages": c.languages,
-            "keywords": terms,
-            "word_alignment": c.word_alignment,
-        }
-        self.config = c.update(
-            {"type": "transcription", "audio": {"input": {"transcription": transcription}}}
-        )
+        self.config = self.config.with_keywords(terms)
 
     async def _end_turn(self) -> None:
         """``ForceEndTurn``: the turn under way ends now (nothing happens when none is)."""

@@ -325,21 +325,8 @@ class DeepgramSession(QueryAudioSession):
             raise SessionError("features: an object of booleans", "invalid_message")
         terms = event.get("keyterms")
         if terms is not None:
-            c = self.config
-            transcription = {
-                "model": c.model,
-                "language": c.language,
-                "languages": c.languages,
-                "keywords": terms,
-                "prompt": c.prompt,
-                "word_alignment": c.word_alignment,
-            }
-            session = {
-                "type": "transcription",
-                "audio": {"input": {"transcription": transcription}},
-            }
             try:
-                self.config = c.update(session)
+                self.config = self.config.with_keywords(terms)
                 for lane in self.lanes:
                     lane.config = self.config  # the same hotwords on every channel
             except SessionError:

@@ -14,6 +14,22 @@ from handler.faces.realtime.session import Session
 from handler.output.formats import whole_words
 
 
+def query_number(
+    params: Any, name: str, lo: float, hi: float, code: str = "invalid_query"
+) -> float | None:
+    """A number from ``lo`` to ``hi`` in a live query; absent: None; else SessionError."""
+    value = params.get(name)
+    if value is None:
+        return None
+    try:
+        number = float(value)
+    except ValueError:
+        number = float("nan")
+    if not lo <= number <= hi:  # nan too
+        raise SessionError(f"{name}: a number from {lo:g} to {hi:g}", code)
+    return number
+
+
 class QueryAudioSession(Session):
     """A live session whose query configures it and whose audio is binary (subclassed by
     each face: ``configure``, ``error``, and ``opening`` for a first message)."""

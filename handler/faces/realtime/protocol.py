@@ -159,6 +159,21 @@ class Config:
             new._turns(audio_in["turn_detection"], "session.audio.input.turn_detection")
         return new
 
+    def with_keywords(self, keywords: Any, prompt: Any = None) -> Config:
+        """A copy with these hotwords (and ``prompt`` when given), checked as an update is;
+        the rest of the config as it is (the live faces' own configure messages)."""
+        transcription = {
+            "model": self.model,
+            "language": self.language,
+            "languages": self.languages,
+            "keywords": keywords,
+            "prompt": self.prompt if prompt is None else prompt,
+            "word_alignment": self.word_alignment,
+        }
+        return self.update(
+            {"type": "transcription", "audio": {"input": {"transcription": transcription}}}
+        )
+
     def update_legacy(self, session: Any) -> Config:
         """The older ``transcription_session.update`` shape, applied to a copy."""
         session = _object(session, "session")
