@@ -193,6 +193,24 @@ def sdk_media(srv: Server, key: str) -> Any:
     return DeepgramClient(api_key=key, environment=env).listen.v1.media
 
 
+def streamed_through(conn: Any, audio: np.ndarray) -> list[Any]:
+    """Every message an SDK's live connection (``listen.v1`` or ``v2``) gets for ``audio``
+    sent at 4x real time then CloseStream, until the server closes."""
+
+    def feed() -> None:
+        pcm = pcm16(audio)
+        for i in range(0, len(pcm), CHUNK):
+            conn.send_media(pcm[i : i + CHUNK])
+            time.sleep(PACE_S)
+        conn.send_close_stream()
+
+    feeder = threading.Thread(target=feed)
+    feeder.start()
+    messages = list(conn)  # until the server closes after CloseStream
+    feeder.join()
+    return messages
+
+
 @pytest.mark.e2e
 def test_the_deepgram_sdks_live_client_gets_a_final_result_per_turn(server: Server) -> None:
     from deepgram import DeepgramClient
@@ -204,7 +222,6 @@ def test_the_deepgram_sdks_live_client_gets_a_final_result_per_turn(server: Serv
         base=server.url, production=_ws_url(server), agent="", agent_rest=""
     )
     client = DeepgramClient(api_key=KEY, environment=env)
-    messages: list[Any] = []
     with client.listen.v1.connect(
         model="nova-3",
         encoding="linear16",
@@ -216,19 +233,7 @@ def test_the_deepgram_sdks_live_client_gets_a_final_result_per_turn(server: Serv
         smart_format="true",
         punctuate="true",
     ) as conn:
-
-        def feed() -> None:
-            pcm = pcm16(audio)
-            for i in range(0, len(pcm), CHUNK):
-                conn.send_media(pcm[i : i + CHUNK])
-                time.sleep(PACE_S)
-            conn.send_close_stream()
-
-        feeder = threading.Thread(target=feed)
-        feeder.start()
-        for message in conn:  # until the server closes after CloseStream
-            messages.append(message)
-        feeder.join()
+        messages = streamed_through(conn, audio)
     kinds = [m.type for m in messages]
     assert kinds[-1] == "Metadata", kinds
     assert abs(messages[-1].duration - len(audio) / RATE) < 0.2
@@ -761,23 +766,10 @@ def test_deepgrams_flux_turns_through_the_sdk(server: Server) -> None:
         base=server.url, production=_ws_url(server), agent="", agent_rest=""
     )
     client = DeepgramClient(api_key=KEY, environment=env)
-    messages: list[Any] = []
     with client.listen.v2.connect(
         model="flux-general-en", encoding="linear16", sample_rate=str(RATE), eot_threshold="0.7"
     ) as conn:
-
-        def feed() -> None:
-            pcm = pcm16(audio)
-            for i in range(0, len(pcm), CHUNK):
-                conn.send_media(pcm[i : i + CHUNK])
-                time.sleep(PACE_S)
-            conn.send_close_stream()
-
-        feeder = threading.Thread(target=feed)
-        feeder.start()
-        for message in conn:  # until the server closes after CloseStream
-            messages.append(message)
-        feeder.join()
+        messages = streamed_through(conn, audio)
     kinds = [m.type for m in messages]
     assert kinds[0] == "Connected" and "Error" not in kinds, kinds
     assert [m.sequence_id for m in messages] == list(range(len(messages)))
