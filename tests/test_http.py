@@ -908,11 +908,14 @@ def test_a_multilingual_model_over_http_translates_and_switches_language(base_mo
         assert hinted.languages_hinted == ["en", "it"]
         assert {w.language for w in hinted.words} <= {"en", "it"}, hinted.languages
 
-        with open(DATA / CLIPS["de"][0], "rb") as f:
+        # The Spanish clip: the base model translates it at temperature 0. The German one
+        # fails every rung of the ladder and ends on a sampled decode, which differs from
+        # machine to machine (CI got "The next day I will take a look at the project").
+        with open(DATA / CLIPS["es"][0], "rb") as f:
             res = srv.client().audio.translations.create(model="whisper-1", file=f)
-        english = {"good", "morning", "weather", "berlin", "park", "today", "afternoon"}
+        english = {"good", "morning", "madrid", "park", "today", "walk", "time"}
         assert len(english & set(words(res.text))) >= 3, res.text
-        with open(DATA / CLIPS["de"][0], "rb") as f:
+        with open(DATA / CLIPS["es"][0], "rb") as f:
             verbose = srv.client().audio.translations.create(
                 model="whisper-1", file=f, response_format="verbose_json"
             )
