@@ -723,6 +723,44 @@ def test_force_endpoint_ends_a_turn_and_refusals_close_with_a_reason(server: Ser
 
 
 @pytest.mark.e2e
+def test_update_configuration_changes_the_turns_in_the_middle_of_a_stream(server: Server) -> None:
+    """LiveKit's AssemblyAI plugin sends ``UpdateConfiguration`` with ``max_turn_silence``,
+    ``min_turn_silence``, ``end_of_turn_confidence_threshold`` and ``vad_threshold`` when its
+    options change, Pipecat's with ``language_codes``: all were taken and ignored. Now, after
+    ``end_of_turn_confidence_threshold: 1`` and a 4-s ``max_turn_silence``, two readings
+    1.5 s apart are one turn (ForceEndpoint ends it); a bad value is an Error that names it,
+    nothing changed; ``language_codes`` the model cannot serve are refused by name."""
+    import numpy as np
+
+    audio, spoken = _readings(2)
+    with _ws(server, f"sample_rate={RATE}&min_turn_silence=400") as ws:
+        assert json.loads(ws.recv(timeout=30))["type"] == "Begin"
+        for bad, name in (({"vad_threshold": 2}, "vad_threshold"),
+                          ({"max_turn_silence": [1]}, "max_turn_silence"),
+                          ({"language_codes": ["es"]}, "language_code")):  # fmt: skip
+            ws.send(json.dumps({"type": "UpdateConfiguration", **bad}))
+            error = json.loads(ws.recv(timeout=30))
+            assert error["type"] == "Error" and error["error"].startswith(name), error
+        update = {"end_of_turn_confidence_threshold": 1, "max_turn_silence": 4000}
+        ws.send(json.dumps({"type": "UpdateConfiguration", **update}))
+        pcm = pcm16(np.asarray(audio[:-RATE]))  # the last reading, then 0.5 s
+        for i in range(0, len(pcm), CHUNK):
+            ws.send(pcm[i : i + CHUNK])
+            time.sleep(PACE_S)
+        ws.send(json.dumps({"type": "ForceEndpoint"}))
+        got: list[dict[str, Any]] = []
+        deadline = time.monotonic() + 120
+        while not any(m.get("end_of_turn") for m in got):
+            got.append(json.loads(ws.recv(timeout=deadline - time.monotonic())))
+        ws.send(json.dumps({"type": "Terminate"}))
+        got += until(ws, "Termination")
+    assert not [m for m in got if m["type"] == "Error"], got
+    ends = [m for m in got if m["type"] == "Turn" and m["end_of_turn"]]
+    assert ends[0]["turn_order"] == 0, ends
+    assert wer(" ".join(c.text for c in spoken), ends[0]["transcript"]) < 0.3, ends[0]
+
+
+@pytest.mark.e2e
 def test_pipecats_assemblyai_service_with_its_defaults(server: Server) -> None:
     """Pipecat's AssemblyAISTTService as its docs show it, inside a real pipeline, with only
     ``api_endpoint_base_url`` pointed here: its defaults (universal-3-6-pro, formatted

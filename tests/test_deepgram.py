@@ -179,7 +179,7 @@ def server() -> Iterator[Server]:
     srv.stop()
 
 
-def _ws_url(srv: Server) -> str:
+def ws_url(srv: Server) -> str:
     return srv.url.replace("http://", "ws://")
 
 
@@ -189,7 +189,7 @@ def sdk_media(srv: Server, key: str) -> Any:
     from deepgram import DeepgramClient
     from deepgram.environment import DeepgramClientEnvironment
 
-    env = DeepgramClientEnvironment(base=srv.url, production=_ws_url(srv), agent="", agent_rest="")
+    env = DeepgramClientEnvironment(base=srv.url, production=ws_url(srv), agent="", agent_rest="")
     return DeepgramClient(api_key=key, environment=env).listen.v1.media
 
 
@@ -219,7 +219,7 @@ def test_the_deepgram_sdks_live_client_gets_a_final_result_per_turn(server: Serv
     spoken = clips()[:3]  # JFK and two LibriVox readings, 1.5 s apart
     audio = np.concatenate([silence(0.5)] + [x for c in spoken for x in (c.samples, silence(1.5))])
     env = DeepgramClientEnvironment(
-        base=server.url, production=_ws_url(server), agent="", agent_rest=""
+        base=server.url, production=ws_url(server), agent="", agent_rest=""
     )
     client = DeepgramClient(api_key=KEY, environment=env)
     with client.listen.v1.connect(
@@ -273,7 +273,7 @@ def test_the_deepgram_sdks_live_client_gets_a_final_result_per_turn(server: Serv
 
 def _raw(srv: Server, query: str, **kwargs: Any) -> Any:
     kwargs.setdefault("additional_headers", {"Authorization": f"Token {KEY}"})
-    return connect(f"{_ws_url(srv)}/v1/listen?{query}", open_timeout=30, **kwargs)
+    return connect(f"{ws_url(srv)}/v1/listen?{query}", open_timeout=30, **kwargs)
 
 
 @pytest.mark.e2e
@@ -407,7 +407,7 @@ def test_pipecats_deepgram_service_with_its_defaults(server: Server) -> None:
     spoken = clips()[:2]
     before = len(server.logs())
     finals, errors = pipecat_turns(
-        lambda: DeepgramSTTService(api_key=KEY, base_url=_ws_url(server)),
+        lambda: DeepgramSTTService(api_key=KEY, base_url=ws_url(server)),
         lambda stt: stt._connection is not None,  # it has no on_connected event
         spoken,
     )
@@ -418,13 +418,24 @@ def test_pipecats_deepgram_service_with_its_defaults(server: Server) -> None:
 
 
 @pytest.mark.e2e
-@pytest.mark.parametrize(("plugin", "route"), [("STT", "/v1/listen"), ("STTv2", "/v2/listen")])
-def test_livekits_deepgram_plugin_streams_every_turn(server: Server, plugin: str, route: str):
+@pytest.mark.parametrize(
+    ("plugin", "route", "options"),
+    [
+        ("STT", "/v1/listen", {}),
+        ("STTv2", "/v2/listen", {}),
+        ("STTv2", "/v2/listen", {"eager_eot_threshold": 0.5}),
+    ],
+)
+def test_livekits_deepgram_plugin_streams_every_turn(
+    server: Server, plugin: str, route: str, options: dict[str, Any]
+) -> None:
     """LiveKit Agents' Deepgram plugins (1.8.9) as their docs show them, with only
     ``base_url`` pointed here, 20-ms frames as LiveKit's rooms deliver them: ``STT`` with its
     defaults (nova-3, en-US, interim results, 25-ms endpointing, filler_words, no_delay) on
     ``/v1/listen``; ``STTv2`` on Flux's ``/v2/listen`` (finals from EndOfTurn, the start of
-    speech from StartOfTurn)."""
+    speech from StartOfTurn), and with ``eager_eot_threshold`` (its preflight transcripts,
+    from EagerEndOfTurn, which no turn got before: each final says what its preflight
+    said)."""
     pytest.importorskip("livekit.plugins.deepgram", reason="pip install '.[dev]'")
     from livekit.agents import stt as agents_stt
     from livekit.plugins import deepgram as lk_deepgram
@@ -434,7 +445,9 @@ def test_livekits_deepgram_plugin_streams_every_turn(server: Server, plugin: str
     reference = " ".join(c.text for c in spoken)
     before = len(server.logs())
     events = livekit_events(
-        lambda: getattr(lk_deepgram, plugin)(api_key=KEY, base_url=_ws_url(server) + route),
+        lambda: getattr(lk_deepgram, plugin)(
+            api_key=KEY, base_url=ws_url(server) + route, **options
+        ),
         audio,
         reference,
     )
@@ -442,6 +455,13 @@ def test_livekits_deepgram_plugin_streams_every_turn(server: Server, plugin: str
     final = agents_stt.SpeechEventType.FINAL_TRANSCRIPT
     text = " ".join(e.alternatives[0].text for e in events if e.type == final)
     assert wer(reference, text) < 0.25, text
+    if options:
+        said = [(e.type, e.alternatives[0].text) for e in events if e.alternatives]
+        preflight = agents_stt.SpeechEventType.PREFLIGHT_TRANSCRIPT
+        for i, (kind, words) in enumerate(said):
+            if kind == final:
+                before_it = [w for k, w in said[:i] if k in (preflight, final)]
+                assert before_it and before_it[-1] == words, said
     assert agents_stt.SpeechEventType.START_OF_SPEECH in kinds
     assert agents_stt.SpeechEventType.END_OF_SPEECH in kinds  # speech_final; EndOfTurn
     no_error_logged(server.logs()[before:])
@@ -748,115 +768,3 @@ def test_dictation_through_the_sdk_and_the_live_route(server: Server) -> None:
     live = " ".join(finals)
     assert "tomorrow?" in live and "period of time" in live, finals
     assert "question" not in live.lower() and "paragraph" not in live.lower(), finals
-
-
-@pytest.mark.e2e
-def test_deepgrams_flux_turns_through_the_sdk(server: Server) -> None:
-    """Deepgram's Flux (``/v2/listen``: the turn-based live API that Pipecat's
-    DeepgramFluxSTTService and LiveKit's Deepgram STTv2 speak) was not served: the socket
-    was refused. Now the SDK's ``listen.v2`` client gets Connected, then per turn
-    StartOfTurn, Updates with the words so far, and EndOfTurn with the turn's transcript;
-    sequence ids count every message; ForceEndTurn ends a turn at once (trigger manual)."""
-    from deepgram import DeepgramClient
-    from deepgram.environment import DeepgramClientEnvironment
-
-    spoken = clips()[:3]
-    audio = np.concatenate([silence(0.5)] + [x for c in spoken for x in (c.samples, silence(1.5))])
-    env = DeepgramClientEnvironment(
-        base=server.url, production=_ws_url(server), agent="", agent_rest=""
-    )
-    client = DeepgramClient(api_key=KEY, environment=env)
-    with client.listen.v2.connect(
-        model="flux-general-en", encoding="linear16", sample_rate=str(RATE), eot_threshold="0.7"
-    ) as conn:
-        messages = streamed_through(conn, audio)
-    kinds = [m.type for m in messages]
-    assert kinds[0] == "Connected" and "Error" not in kinds, kinds
-    assert [m.sequence_id for m in messages] == list(range(len(messages)))
-    infos = [m for m in messages if m.type == "TurnInfo"]
-    ends = [m for m in infos if m.event == "EndOfTurn"]
-    assert len(ends) >= 3, [(m.event, m.transcript) for m in infos]
-    text = " ".join(m.transcript for m in ends)
-    assert wer(" ".join(c.text for c in spoken), text) < 0.25, text
-    assert [m.turn_index for m in ends] == list(range(len(ends)))
-    for end in ends:
-        turn = [m for m in infos if m.turn_index == end.turn_index]
-        assert turn[0].event == "StartOfTurn" and turn[-1] is end, [m.event for m in turn]
-        assert " ".join(w.word for w in end.words) == end.transcript and end.trigger == "model"
-        assert end.audio_window_start <= end.words[0].start <= end.words[-1].end
-    assert any(m.event == "Update" and m.transcript for m in infos), kinds
-
-    jfk = clips()[0].samples[: int(10.2 * RATE)]  # still speaking when it is cut
-    with client.listen.v2.connect(
-        model="flux-general-en", encoding="linear16", sample_rate=str(RATE)
-    ) as conn:
-        pcm = pcm16(jfk)
-        for i in range(0, len(pcm), CHUNK):
-            conn.send_media(pcm[i : i + CHUNK])
-        conn.send_force_end_turn()
-        forced = None
-        for message in conn:
-            if message.type == "TurnInfo" and message.event == "EndOfTurn":
-                forced = message
-                if message.trigger == "manual":
-                    break
-    assert forced is not None and forced.trigger == "manual", forced
-
-
-@pytest.mark.e2e
-def test_pipecats_deepgram_flux_service_with_its_defaults(server: Server) -> None:
-    """Pipecat's DeepgramFluxSTTService as its docs show it, inside a real pipeline, with
-    only ``url`` pointed here (it could not connect before: /v2/listen was not served):
-    every turn heard from Flux's EndOfTurn events, no error."""
-    pytest.importorskip("pipecat", reason="pip install '.[dev]' (pipecat-ai)")
-    from pipecat.services.deepgram.flux.stt import DeepgramFluxSTTService
-
-    spoken = clips()[:2]
-    before = len(server.logs())
-    finals, errors = pipecat_turns(
-        lambda: DeepgramFluxSTTService(api_key=KEY, url=_ws_url(server) + "/v2/listen"),
-        lambda stt: stt._websocket is not None,
-        spoken,
-    )
-    assert errors == [], errors
-    text = " ".join(finals)
-    assert wer(" ".join(c.text for c in spoken), text) < 0.25, text
-    no_error_logged(server.logs()[before:])
-
-
-def test_flux_turns_never_overlap_when_a_transcript_is_late() -> None:
-    """Flux's turns never overlap: a turn that began while the one before it was still being
-    transcribed waits (its latest update kept) until that one's EndOfTurn is sent. Beside
-    stress-ng, LiveKit's STTv2 got the second StartOfTurn first and lost the first turn's
-    end; a failed turn lets the next go on."""
-    import asyncio
-
-    from handler.faces.deepgram.flux import FluxSession
-
-    session = FluxSession.__new__(FluxSession)
-    session.order, session.held, sent = [], {}, []
-
-    async def send_json(message: dict[str, Any]) -> None:
-        sent.append((message["item"], message["event"]))
-
-    session.send_json = send_json  # type: ignore[method-assign]
-
-    def info(item: str, event: str) -> dict[str, Any]:
-        return {"item": item, "event": event}
-
-    async def run() -> None:
-        for item, event in [
-            ("a", "StartOfTurn"), ("b", "StartOfTurn"), ("b", "Update"), ("b", "Update"),
-            ("a", "EndOfTurn"), ("c", "StartOfTurn"), ("c", "EndOfTurn"), ("b", "EndOfTurn"),
-            ("d", "StartOfTurn"),
-        ]:  # fmt: skip
-            await session._emit(item, info(item, event))
-        await session._ended("d")  # failed
-        await session._emit("e", info("e", "StartOfTurn"))
-
-    asyncio.run(run())
-    assert sent == [
-        ("a", "StartOfTurn"), ("a", "EndOfTurn"), ("b", "StartOfTurn"), ("b", "Update"),
-        ("b", "EndOfTurn"), ("c", "StartOfTurn"), ("c", "EndOfTurn"), ("d", "StartOfTurn"),
-        ("e", "StartOfTurn"),
-    ]  # fmt: skip

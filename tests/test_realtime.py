@@ -639,6 +639,43 @@ def test_a_refused_update_changes_nothing_and_a_rate_change_rebuilds_the_decoder
 
 
 @pytest.mark.e2e
+def test_an_update_in_the_middle_of_a_turn_keeps_the_turn(live: Server) -> None:
+    """A ``session.update`` that changes the language or the prompt (LiveKit's OpenAI plugin
+    sends one from ``update_options``) dropped the audio held and the turn under way: its
+    speech_started had gone out and no transcript ever came, and the rest of the sentence
+    came back alone. Now, the format and server VAD unchanged, the turn goes on: one
+    transcript with all of JFK's words."""
+    jfk = clips()[0].samples
+    half = int(5.2 * SAMPLE_RATE)  # mid-sentence ("...ask not what your country")
+    with raw(live) as ws:
+        events_until(ws, "session.created")
+        one_turn = copy.deepcopy(SESSION)  # JFK's pauses are under 1.2 s: one turn
+        one_turn["audio"]["input"]["turn_detection"]["silence_duration_ms"] = 1200
+        assert _update(ws, one_turn)["type"] == "session.updated"
+        pcm = pcm24(np.concatenate([silence(0.5), jfk[:half]]))
+        for i in range(0, len(pcm), CHUNK):
+            chunk = base64.b64encode(pcm[i : i + CHUNK]).decode()
+            ws.send(json.dumps({"type": "input_audio_buffer.append", "audio": chunk}))
+        changed = copy.deepcopy(one_turn)
+        changed["audio"]["input"]["transcription"]["prompt"] = "President Kennedy's inaugural."
+        changed["audio"]["input"]["turn_detection"]["silence_duration_ms"] = 1100
+        ws.send(json.dumps({"type": "session.update", "session": changed}))
+        seen = events_until(ws, "session.updated")
+        assert (
+            seen[-1]["session"]["audio"]["input"]["turn_detection"]["silence_duration_ms"] == 1100
+        )
+        pcm = pcm24(np.concatenate([jfk[half:], silence(1.5)]))
+        for i in range(0, len(pcm), CHUNK):
+            chunk = base64.b64encode(pcm[i : i + CHUNK]).decode()
+            ws.send(json.dumps({"type": "input_audio_buffer.append", "audio": chunk}))
+        seen += events_until(ws, "conversation.item.input_audio_transcription.completed")
+    started = [e for e in seen if e["type"] == "input_audio_buffer.speech_started"]
+    done = seen[-1]
+    assert len(started) == 1 and started[0]["item_id"] == done["item_id"], seen
+    assert wer(JFK_TEXT, done["transcript"]) < 0.2, done["transcript"]
+
+
+@pytest.mark.e2e
 def test_wrong_shapes_and_unknown_languages_are_invalid_requests_naming_the_field(
     live: Server,
 ) -> None:

@@ -76,6 +76,16 @@ class TurnDetector:
     start_ms: int = 0
     _silence_ms: int = 0
 
+    @property
+    def silence_ms(self) -> int:
+        """The silence since speech was last heard in the turn under way (0 outside one)."""
+        return self._silence_ms if self.speaking else 0
+
+    @property
+    def speech_end_ms(self) -> int:
+        """Where the speech last heard ends, in ms of the session's audio."""
+        return self.position_ms - self.silence_ms
+
     def feed(self, probs: np.ndarray) -> Iterator[tuple[str, int]]:
         """``("started", audio_start_ms)`` and ``("stopped", audio_end_ms)`` events."""
         low = max(self.rules.threshold - 0.15, 0.01)

@@ -19,7 +19,8 @@ every partial and final turn masked, ``#`` for each character), and containers (
 ``aac``).
 
 The client sends binary PCM and ``ForceEndpoint`` (the turn under way ends now),
-``UpdateConfiguration`` (``keyterms_prompt``, ``prompt``, ``format_turns``), ``KeepAlive``
+``UpdateConfiguration`` (the turn options, ``vad_threshold``, ``keyterms_prompt``, ``prompt``,
+``language_codes``, ``format_turns``), ``KeepAlive``
 and ``Terminate`` (the rest is transcribed, then ``Termination``, then a close). The server
 sends ``Begin``, ``SpeechStarted``, ``Turn`` messages (partials while a turn is spoken: the
 words two decodes agree on, lower case and timed, ``end_of_turn: false``; then the turn's
@@ -129,6 +130,16 @@ def _format(params: Any) -> dict[str, Any]:
     )
 
 
+TURN_OPTIONS = (
+    "min_turn_silence",
+    "min_end_of_turn_silence_when_confident",
+    "max_turn_silence",
+    "end_of_turn_confidence_threshold",
+    "vad_threshold",
+)
+"""The options that set the turns (the query's, changed by ``UpdateConfiguration``)."""
+
+
 def _turns(params: Any) -> dict[str, Any]:
     """OpenAI's server VAD for AssemblyAI's turn silences."""
     low = query_number(params, "min_turn_silence", 0, 10_000)
@@ -197,6 +208,7 @@ def configure(params: Any, loaded: list[str]) -> tuple[dict[str, Any], dict[str,
         },
     }
     options = {
+        "turns": {name: params[name] for name in TURN_OPTIONS if params.get(name) is not None},
         "hashed": "redact" in transcription,
         "format_turns": bool(_flag(params, "format_turns")),
         "language_detection": bool(_flag(params, "language_detection")),
@@ -284,17 +296,31 @@ class AssemblyAISession(QueryAudioSession):
             self.detector.speaking = False
 
     def _update(self, event: dict[str, Any]) -> None:
-        """``UpdateConfiguration``: ``keyterms_prompt`` and ``prompt`` replace the session's
-        (null keeps them); ``format_turns`` switches formatted turns; the rest is taken."""
-        if event.get("format_turns") is not None:
-            self.options["format_turns"] = bool(event["format_turns"])
+        """``UpdateConfiguration``, checked whole before anything changes: the turn options
+        (``min_turn_silence``, ``max_turn_silence``, ``end_of_turn_confidence_threshold``,
+        ``vad_threshold``: the turn under way goes on under them), ``keyterms_prompt``,
+        ``prompt`` and ``language_codes`` replace the session's (null keeps them);
+        ``format_turns`` switches formatted turns; the rest is taken."""
+        changed = {name: event[name] for name in TURN_OPTIONS if event.get(name) is not None}
+        turns = _turns(self.options["turns"] | changed)
         terms = _terms(event.get("keyterms_prompt"), "keyterms_prompt")
         prompt = _prompt(event.get("prompt"))
-        if terms is None and prompt is None:
-            return
-        self.config = self.config.with_keywords(
-            self.config.keywords if terms is None else terms, prompt
-        )
+        codes = _terms(event.get("language_codes"), "language_codes")
+        languages = sorted({language_of(c) for c in codes}) if codes is not None else None
+        config = self.config
+        if terms is not None or prompt is not None or languages is not None:
+            keep = self.config.keywords if terms is None else terms
+            try:
+                config = config.with_keywords(keep, prompt, languages)
+            except SessionError as exc:  # named as the client names it
+                raise SessionError(self.renamed(str(exc)), exc.code) from None
+        self.config = config
+        if changed:
+            self.options["turns"] |= changed
+            del turns["type"]
+            self.retune(**turns)
+        if event.get("format_turns") is not None:
+            self.options["format_turns"] = bool(event["format_turns"])
 
     async def _terminate(self) -> None:
         await self._force_endpoint()

@@ -2,89 +2,64 @@
 ``DeepgramFluxSTTService``, LiveKit's Deepgram ``STTv2``, the SDK's ``listen.v2``, each
 tested): a live session of handler.faces.realtime answered in Flux's messages.
 
-The query: ``model`` (``flux-general-en``: English; ``flux-general-multi``: each turn's
-language detected, among ``language_hint`` when given; a model loaded here by name is
-that model), ``encoding`` and ``sample_rate`` (as ``/v1/listen``), ``eot_threshold``
-(0.5-0.9, default 0.7: the end-of-turn confidence, served as the silence that ends a
-turn, ``TURN_SILENCE_MS``), ``eot_timeout_ms`` (the longest silence before a turn ends),
-``keyterm``, ``profanity_filter``, ``redact``; ``eager_eot_threshold`` is accepted and no
-``EagerEndOfTurn`` is sent (a turn ends once, on silence), ``numerals``, ``mip_opt_out``
-and ``tag`` are accepted.
+The query (handler.faces.deepgram.flux_config): ``model`` (``flux-general-en``: English;
+``flux-general-multi``: each turn's language detected, among ``language_hint`` when given;
+a model loaded here by name is that model), ``encoding`` and ``sample_rate`` (as
+``/v1/listen``), ``eot_threshold``, ``eager_eot_threshold``, ``eot_timeout_ms`` (served as
+silences), ``keyterm``, ``profanity_filter``, ``redact``; ``numerals``, ``mip_opt_out`` and
+``tag`` are accepted.
 
 The server sends ``Connected``, then per turn ``TurnInfo`` events: ``StartOfTurn`` when
 speech begins, ``Update`` with the words two decodes agree on so far, ``EndOfTurn`` with
 the turn's transcript and words (``trigger``: ``model``, or ``manual`` after the client's
-``ForceEndTurn``); every message carries its ``sequence_id``. ``CloseStream``: the rest is
-transcribed, then a close (1000). ``Configure`` (``keyterms``) answers ``ConfigureSuccess``.
+``ForceEndTurn``); every message carries its ``sequence_id``. With ``eager_eot_threshold``,
+a turn silent that long is decoded at once and ``EagerEndOfTurn`` sent with its transcript;
+speech again sends ``TurnResumed``; otherwise that decode is the turn's ``EndOfTurn``, the
+same transcript, sent as soon as the silence ends the turn (no decode left to wait for).
+``CloseStream``: the rest is transcribed, then a close (1000). ``Configure`` (thresholds,
+``keyterms``, ``language_hints``, ``numerals``) answers ``ConfigureSuccess`` with what is
+in force, or ``ConfigureFailure`` with nothing changed. A turn whose decode failed is a
+``Warning`` and an empty ``EndOfTurn`` (Flux's ``Error`` is fatal: clients reconnect).
 """
 
 from __future__ import annotations
 
 import asyncio
+import copy
+from dataclasses import dataclass
 from typing import Any
 
+import numpy as np
 from starlette.websockets import WebSocketDisconnect
 
 from handler.contract import SAMPLE_RATE
 from handler.faces.deepgram import shape
-from handler.faces.deepgram.live import audio_format
-from handler.faces.deepgram.query import (
-    QueryError,
-    flag,
-    keywords,
-    language_hints,
-    redaction,
-    served_model,
+from handler.faces.deepgram.flux_config import (
+    configure,
+    configure_message,
+    current_thresholds,
+    eager_silence_ms,
+    silence_ms,
 )
-from handler.faces.realtime.binary import QueryAudioSession, query_number
+from handler.faces.realtime.binary import QueryAudioSession
 from handler.faces.realtime.item import LiveItem
 from handler.faces.realtime.protocol import MIN_COMMIT_S, SessionError
 from handler.output.formats import whole_words
 
-TURN_SILENCE_MS = (300, 700)
-"""The silence that ends a turn at ``eot_threshold`` 0.5 and at 0.9 (linear between; 500 ms
-at Flux's default 0.7): a surer end of turn waits longer. Whisper needs whole phrases, so
-300 ms is the floor, as on ``/v1/listen``."""
-ACCEPTED = ("numerals", "mip_opt_out")
 
+@dataclass
+class Early:
+    """A turn decoded early, on a silence shorter than the one that ends it."""
 
-def _silence_ms(params: Any) -> int:
-    threshold = query_number(params, "eot_threshold", 0.5, 0.9, "INVALID_QUERY")
-    query_number(params, "eager_eot_threshold", 0.3, 0.9, "INVALID_QUERY")
-    timeout = query_number(params, "eot_timeout_ms", 500, 10_000, "INVALID_QUERY")
-    lo, hi = TURN_SILENCE_MS
-    silence = lo + (hi - lo) * ((0.7 if threshold is None else threshold) - 0.5) / 0.4
-    if timeout is not None:
-        silence = min(silence, timeout)
-    return max(lo, round(silence))
-
-
-def configure(params: Any, loaded: list[str]) -> tuple[dict[str, Any], dict[str, Any]]:
-    """(OpenAI's session object, Flux's own options) from the connection's query."""
-    try:
-        for name in ACCEPTED:
-            flag(params, name)
-        model = params.get("model") or ""
-        multi = model.endswith("-multi")
-        transcription: dict[str, Any] = {
-            "model": model if model in loaded else "whisper-1",
-            "language": None if multi or model in loaded else "en",
-            "word_alignment": "whisper",
-        }
-        if multi and (hints := language_hints(params, multi=True)):
-            transcription["languages"] = hints
-        if terms := keywords(params):
-            transcription["keywords"] = terms
-        if flag(params, "profanity_filter"):
-            transcription["profanity_filter"] = "full"
-        if kinds := redaction(params):
-            transcription["redact"] = kinds
-        turns = {"type": "server_vad", "silence_duration_ms": _silence_ms(params)}
-        audio = {"format": audio_format(params), "transcription": transcription}
-    except QueryError as exc:
-        raise SessionError(str(exc), exc.code.upper()) from None
-    session = {"type": "transcription", "audio": {"input": {**audio, "turn_detection": turns}}}
-    return session, {"model": served_model(model, loaded), "multi": multi}
+    start_ms: int
+    end_ms: int
+    """Where the speech it heard ends: more speech after it voids it."""
+    samples: int
+    task: asyncio.Task | None = None
+    sent: dict[str, Any] | None = None
+    """The ``EagerEndOfTurn`` sent of it, if any."""
+    used: bool = False
+    """It is the turn's final decode."""
 
 
 class FluxSession(QueryAudioSession):
@@ -111,6 +86,8 @@ class FluxSession(QueryAudioSession):
         """Turns not yet ended, in the order they began: Flux's turns never overlap, so a
         turn's events wait while the one before it has not ended (its transcript pending)."""
         self.held: dict[str, list[dict[str, Any]]] = {}
+        self.early: dict[str, Early] = {}
+        """Turns decoded early (``eager_eot_threshold``), by item id."""
 
     @staticmethod
     def refusal(message: str, code: str) -> dict[str, Any]:
@@ -140,16 +117,34 @@ class FluxSession(QueryAudioSession):
         elif kind == "CloseStream":
             await self._close()
         elif kind == "Configure":
-            if event.get("keyterms") is not None:
-                self._keyterms(event["keyterms"])
-            await self.send_json({"type": "ConfigureSuccess", "request_id": self.id})
+            await self._configure(event)
         else:
             raise SessionError(f"unknown message type {kind[:80]!r}", "UNKNOWN_MESSAGE")
 
-    def _keyterms(self, terms: Any) -> None:
-        if not isinstance(terms, list) or not all(isinstance(t, str) for t in terms):
-            raise SessionError("keyterms: a list of words or phrases", "INVALID_MESSAGE")
-        self.config = self.config.with_keywords(terms)
+    async def _configure(self, event: dict[str, Any]) -> None:
+        """``Configure``: checked whole, then applied, or refused with nothing changed."""
+        try:
+            changes = configure_message(event, self.options["multi"])
+            config = self.config
+            if "keyterms" in changes or "language_hints" in changes:
+                terms = changes.get("keyterms", config.keywords or [])
+                config = config.with_keywords(terms, languages=changes.get("language_hints"))
+        except SessionError as exc:
+            failure = {"type": "ConfigureFailure", "request_id": self.id, "code": exc.code}
+            await self.send_json(failure | {"description": str(exc)})
+            return
+        self.config = config
+        if "thresholds" in changes:
+            chosen = self.options["thresholds"] | changes["thresholds"]
+            self.options["thresholds"] = chosen
+            self.retune(silence_duration_ms=silence_ms(chosen))
+        self.options["numerals"] = changes.get("numerals", self.options["numerals"])
+        success: dict[str, Any] = {"type": "ConfigureSuccess", "request_id": self.id}
+        success["thresholds"] = current_thresholds(self.options["thresholds"])
+        success["keyterms"] = list(self.config.keywords or [])
+        if self.options["multi"]:
+            success["language_hints"] = list(self.config.languages or [])
+        await self.send_json(success | {"numerals": self.options["numerals"]})
 
     async def _end_turn(self) -> None:
         """``ForceEndTurn``: the turn under way ends now (nothing happens when none is)."""
@@ -169,6 +164,68 @@ class FluxSession(QueryAudioSession):
         except (WebSocketDisconnect, RuntimeError):
             pass  # the client closed first
 
+    # --- eager end of turn ------------------------------------------------------------
+
+    async def after_audio(self) -> None:
+        """With ``eager_eot_threshold``: speech after an early decode voids it (and, where
+        its ``EagerEndOfTurn`` went out, sends ``TurnResumed``); a turn silent for the
+        eager silence is decoded early."""
+        turn = self.turn
+        if turn is None or not self.detector.speaking:
+            return
+        item = turn.item_id
+        early = self.early.get(item)
+        if early is not None and self.detector.speech_end_ms > early.end_ms:
+            del self.early[item]
+            if early.sent is not None:
+                await self._emit(item, self._info(item, "TurnResumed", "", []))
+            early = None
+        quiet = eager_silence_ms(self.options["thresholds"])
+        if early is not None or quiet is None or self.detector.silence_ms < quiet:
+            return
+        start, end = self._turn_start_ms(), self.detector.speech_end_ms
+        samples = self.audio.between(start, end).copy()
+        if len(samples) >= MIN_COMMIT_S * SAMPLE_RATE:
+            early = self.early[item] = Early(start, end, len(samples))
+            early.task = self._spawn(self._decode_early(turn, early, samples))
+
+    async def _decode_early(
+        self, turn: LiveItem, early: Early, samples: np.ndarray
+    ) -> dict[str, Any]:
+        result = await self._transcribe(samples, turn.item_id)
+        item = turn.item_id
+        if self.early.get(item) is early and "error" not in result:
+            _delta, text = copy.copy(turn).final(result["text"].split())  # EndOfTurn's text
+            if text.strip():  # Flux's EagerEndOfTurn always has words
+                words = [self._word(w, early.start_ms / 1000) for w in whole_words(result["words"])]
+                threshold = self.options["thresholds"].get("eager_eot_threshold", 0.0)
+                early.sent = self._info(item, "EagerEndOfTurn", text.strip(), words, threshold)
+                await self._emit(item, early.sent)
+        return result
+
+    async def _maybe_interim(self, start_ms: int) -> None:
+        if self.turn is not None and self.turn.item_id in self.early:
+            return  # decoded early: the turn awaits its end or more speech
+        await super()._maybe_interim(start_ms)
+
+    async def final_decode(self, turn: LiveItem, samples: np.ndarray) -> dict[str, Any]:
+        """The early decode, where no speech came after it: the same audio but silence."""
+        early = self.early.get(turn.item_id)
+        if (
+            early is not None
+            and early.task is not None
+            and early.start_ms == turn.audio_from_ms
+            and early.samples <= len(samples)
+        ):
+            result = await asyncio.shield(early.task)
+            if "error" not in result:
+                early.used = True
+                self.results[turn.item_id] = result  # a late interim decode's is not it
+                return result
+        return await super().final_decode(turn, samples)
+
+    # --- OpenAI's events as Flux's ----------------------------------------------------
+
     async def send(self, event: dict[str, Any]) -> None:
         """OpenAI's events of the session, as Flux's messages (most have none)."""
         kind, item = event["type"], event.get("item_id", "")
@@ -177,30 +234,45 @@ class FluxSession(QueryAudioSession):
             await self._emit(item, self._info(item, "StartOfTurn", "", []))
         elif kind == "conversation.item.input_audio_transcription.delta":
             self.interims[item] = self.interims.get(item, "") + event["delta"]
+            if item in self.early and self.early[item].sent is not None:
+                return  # awaiting its end: no Update after EagerEndOfTurn
             said = self.interims[item].strip()
             timed, offset = self.partial(item, len(said.split()))
             words = [self._word(w, offset / 1000) for w in timed]
             await self._emit(item, self._info(item, "Update", said, words))
         elif kind == "conversation.item.input_audio_transcription.failed":
             error = event["error"]
-            await self.send_json(self.refusal(error["message"], error["code"]))
-            await self._ended(item)  # no EndOfTurn will come for it
+            warning = {"type": "Warning", "request_id": self.id, "code": error["code"].upper()}
+            await self.send_json(warning | {"description": error["message"]})
+            ended = self._info(item, "EndOfTurn", "", []) | {"trigger": self._trigger(item)}
+            await self._emit(item, ended)  # the client's turn ends; no words
+            self._forget_turn(item)
         elif kind == "error":
             await self.send_json(self.refusal(event["error"]["message"], event["error"]["code"]))
 
     async def send_final(self, turn: LiveItem, completed: dict[str, Any]) -> None:
         item = turn.item_id
         result = self.results.get(item) or {}
-        text = completed["transcript"].strip()
-        timed = whole_words(result.get("words", [])) if text else []
-        words = [self._word(w, turn.audio_from_ms / 1000) for w in timed]
+        early = self.early.get(item)
+        if early is not None and early.used and early.sent is not None:
+            text, words = early.sent["transcript"], early.sent["words"]  # the same, as Flux's
+        else:
+            text = completed["transcript"].strip()
+            timed = whole_words(result.get("words", [])) if text else []
+            words = [self._word(w, turn.audio_from_ms / 1000) for w in timed]
+            if early is not None and early.sent is not None:  # a prediction it does not keep
+                await self._emit(item, self._info(item, "TurnResumed", "", []))
         self.starts[item] = turn.audio_from_ms  # the audio the turn's decode covered
         ended = self._info(item, "EndOfTurn", text, words, confidence=1.0)
-        ended["trigger"] = "manual" if item in self.manual else "model"
-        if self.options.get("multi") and result.get("language") and text:
-            ended["languages"] = [result["language"]]
+        ended["trigger"] = self._trigger(item)
         await self._emit(item, ended)
-        for table in (self.turns, self.starts, self.interims):
+        self._forget_turn(item)
+
+    def _trigger(self, item: str) -> str:
+        return "manual" if item in self.manual else "model"
+
+    def _forget_turn(self, item: str) -> None:
+        for table in (self.turns, self.starts, self.interims, self.early):
             table.pop(item, None)
         self.manual.discard(item)
         self.forget(item)
@@ -222,8 +294,8 @@ class FluxSession(QueryAudioSession):
             await self._ended(item)
 
     async def _ended(self, item: str) -> None:
-        """``item``'s turn is over (ended, or failed): the next turns' waiting events go
-        out, up to a turn that has not ended."""
+        """``item``'s turn is over: the next turns' waiting events go out, up to a turn that
+        has not ended."""
         head = bool(self.order) and self.order[0] == item
         if item in self.order:
             self.order.remove(item)
@@ -242,7 +314,7 @@ class FluxSession(QueryAudioSession):
     ) -> dict[str, Any]:
         if item not in self.turns:
             self.turns[item], self.next_turn = self.next_turn, self.next_turn + 1
-        return {
+        info = {
             "type": "TurnInfo",
             "request_id": self.id,
             "event": event,
@@ -253,6 +325,10 @@ class FluxSession(QueryAudioSession):
             "words": words,
             "end_of_turn_confidence": confidence,
         }
+        language = (self.results.get(item) or {}).get("language")
+        if self.options.get("multi") and language and text:
+            info["languages"] = [language]  # flux-general-multi: on every event with words
+        return info
 
     @staticmethod
     def _word(w: dict[str, Any], offset: float) -> dict[str, Any]:

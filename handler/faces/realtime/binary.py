@@ -17,13 +17,14 @@ from handler.output.formats import whole_words
 def query_number(
     params: Any, name: str, lo: float, hi: float, code: str = "invalid_query"
 ) -> float | None:
-    """A number from ``lo`` to ``hi`` in a live query; absent: None; else SessionError."""
+    """A number from ``lo`` to ``hi`` in a live query (or a JSON message's object); absent:
+    None; else SessionError."""
     value = params.get(name)
     if value is None:
         return None
     try:
-        number = float(value)
-    except ValueError:
+        number = float(value) if not isinstance(value, bool) else float("nan")
+    except (TypeError, ValueError):  # a list or an object in a JSON message
         number = float("nan")
     if not lo <= number <= hi:  # nan too
         raise SessionError(f"{name}: a number from {lo:g} to {hi:g}", code)

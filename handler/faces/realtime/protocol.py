@@ -5,6 +5,7 @@ is answered with."""
 from __future__ import annotations
 
 import copy
+import dataclasses
 import secrets
 from typing import Any
 
@@ -53,6 +54,18 @@ def error_event(
             "param": None,
             "event_id": event_id,
         },
+    }
+
+
+def failed_event(item_id: str, result: dict[str, Any]) -> dict[str, Any]:
+    """A committed turn whose decode failed (OpenAI's ``...transcription.failed``)."""
+    error = {"type": "transcription_error", "param": None}
+    error |= {"code": result["error_code"], "message": result["error"]}
+    return {
+        "type": "conversation.item.input_audio_transcription.failed",
+        "item_id": item_id,
+        "content_index": 0,
+        "error": error,
     }
 
 
@@ -159,13 +172,14 @@ class Config:
             new._turns(audio_in["turn_detection"], "session.audio.input.turn_detection")
         return new
 
-    def with_keywords(self, keywords: Any, prompt: Any = None) -> Config:
-        """A copy with these hotwords (and ``prompt`` when given), checked as an update is;
-        the rest of the config as it is (the live faces' own configure messages)."""
+    def with_keywords(self, keywords: Any, prompt: Any = None, languages: Any = None) -> Config:
+        """A copy with these hotwords (and ``prompt``, ``languages`` when given: ``[]`` for
+        none), checked as an update is; the rest of the config as it is (the live faces' own
+        configure messages)."""
         transcription = {
             "model": self.model,
             "language": self.language,
-            "languages": self.languages,
+            "languages": self.languages if languages is None else languages,
             "keywords": keywords,
             "prompt": self.prompt if prompt is None else prompt,
             "word_alignment": self.word_alignment,
@@ -173,6 +187,14 @@ class Config:
         return self.update(
             {"type": "transcription", "audio": {"input": {"transcription": transcription}}}
         )
+
+    def with_turns(self, **rules: Any) -> Config:
+        """A copy whose server VAD rules have these values (a live face's own configure
+        message: its thresholds, checked by the face)."""
+        new = copy.copy(self)
+        if self.turns is not None:
+            new.turns = dataclasses.replace(self.turns, **rules)
+        return new
 
     def update_legacy(self, session: Any) -> Config:
         """The older ``transcription_session.update`` shape, applied to a copy."""

@@ -29,6 +29,7 @@ from handler.faces.realtime.protocol import (
     SessionError,
     error_event,
     event_depth,
+    failed_event,
     new_id,
 )
 from handler.faces.realtime.voices import SessionVoices
@@ -191,13 +192,25 @@ class Session:
 
     def _reconfigure(self, update: Callable[[Any], Config], session: Any) -> None:
         """A whole update validated first (``update`` returns a new Config, or raises with
-        nothing changed), then applied whole: another format or rate, another decoder."""
-        self.config = update(session)
-        if (self.config.format, self.config.rate) != (self.decoder.format, self.decoder.rate):
+        nothing changed), then applied whole: another format or rate, another decoder. The
+        same audio under server VAD before and after: the turn under way goes on (a
+        language or prompt change dropped it, its transcript never sent)."""
+        before, self.config = self.config, update(session)
+        same = (self.config.format, self.config.rate) == (self.decoder.format, self.decoder.rate)
+        if same and before.turns is not None and self.config.turns is not None:
+            self.detector.rules = self.config.turns
+            return
+        if not same:
             self.decoder = LiveDecoder(self.config.format, self.config.rate)
         self.detector = TurnDetector(self.config.turns or TurnRules(), self.audio.received_ms)
         self.vad = None
         self._clear()
+
+    def retune(self, **rules: Any) -> None:
+        """Server VAD's rules changed in the middle of the stream, the turn under way kept."""
+        self.config = self.config.with_turns(**rules)
+        if self.config.turns is not None:
+            self.detector.rules = self.config.turns
 
     def _session(self) -> dict[str, Any]:
         expires = int(
@@ -229,13 +242,8 @@ class Session:
             if kind == "started":
                 await self.speech_started(ms)
             else:
-                await self.send(
-                    {
-                        "type": "input_audio_buffer.speech_stopped",
-                        "audio_end_ms": ms,
-                        "item_id": self._item().item_id,
-                    }
-                )
+                stopped = {"type": "input_audio_buffer.speech_stopped", "audio_end_ms": ms}
+                await self.send(stopped | {"item_id": self._item().item_id})
                 # The turn keeps the silence that ended it (OpenAI commits the buffer once
                 # the silence has lasted): Whisper hears the sentence finish. It ends where
                 # VAD heard it end, not at the end of the audio received: a message of
@@ -388,25 +396,13 @@ class Session:
         try:
             if turn.interim is not None and not turn.interim.done():
                 await asyncio.wait({turn.interim})  # its deltas come before the final text
-            result = await self._transcribe(samples, turn.item_id)
+            result = await self.final_decode(turn, samples)
         finally:
             self.live.finals -= 1
         if before is not None and not before.done():
             await asyncio.wait({before})
         if "error" in result:
-            await self.send(
-                {
-                    "type": "conversation.item.input_audio_transcription.failed",
-                    "item_id": turn.item_id,
-                    "content_index": 0,
-                    "error": {
-                        "type": "transcription_error",
-                        "code": result["error_code"],
-                        "message": result["error"],
-                        "param": None,
-                    },
-                }
-            )
+            await self.send(failed_event(turn.item_id, result))
             return
         sent = len(turn.emitted)
         delta, text = turn.final(result["text"].split())
@@ -429,6 +425,10 @@ class Session:
         if speaker is not None:
             completed["speaker"], completed["speaker_confidence"] = speaker[0], round(speaker[1], 4)
         await self.send_final(turn, completed)
+
+    async def final_decode(self, turn: LiveItem, samples: np.ndarray) -> dict[str, Any]:
+        """A committed turn's decode (a face that decoded it already may answer that)."""
+        return await self._transcribe(samples, turn.item_id)
 
     async def send_final(self, turn: LiveItem, completed: dict[str, Any]) -> None:
         """A committed turn's transcript (OpenAI's ``completed`` event): sent as it is; a
