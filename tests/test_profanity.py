@@ -314,6 +314,17 @@ def test_live_deepgram_and_assemblyai_mask_interim_and_final_text(server: Server
     said = " ".join(m["transcript"] + " ".join(w["text"] for w in m["words"]) for m in turns)
     ends = " ".join(m["transcript"] for m in turns if m["end_of_turn"])
     assert _unmasked(said) == [] and "b*******" in ends, said
+    # The same asked for in UpdateConfiguration (the SDK's StreamingSessionParameters has
+    # it): it was taken and ignored.
+    query = "/v3/ws?sample_rate=16000&encoding=pcm_s16le"
+    with connect(ws_url + query, additional_headers={"Authorization": KEY}, open_timeout=30) as ws:
+        assert json.loads(ws.recv(timeout=30))["type"] == "Begin"
+        ws.send(json.dumps({"type": "UpdateConfiguration", "filter_profanity": True}))
+        feeder = feed(ws.send, pcm, {"type": "Terminate"})
+        turns = [m for m in _messages(ws, "Termination") if m["type"] == "Turn"]
+        feeder.join()
+    ends = " ".join(m["transcript"] for m in turns if m["end_of_turn"])
+    assert _unmasked(ends) == [] and "b*******" in ends, ends
     with connect(
         ws_url + "/v3/ws?sample_rate=16000&filter_profanity=maybe",
         additional_headers={"Authorization": KEY},

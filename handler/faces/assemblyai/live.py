@@ -20,7 +20,7 @@ every partial and final turn masked, ``#`` for each character), and containers (
 
 The client sends binary PCM and ``ForceEndpoint`` (the turn under way ends now),
 ``UpdateConfiguration`` (the turn options, ``vad_threshold``, ``keyterms_prompt``, ``prompt``,
-``language_codes``, ``format_turns``), ``KeepAlive``
+``language_codes``, ``filter_profanity``, ``format_turns``), ``KeepAlive``
 and ``Terminate`` (the rest is transcribed, then ``Termination``, then a close). The server
 sends ``Begin``, ``SpeechStarted``, ``Turn`` messages (partials while a turn is spoken: the
 words two decodes agree on, lower case and timed, ``end_of_turn: false``; then the turn's
@@ -299,19 +299,23 @@ class AssemblyAISession(QueryAudioSession):
         """``UpdateConfiguration``, checked whole before anything changes: the turn options
         (``min_turn_silence``, ``max_turn_silence``, ``end_of_turn_confidence_threshold``,
         ``vad_threshold``: the turn under way goes on under them), ``keyterms_prompt``,
-        ``prompt`` and ``language_codes`` replace the session's (null keeps them);
-        ``format_turns`` switches formatted turns; the rest is taken."""
+        ``prompt``, ``language_codes`` and ``filter_profanity`` replace the session's (null
+        keeps them); ``format_turns`` switches formatted turns; the rest is taken."""
         changed = {name: event[name] for name in TURN_OPTIONS if event.get(name) is not None}
         turns = _turns(self.options["turns"] | changed)
         terms = _terms(event.get("keyterms_prompt"), "keyterms_prompt")
         prompt = _prompt(event.get("prompt"))
         codes = _terms(event.get("language_codes"), "language_codes")
         languages = sorted({language_of(c) for c in codes}) if codes is not None else None
+        masked = event.get("filter_profanity")
+        if masked is not None and not isinstance(masked, bool):
+            raise SessionError("filter_profanity: true or false", "invalid_message")
+        given: dict[str, Any] = {"keywords": terms, "prompt": prompt, "languages": languages}
+        given["profanity_filter"] = masked
         config = self.config
-        if terms is not None or prompt is not None or languages is not None:
-            keep = self.config.keywords if terms is None else terms
+        if fields := {k: v for k, v in given.items() if v is not None}:
             try:
-                config = config.with_keywords(keep, prompt, languages)
+                config = config.with_transcription(**fields)
             except SessionError as exc:  # named as the client names it
                 raise SessionError(self.renamed(str(exc)), exc.code) from None
         self.config = config

@@ -126,9 +126,9 @@ class FluxSession(QueryAudioSession):
         try:
             changes = configure_message(event, self.options["multi"])
             config = self.config
-            if "keyterms" in changes or "language_hints" in changes:
-                terms = changes.get("keyterms", config.keywords or [])
-                config = config.with_keywords(terms, languages=changes.get("language_hints"))
+            names = {"keyterms": "keywords", "language_hints": "languages"}
+            if fields := {names[k]: changes[k] for k in names if k in changes}:
+                config = config.with_transcription(**fields)
         except SessionError as exc:
             failure = {"type": "ConfigureFailure", "request_id": self.id, "code": exc.code}
             await self.send_json(failure | {"description": str(exc)})

@@ -326,7 +326,7 @@ class DeepgramSession(QueryAudioSession):
         terms = event.get("keyterms")
         if terms is not None:
             try:
-                self.config = self.config.with_keywords(terms)
+                self.config = self.config.with_transcription(keywords=terms)
                 for lane in self.lanes:
                     lane.config = self.config  # the same hotwords on every channel
             except SessionError:

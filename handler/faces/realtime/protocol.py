@@ -172,18 +172,19 @@ class Config:
             new._turns(audio_in["turn_detection"], "session.audio.input.turn_detection")
         return new
 
-    def with_keywords(self, keywords: Any, prompt: Any = None, languages: Any = None) -> Config:
-        """A copy with these hotwords (and ``prompt``, ``languages`` when given: ``[]`` for
-        none), checked as an update is; the rest of the config as it is (the live faces' own
-        configure messages)."""
+    def with_transcription(self, **changes: Any) -> Config:
+        """A copy with these transcription fields changed (``keywords``, ``prompt``,
+        ``languages``: ``[]`` for none, ``profanity_filter``), checked as an update is; the
+        rest of the config as it is (the live faces' own configure messages)."""
         transcription = {
             "model": self.model,
             "language": self.language,
-            "languages": self.languages if languages is None else languages,
-            "keywords": keywords,
-            "prompt": self.prompt if prompt is None else prompt,
+            "languages": self.languages,
+            "keywords": self.keywords,
+            "prompt": self.prompt,
             "word_alignment": self.word_alignment,
         }
+        transcription |= changes
         return self.update(
             {"type": "transcription", "audio": {"input": {"transcription": transcription}}}
         )
