@@ -407,3 +407,59 @@ def test_the_thresholds_are_served_as_silences() -> None:
     assert eager_silence_ms({"eager_eot_threshold": 0.5}) == 300
     assert eager_silence_ms({"eager_eot_threshold": 0.3}) == 160
     assert eager_silence_ms({"eager_eot_threshold": 0.9, "eot_threshold": 0.7}) == 436
+
+
+def test_pauses_cannot_queue_early_decodes() -> None:
+    """An attacker's stutter (a pause past the eager silence, a word, again) voids each early
+    decode as it starts: each started another decode of the whole turn, queued without
+    bound. One early decode runs at a time now; the next pause after it ends starts one.
+    (The decode is the one part replaced: it waits for the test, as a slow GPU would.)"""
+    from handler.faces.deepgram.flux import FluxSession
+    from handler.faces.realtime.buffer import LiveBuffer
+    from handler.faces.realtime.item import LiveItem
+    from handler.inference.live_vad import TurnDetector
+
+    session = FluxSession.__new__(FluxSession)
+    session.turn, session.early, session.early_task, session.tasks = (
+        LiveItem("a", 0),
+        {},
+        None,
+        set(),
+    )
+    session.options = {"thresholds": {"eager_eot_threshold": 0.5}}  # 300 ms
+    session.audio, session.detector = LiveBuffer(), TurnDetector()
+    session.config = type("Config", (), {"turns": None})()
+    session.audio.add(np.zeros(10 * RATE, np.float32))
+    started: list[int] = []
+    release = asyncio.Event()
+
+    async def decode(turn: Any, early: Any, samples: np.ndarray) -> dict[str, Any]:
+        started.append(early.end_ms)
+        await release.wait()
+        return {"error": "released"}
+
+    session._decode_early = decode  # type: ignore[method-assign]
+
+    async def run() -> None:
+        detector = session.detector
+        detector.speaking = True
+        for cycle in range(6):  # speech to 1 s, 2 s, ...: then 320 ms of silence each
+            detector.position_ms, detector._silence_ms = 1000 * (cycle + 1), 0
+            await session.after_audio()
+            detector.position_ms += 320
+            detector._silence_ms = 320
+            await session.after_audio()
+            await asyncio.sleep(0)
+        assert len(started) == 1, started  # the first still runs: none queued behind it
+        release.set()
+        await asyncio.sleep(0.01)
+        detector.position_ms, detector._silence_ms = 8000, 0
+        await session.after_audio()
+        detector.position_ms, detector._silence_ms = 8320, 320
+        await session.after_audio()
+        await asyncio.sleep(0)
+        assert started == [1000, 8000], started
+        release.set()
+        await asyncio.gather(*session.tasks)
+
+    asyncio.run(run())

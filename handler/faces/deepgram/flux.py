@@ -88,6 +88,8 @@ class FluxSession(QueryAudioSession):
         self.held: dict[str, list[dict[str, Any]]] = {}
         self.early: dict[str, Early] = {}
         """Turns decoded early (``eager_eot_threshold``), by item id."""
+        self.early_task: asyncio.Task | None = None
+        """The last early decode started (voided or not): the next waits for its end."""
 
     @staticmethod
     def refusal(message: str, code: str) -> dict[str, Any]:
@@ -183,11 +185,13 @@ class FluxSession(QueryAudioSession):
         quiet = eager_silence_ms(self.options["thresholds"])
         if early is not None or quiet is None or self.detector.silence_ms < quiet:
             return
+        if self.early_task is not None and not self.early_task.done():
+            return  # one early decode at a time: pauses cannot queue decodes of the turn
         start, end = self._turn_start_ms(), self.detector.speech_end_ms
         samples = self.audio.between(start, end).copy()
         if len(samples) >= MIN_COMMIT_S * SAMPLE_RATE:
             early = self.early[item] = Early(start, end, len(samples))
-            early.task = self._spawn(self._decode_early(turn, early, samples))
+            early.task = self.early_task = self._spawn(self._decode_early(turn, early, samples))
 
     async def _decode_early(
         self, turn: LiveItem, early: Early, samples: np.ndarray
