@@ -88,6 +88,8 @@ COMMANDS: tuple[Command, ...] = (
     Command("http", "bench.speed.http_vs_queue", "HTTP mode against queue mode"),
     Command("realtime", "bench.speed.realtime",
             "live sessions on /v1/realtime: latency, WER, CPU per session"),
+    Command("flux-eager", "bench.speed.flux_eager",
+            "Flux's eager mode: speech end to EndOfTurn and EagerEndOfTurn, withdrawn, WER"),
     Command("litellm-proxy", "bench.speed.litellm_proxy",
             "LiteLLM's proxy in front of the worker: files and live audio through it"),
     Command("gpu-check", "bench.speed.gpu_check",
