@@ -263,6 +263,31 @@ def test_configure_changes_the_thresholds_and_eager_turns_end_as_predicted(serve
 
 
 @pytest.mark.e2e
+def test_speech_after_a_prediction_in_the_message_that_ends_the_turn_is_kept(
+    server: Server,
+) -> None:
+    """A message holding both more speech and the silence that ends the turn (a client
+    that sends seconds at once) ended the turn before the early decode was voided: the
+    EndOfTurn was the prediction's, the second phrase lost. Now it is withdrawn first and
+    the turn decoded whole."""
+    a, b = clips()[2], clips()[5]  # a ends in a quiet breath: 1 s ends the turn, 300 ms eager
+    ws = flux(server, "model=flux-general-en&encoding=linear16&sample_rate=16000"
+                      "&eot_threshold=1.0&eot_timeout_ms=1000&eager_eot_threshold=0.5")  # fmt: skip
+    try:
+        send_audio(ws, np.concatenate([silence(0.5), a.samples, silence(0.4)]))
+        got = turn_events(ws, lambda m: m.get("event") == "EagerEndOfTurn")
+        ws.send(pcm16(np.concatenate([b.samples, silence(1.5)])))  # one message
+        got += turn_events(ws, lambda m: m.get("event") == "EndOfTurn")
+    finally:
+        ws.close()
+    infos = [m for m in got if m["type"] == "TurnInfo"]
+    flux_rules_hold(infos)
+    assert [m["event"] for m in infos].count("StartOfTurn") == 1, infos
+    assert "TurnResumed" in [m["event"] for m in infos], infos
+    assert wer(f"{a.text} {b.text}", infos[-1]["transcript"]) < 0.3, infos[-1]["transcript"]
+
+
+@pytest.mark.e2e
 def test_language_hints_change_on_the_multilingual_model_only(server: Server) -> None:
     """``Configure``'s ``language_hints`` were ignored; now flux-general-multi's hints are
     set (Whisper's codes) and cleared with ``[]``; on flux-general-en they are refused

@@ -176,14 +176,9 @@ class FluxSession(QueryAudioSession):
         if turn is None or not self.detector.speaking:
             return
         item = turn.item_id
-        early = self.early.get(item)
-        if early is not None and self.detector.speech_end_ms > early.end_ms:
-            del self.early[item]
-            if early.sent is not None:
-                await self._emit(item, self._info(item, "TurnResumed", "", []))
-            early = None
+        await self._void_early(item, self.detector.speech_end_ms)
         quiet = eager_silence_ms(self.options["thresholds"])
-        if early is not None or quiet is None or self.detector.silence_ms < quiet:
+        if item in self.early or quiet is None or self.detector.silence_ms < quiet:
             return
         if self.early_task is not None and not self.early_task.done():
             return  # one early decode at a time: pauses cannot queue decodes of the turn
@@ -192,6 +187,23 @@ class FluxSession(QueryAudioSession):
         if len(samples) >= MIN_COMMIT_S * SAMPLE_RATE:
             early = self.early[item] = Early(start, end, len(samples))
             early.task = self.early_task = self._spawn(self._decode_early(turn, early, samples))
+
+    async def _void_early(self, item: str, heard_ms: int) -> None:
+        """Speech heard up to ``heard_ms``: an early decode of the turn that ends before it
+        no longer stands (``TurnResumed`` where its EagerEndOfTurn went out)."""
+        early = self.early.get(item)
+        if early is not None and heard_ms > early.end_ms:
+            del self.early[item]
+            if early.sent is not None:
+                await self._emit(item, self._info(item, "TurnResumed", "", []))
+
+    async def commit(self, end_ms: int) -> None:
+        """A turn ends: speech after its early decode, heard in the same message as the
+        silence that ends it, voids that decode first (its words would be lost)."""
+        if self.turn is not None:
+            heard = self.detector.speech_end_ms if self.detector.speaking else end_ms
+            await self._void_early(self.turn.item_id, heard)
+        await super().commit(end_ms)
 
     async def _decode_early(
         self, turn: LiveItem, early: Early, samples: np.ndarray
