@@ -5,7 +5,8 @@
 through ``/v2/listen`` at real-time pace in 100-ms chunks, twice: ``eot_threshold=0.7``
 alone, then with ``eager_eot_threshold=0.5``. For each turn it reports the time from the end
 of its speech (the moment the chunk holding its last word was sent) to its ``EndOfTurn``,
-and (eager) to its ``EagerEndOfTurn``; how many EagerEndOfTurn were withdrawn
+and (eager) to its ``EagerEndOfTurn`` (a clip's pauses may cut it into several turns: its
+last turn's); how many EagerEndOfTurn were withdrawn
 (``TurnResumed``); the WER of the EndOfTurn transcripts; the server's CPU seconds. Traffic
 stays on 127.0.0.1.
 """
@@ -40,16 +41,16 @@ MODES = {
 }
 
 
-def recording(order: list[Clip]) -> tuple[bytes, list[int]]:
-    """16-kHz PCM of the clips ``GAP_S`` apart after 0.5 s, and where each clip ends (ms)."""
-    parts, ends, at = [np.zeros(RATE // 2, np.float32)], [], 500
+def recording(order: list[Clip]) -> tuple[bytes, list[tuple[int, int]]]:
+    """16-kHz PCM of the clips ``GAP_S`` apart after 0.5 s, and where each clip lies (ms)."""
+    parts, spans, at = [np.zeros(RATE // 2, np.float32)], [], 500
     for c in order:
-        at += int(len(c.samples) * 1000 / RATE)
-        ends.append(at)
+        end = at + int(len(c.samples) * 1000 / RATE)
+        spans.append((at, end))
         parts += [c.samples, np.zeros(int(GAP_S * RATE), np.float32)]
-        at += int(GAP_S * 1000)
+        at = end + int(GAP_S * 1000)
     pcm = (np.clip(np.concatenate(parts), -1, 1) * 32767).astype("<i2").tobytes()
-    return pcm, ends
+    return pcm, spans
 
 
 def stream(url: str, pcm: bytes, timeout: float = 120) -> tuple[dict[int, float], list[Any]]:
@@ -63,7 +64,8 @@ def stream(url: str, pcm: bytes, timeout: float = 120) -> tuple[dict[int, float]
         def reader() -> None:
             try:
                 while True:
-                    got.append((time.time(), json.loads(ws.recv(timeout=timeout))))
+                    message = ws.recv(timeout=timeout)
+                    got.append((time.time(), json.loads(message)))  # stamped on arrival
             except Exception:  # closed: what arrived is in ``got``
                 return
 
@@ -79,19 +81,28 @@ def stream(url: str, pcm: bytes, timeout: float = 120) -> tuple[dict[int, float]
     return sent, got
 
 
-def latencies(sent: dict[int, float], got: list[Any], ends: list[int]) -> dict[str, Any]:
-    """Per turn (``EndOfTurn`` in order, one per clip), from its clip's last chunk sent to
-    its EndOfTurn and to the last EagerEndOfTurn of that turn before it."""
+def latencies(
+    sent: dict[int, float], got: list[Any], spans: list[tuple[int, int]]
+) -> dict[str, Any]:
+    """Per clip (a clip's pauses may cut it into several turns): from its last chunk sent
+    to the EndOfTurn of the last turn that began in it, and to that turn's last
+    EagerEndOfTurn before its end."""
     infos = [(t, m) for t, m in got if m.get("type") == "TurnInfo"]
+    began = {m["turn_index"]: 1000 * m["audio_window_start"] for _, m in infos
+             if m["event"] == "StartOfTurn"}  # fmt: skip
     turn_ends = [(t, m) for t, m in infos if m["event"] == "EndOfTurn"]
     to_end, to_eager = [], []
-    for end_ms, (t, m) in zip(ends, turn_ends, strict=False):
-        said = min(v for k, v in sent.items() if k >= end_ms)
-        to_end.append(t - said)
+    for a, b in spans:
+        mine = [(t, m) for t, m in turn_ends if a - 400 <= began.get(m["turn_index"], -1) < b]
+        later = [v for k, v in sent.items() if k >= b]
+        if not mine or not later:
+            continue
+        t, m = mine[-1]
+        to_end.append(t - min(later))
         eager = [u for u, e in infos if e["event"] == "EagerEndOfTurn"
                  and e["turn_index"] == m["turn_index"] and u <= t]  # fmt: skip
         if eager:
-            to_eager.append(eager[-1] - said)
+            to_eager.append(eager[-1] - min(later))
     events = [m["event"] for _, m in infos]
     return {
         "turns": len(turn_ends),
@@ -104,19 +115,20 @@ def latencies(sent: dict[int, float], got: list[Any], ends: list[int]) -> dict[s
 
 
 def run_mode(base: str, query: str, order: list[Clip], pid: int) -> dict[str, Any]:
-    pcm, ends = recording(order)
+    pcm, spans = recording(order)
     url = base.replace("http://", "ws://") + "/v2/listen?model=flux-general-en"
     url += f"&encoding=linear16&sample_rate={RATE}&{query}"
     proc = psutil.Process(pid)
     cpu0 = sum(proc.cpu_times()[:2])
     sent, got = stream(url, pcm)
     cpu = sum(proc.cpu_times()[:2]) - cpu0
-    out = latencies(sent, got, ends)
+    out = latencies(sent, got, spans)
     reference = " ".join(c.text for c in order)
     ms = [round(1000 * x) for x in out["to_end"]]
     eager_ms = [round(1000 * x) for x in out["to_eager"]]
     return {
-        "turns": f"{out['turns']}/{len(order)}",
+        "turns": out["turns"],
+        "clips_timed": f"{len(out['to_end'])}/{len(order)}",
         "end_p50_ms": round(percentile(ms, 50)) if ms else None,
         "end_max_ms": max(ms) if ms else None,
         "eager_p50_ms": round(percentile(eager_ms, 50)) if eager_ms else None,
@@ -149,12 +161,13 @@ def main(argv: list[str] | None = None) -> int:
             proc.wait(30)
     print(machine_line(machine, describe()["load_1m"]))
     print(f"{len(order)} clips, {GAP_S} s apart, real-time pace, tiny.en")
-    head = ("mode", "turns", "speech end -> EndOfTurn p50 ms", "max ms",
+    head = ("mode", "turns", "clips", "speech end -> EndOfTurn p50 ms", "max ms",
             "-> EagerEndOfTurn p50 ms", "eager", "withdrawn", "WER", "CPU s")  # fmt: skip
     print("| " + " | ".join(head) + " |\n|" + "---|" * len(head))
     for name, r in rows.items():
-        cells = (name, r["turns"], r["end_p50_ms"], r["end_max_ms"], r["eager_p50_ms"] or "-",
-                 r["eager"], r["resumed"], f"{100 * r['wer']:.1f} %", r["cpu_s"])  # fmt: skip
+        cells = (name, r["turns"], r["clips_timed"], r["end_p50_ms"], r["end_max_ms"],
+                 r["eager_p50_ms"] or "-", r["eager"], r["resumed"], f"{100 * r['wer']:.1f} %",
+                 r["cpu_s"])  # fmt: skip
         print("| " + " | ".join(str(c) for c in cells) + " |")
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     Path(args.out).write_text(json.dumps({"machine": machine, "rows": rows}, indent=2))
