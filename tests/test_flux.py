@@ -63,6 +63,23 @@ def send_audio(ws: Any, audio: np.ndarray) -> None:
         time.sleep(PACE_S)
 
 
+def silence_until(ws: Any, until: Any, most_s: float = 8.0) -> list[dict[str, Any]]:
+    """Silence sent 100 ms at a time, at real-time pace, until a message for which ``until``
+    holds (an early decode starts only as audio arrives, and waits for the one before it)."""
+    got: list[dict[str, Any]] = []
+    quiet = pcm16(silence(0.1))
+    for _ in range(int(most_s * 10)):
+        ws.send(quiet)
+        try:
+            while True:
+                got.append(json.loads(ws.recv(timeout=0.1)))
+                if until(got[-1]):
+                    return got
+        except TimeoutError:
+            continue
+    raise AssertionError(f"not in {got}")
+
+
 def turn_events(ws: Any, until: Any, timeout: float = 180) -> list[dict[str, Any]]:
     """The messages up to the first for which ``until`` holds."""
     got: list[dict[str, Any]] = []
@@ -234,9 +251,11 @@ def test_configure_changes_the_thresholds_and_eager_turns_end_as_predicted(serve
         }  # fmt: skip
         assert ok["keyterms"] == ["Dashwood"] and ok["sequence_id"] == 3
 
-        send_audio(ws, np.concatenate([silence(0.5), a.samples, silence(1.5)]))
-        got = turn_events(ws, lambda m: m.get("event") == "EagerEndOfTurn")  # no end: 1.0
-        send_audio(ws, np.concatenate([b.samples, silence(1.5)]))  # speech again
+        eager = lambda m: m.get("event") == "EagerEndOfTurn"  # noqa: E731
+        send_audio(ws, np.concatenate([silence(0.5), a.samples]))
+        got = silence_until(ws, eager)  # no end at eot_threshold 1.0
+        send_audio(ws, b.samples)  # speech again
+        got += silence_until(ws, eager)
         ws.send(json.dumps({"type": "ForceEndTurn"}))
         got += turn_events(ws, lambda m: m.get("event") == "EndOfTurn")
         infos = [m for m in got if m["type"] == "TurnInfo"]
@@ -270,13 +289,13 @@ def test_speech_after_a_prediction_in_the_message_that_ends_the_turn_is_kept(
     that sends seconds at once) ended the turn before the early decode was voided: the
     EndOfTurn was the prediction's, the second phrase lost. Now it is withdrawn first and
     the turn decoded whole."""
-    a, b = clips()[2], clips()[5]  # a ends in a quiet breath: 1 s ends the turn, 300 ms eager
+    a, b = clips()[2], clips()[5]  # 3 s of silence end the turn, 300 ms decode it early
     ws = flux(server, "model=flux-general-en&encoding=linear16&sample_rate=16000"
-                      "&eot_threshold=1.0&eot_timeout_ms=1000&eager_eot_threshold=0.5")  # fmt: skip
+                      "&eot_threshold=1.0&eot_timeout_ms=3000&eager_eot_threshold=0.5")  # fmt: skip
     try:
-        send_audio(ws, np.concatenate([silence(0.5), a.samples, silence(0.4)]))
-        got = turn_events(ws, lambda m: m.get("event") == "EagerEndOfTurn")
-        ws.send(pcm16(np.concatenate([b.samples, silence(1.5)])))  # one message
+        send_audio(ws, np.concatenate([silence(0.5), a.samples]))
+        got = silence_until(ws, lambda m: m.get("event") == "EagerEndOfTurn", most_s=2.5)
+        ws.send(pcm16(np.concatenate([b.samples, silence(3.5)])))  # one message
         got += turn_events(ws, lambda m: m.get("event") == "EndOfTurn")
     finally:
         ws.close()
@@ -332,16 +351,25 @@ def test_pipecats_eager_end_of_turn_gets_its_predictions(server: Server) -> None
                 said.append((event, transcript))
 
             stt.add_event_handler(event, note)
+
+        async def resumed(_service: Any) -> None:
+            said.append(("on_turn_resumed", ""))
+
+        stt.add_event_handler("on_turn_resumed", resumed)
         return stt
 
     before = len(server.logs())
     finals, errors = pipecat_turns(make, lambda stt: stt._websocket is not None, spoken, 1.0)
     assert errors == [], errors
     assert wer(" ".join(c.text for c in spoken), " ".join(finals)) < 0.25, finals
-    ends = [i for i, (event, _) in enumerate(said) if event == "on_end_of_turn"]
-    assert len(ends) == len(spoken), said
-    for i in ends:
-        assert i > 0 and said[i - 1] == ("on_eager_end_of_turn", said[i][1]), said
+    assert [event for event, _ in said].count("on_end_of_turn") == len(spoken), said
+    pending, kept = None, 0  # a prediction kept says what the end says; a withdrawn one
+    for event, transcript in said:  # (on_turn_resumed) is not kept
+        if event == "on_end_of_turn" and pending is not None:
+            assert transcript == pending, said
+            kept += 1
+        pending = transcript if event == "on_eager_end_of_turn" else None
+    assert kept, said
     no_error_logged(server.logs()[before:])
 
 

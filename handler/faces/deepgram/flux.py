@@ -195,7 +195,7 @@ class FluxSession(QueryAudioSession):
         if early is not None and heard_ms > early.end_ms:
             del self.early[item]
             if early.sent is not None:
-                await self._emit(item, self._info(item, "TurnResumed", "", []))
+                await self._emit(item, self._resumed(item, early.sent))
 
     async def commit(self, end_ms: int) -> None:
         """A turn ends: speech after its early decode, heard in the same message as the
@@ -277,12 +277,17 @@ class FluxSession(QueryAudioSession):
             timed = whole_words(result.get("words", [])) if text else []
             words = [self._word(w, turn.audio_from_ms / 1000) for w in timed]
             if early is not None and early.sent is not None:  # a prediction it does not keep
-                await self._emit(item, self._info(item, "TurnResumed", "", []))
+                await self._emit(item, self._resumed(item, early.sent))
         self.starts[item] = turn.audio_from_ms  # the audio the turn's decode covered
         ended = self._info(item, "EndOfTurn", text, words, confidence=1.0)
         ended["trigger"] = self._trigger(item)
         await self._emit(item, ended)
         self._forget_turn(item)
+
+    def _resumed(self, item: str, predicted: dict[str, Any]) -> dict[str, Any]:
+        """``TurnResumed``, with the words heard so far (the prediction's: the speech after
+        it is not decoded yet); LiveKit's plugin passes them on as an interim transcript."""
+        return self._info(item, "TurnResumed", predicted["transcript"], predicted["words"])
 
     def _trigger(self, item: str) -> str:
         return "manual" if item in self.manual else "model"
