@@ -74,6 +74,8 @@ class TurnDetector:
     position_ms: int = 0
     speaking: bool = False
     start_ms: int = 0
+    stopped_ms: int = 0
+    """Where the last turn's speech ended (its ``stopped`` event's ms)."""
     _silence_ms: int = 0
 
     @property
@@ -98,5 +100,6 @@ class TurnDetector:
                 self._silence_ms = self._silence_ms + WINDOW_MS if p < low else 0
                 if self._silence_ms >= self.rules.silence_duration_ms:
                     self.speaking = False
-                    yield "stopped", self.position_ms + WINDOW_MS - self._silence_ms
+                    self.stopped_ms = self.position_ms + WINDOW_MS - self._silence_ms
+                    yield "stopped", self.stopped_ms
             self.position_ms += WINDOW_MS

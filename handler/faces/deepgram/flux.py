@@ -44,6 +44,7 @@ from handler.faces.deepgram.flux_config import (
 from handler.faces.realtime.binary import QueryAudioSession
 from handler.faces.realtime.item import LiveItem
 from handler.faces.realtime.protocol import MIN_COMMIT_S, SessionError
+from handler.faces.realtime.session import KEPT_SILENCE_MS
 from handler.output.formats import whole_words
 
 
@@ -55,6 +56,7 @@ class Early:
     end_ms: int
     """Where the speech it heard ends: more speech after it voids it."""
     samples: int
+    """How much it heard: the speech and the silence after it so far."""
     task: asyncio.Task | None = None
     sent: dict[str, Any] | None = None
     """The ``EagerEndOfTurn`` sent of it, if any."""
@@ -183,7 +185,8 @@ class FluxSession(QueryAudioSession):
         if self.early_task is not None and not self.early_task.done():
             return  # one early decode at a time: pauses cannot queue decodes of the turn
         start, end = self._turn_start_ms(), self.detector.speech_end_ms
-        samples = self.audio.between(start, end).copy()
+        heard = end + min(self.detector.silence_ms, KEPT_SILENCE_MS)  # as a commit keeps it
+        samples = self.audio.between(start, heard).copy()
         if len(samples) >= MIN_COMMIT_S * SAMPLE_RATE:
             early = self.early[item] = Early(start, end, len(samples))
             early.task = self.early_task = self._spawn(self._decode_early(turn, early, samples))
@@ -200,9 +203,9 @@ class FluxSession(QueryAudioSession):
     async def commit(self, end_ms: int) -> None:
         """A turn ends: speech after its early decode, heard in the same message as the
         silence that ends it, voids that decode first (its words would be lost)."""
-        if self.turn is not None:
-            heard = self.detector.speech_end_ms if self.detector.speaking else end_ms
-            await self._void_early(self.turn.item_id, heard)
+        if self.turn is not None:  # ended by silence: where VAD heard the speech end
+            heard = self.detector.speech_end_ms if self.detector.speaking else None
+            await self._void_early(self.turn.item_id, heard or self.detector.stopped_ms)
         await super().commit(end_ms)
 
     async def _decode_early(
