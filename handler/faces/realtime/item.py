@@ -26,6 +26,8 @@ class LiveItem:
         self.interim: asyncio.Future | None = None
         self.audio_from_ms = start_ms
         """Where the committed turn's samples begin in the session's audio."""
+        self.tail_ms = 0
+        """The silence after its speech that the committed turn's samples end with."""
 
     def agreed_delta(self, words: list[str]) -> str:
         """The words this decode and the previous one agree on beyond those already sent;

@@ -250,8 +250,8 @@ class Session:
                 # hears the sentence finish: 4.3 % WER on the live bench, 7.5 % cut at the
                 # speech's end), and ends there, not at the end of the audio received (a
                 # message of seconds may hold several turns).
-                kept = min(self.detector.rules.silence_duration_ms, KEPT_SILENCE_MS)
-                await self.commit(ms + kept)
+                self._item().tail_ms = min(self.detector.rules.silence_duration_ms, KEPT_SILENCE_MS)
+                await self.commit(ms + self._item().tail_ms)
         if self.turn is not None and self.detector.speaking:
             turn_ms = self.audio.received_ms - self.turn.start_ms
             if turn_ms >= self.settings.realtime_max_turn_s * 1000:
@@ -418,7 +418,9 @@ class Session:
             completed.update(turn.timed_words(result))
         if self.config.logprobs:
             completed["logprobs"] = logprobs(result.get("words") or [])
-        speaker = await self.voices.of(samples, self.config, self.worker.diarizer)
+        # The voice from the speech alone: the silence kept moved its embedding.
+        voiced = samples[: max(1, len(samples) - turn.tail_ms * SAMPLE_RATE // 1000)]
+        speaker = await self.voices.of(voiced, self.config, self.worker.diarizer)
         if speaker is not None:
             completed["speaker"], completed["speaker_confidence"] = speaker[0], round(speaker[1], 4)
         await self.send_final(turn, completed)
