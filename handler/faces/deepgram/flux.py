@@ -203,9 +203,10 @@ class FluxSession(QueryAudioSession):
     async def commit(self, end_ms: int) -> None:
         """A turn ends: speech after its early decode, heard in the same message as the
         silence that ends it, voids that decode first (its words would be lost)."""
-        if self.turn is not None:  # ended by silence: where VAD heard the speech end
-            heard = self.detector.speech_end_ms if self.detector.speaking else None
-            await self._void_early(self.turn.item_id, heard or self.detector.stopped_ms)
+        if self.turn is not None:
+            detector = self.detector  # ended by silence: the speech ended where VAD heard it
+            heard = detector.speech_end_ms if detector.speaking else detector.stopped_ms
+            await self._void_early(self.turn.item_id, heard)
         await super().commit(end_ms)
 
     async def _decode_early(

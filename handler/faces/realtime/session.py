@@ -250,8 +250,9 @@ class Session:
                 # hears the sentence finish: 4.3 % WER on the live bench, 7.5 % cut at the
                 # speech's end), and ends there, not at the end of the audio received (a
                 # message of seconds may hold several turns).
-                self._item().tail_ms = min(self.detector.rules.silence_duration_ms, KEPT_SILENCE_MS)
-                await self.commit(ms + self._item().tail_ms)
+                turn = self._item()
+                turn.tail_ms = min(self.detector.rules.silence_duration_ms, KEPT_SILENCE_MS)
+                await self.commit(ms + turn.tail_ms)
         if self.turn is not None and self.detector.speaking:
             turn_ms = self.audio.received_ms - self.turn.start_ms
             if turn_ms >= self.settings.realtime_max_turn_s * 1000:
